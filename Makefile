@@ -1,0 +1,34 @@
+# The two commands a user needs: `make demo` and `make test`. Both set everything up first.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.wamkit-setup
+export MUJOCO_GL ?= egl
+export PYOPENGL_PLATFORM ?= egl
+
+.PHONY: setup setup-libero test test-slow lint demo clean
+
+$(STAMP): pyproject.toml scripts/setup.sh
+	bash scripts/setup.sh
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+setup-libero: $(STAMP)
+	bash scripts/setup_libero.sh
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests
+	$(VENV)/bin/ruff format --check src tests
+
+# Fast suite (under ~15 minutes on 2 cores). Slow tests run with `make test-slow`.
+test: lint setup-libero
+	$(PY) -m pytest -m "not slow" -q
+
+test-slow: setup-libero
+	$(PY) -m pytest -m slow -q
+
+demo: $(STAMP)
+	$(VENV)/bin/wamkit demo
+
+clean:
+	rm -rf $(VENV) .pytest_cache runs

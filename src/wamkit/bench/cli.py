@@ -1,0 +1,42 @@
+"""``wamkit bench NAME``: each benchmark is a module ``wamkit.bench.<name>`` with
+``add_arguments(parser)`` and ``main(args)``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+BENCHES = {
+    "data": "dataset reader samples/s against bare PyAV decoding",
+    "env": "simulator steps/s, 1 process and all cores",
+    "model": "forward+backward samples/s and policy obs/s",
+    "train": "training samples/s and MFU",
+    "serve": "served obs/s and latency against in-process calls",
+    "eval": "evaluator env-steps/s: serial, lock-step, pipelined, against the bound",
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser, argv: list[str]) -> None:
+    sub = parser.add_subparsers(dest="bench", metavar="BENCH", required=True)
+    chosen = next((a for a in argv if a in BENCHES), None)
+    for name, help_text in BENCHES.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if name == chosen:
+            try:
+                importlib.import_module(f"wamkit.bench.{name}").add_arguments(p)
+            except ModuleNotFoundError as err:
+                if err.name != f"wamkit.bench.{name}":
+                    raise
+                p.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        module = importlib.import_module(f"wamkit.bench.{args.bench}")
+    except ModuleNotFoundError as err:
+        if err.name != f"wamkit.bench.{args.bench}":
+            raise
+        print(f"wamkit: 'wamkit bench {args.bench}' is not built yet", file=sys.stderr)
+        return 3
+    return int(module.main(args) or 0)

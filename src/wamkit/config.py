@@ -1,0 +1,298 @@
+"""Typed run configuration: one dataclass per stage, YAML presets, dotted overrides.
+
+A preset (``configs/demo.yaml``) holds only what differs from the defaults below; every default lives
+here and nowhere else. ``load_config("configs/demo.yaml", ["train.max_steps=10"])`` returns a validated
+:class:`RunConfig`; unknown keys and wrong types raise :class:`ConfigError` naming the dotted key and
+the nearest valid one. Each stage section may be extended by its own module's fields only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A configuration value or key is invalid. The message names the dotted key."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Stage sections
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class EnvConfig:
+    """Which simulated tasks, and how they are observed. Shared by collect and eval."""
+
+    suite: str = (
+        "metaworld"  # metaworld | libero_spatial | libero_object | libero_goal | libero_10 | libero_90
+    )
+    tasks: list[str] = field(default_factory=lambda: ["reach-v3"])  # task names (metaworld) or ids
+    cameras: list[str] = field(default_factory=lambda: ["corner"])
+    image_size: int = 128
+    # "fast" turns off shadows, reflections and MSAA (about 10x cheaper on CPU). Recorded in datasets
+    # and checked at eval: a model trained on one look must be evaluated on the same look.
+    render_quality: Literal["default", "fast"] = "fast"
+    max_steps: int = 0  # 0: the suite's own limit
+
+
+@dataclass
+class CollectConfig:
+    """Scripted-expert demonstrations written as a LeRobot v3 dataset."""
+
+    out: str = "data/demo"
+    episodes: int = 50  # per task
+    workers: int = 2
+    seed: int = 0  # episode e of a task uses seed + e
+    keep_failed: bool = False
+
+
+@dataclass
+class DataConfig:
+    """Training data: one LeRobot v3 dataset, or a folder of several (one per suite)."""
+
+    root: str = "data/demo"
+    suites: list[str] = field(default_factory=list)  # sub-datasets of root; empty: root is one dataset
+    suite_weights: list[float] = field(default_factory=list)  # sampling ratios, same order as suites
+    cameras: list[str] = field(default_factory=list)  # empty: the model's cameras
+    chunk: int = 16  # action chunk length (frames)
+    representation: Literal["raw", "libero_rot6d"] = "raw"
+    stats: str = ""  # stats file; empty: <root>/meta/wamkit_stats.json, computed if missing
+    normalization: Literal["quantile", "mean_std", "min_max", "none"] = "quantile"
+    clip: bool = False  # clip normalised actions to [-1, 1]
+    num_workers: int = 2
+    seed: int = 0
+
+
+@dataclass
+class ModelConfig:
+    """Which model adapter, and its size preset. ``options`` go to the adapter, which validates them."""
+
+    name: str = "tiny"
+    preset: str = "small"
+    pretrained: str = ""  # a directory the adapter can load from (never downloaded)
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class TrainConfig:
+    """The SFT loop."""
+
+    run_dir: str = "runs/train"
+    max_steps: int = 2000
+    micro_batch: int = 32  # per process
+    global_batch: int = 32  # micro_batch x processes x accumulation steps
+    lr: float = 3e-4
+    weight_decay: float = 0.01
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    schedule: Literal["constant", "lambda_linear", "cosine"] = "cosine"
+    warmup_steps: int = 100
+    min_lr_ratio: float = 0.05
+    grad_clip: float = 1.0
+    ema: bool = False
+    ema_power: float = 0.75  # power EMA: decay = 1 - (step + 1) ** -power
+    save_interval: int = 500
+    keep_last: int = 2
+    log_interval: int = 10
+    seed: int = 0
+    precision: Literal["fp32", "bf16"] = "fp32"
+    device: str = "auto"  # auto | cpu | cuda
+    resume: str = ""  # "" (fresh), "auto" (newest complete checkpoint) or a checkpoint path
+
+
+@dataclass
+class ServeConfig:
+    """The inference server."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    max_batch: int = 32  # observations per model call
+    max_wait_ms: float = 2.0  # how long a partial batch waits for more requests
+    device: str = "auto"
+    raw_actions: bool = False  # True: reply with the model's normalised output, not env-ready actions
+    max_message_mb: float = 64.0
+
+
+@dataclass
+class EvalConfig:
+    """Closed-loop evaluation through the server protocol."""
+
+    out_dir: str = "runs/eval"
+    server_url: str = ""  # ws://host:port; empty: start a local server from serve_dir
+    serve_dir: str = ""
+    trials: int = 10  # per task
+    seed: int = 1000  # trial t uses seed + t; keep it apart from the collection seeds
+    num_envs: int = 4
+    pipeline_stages: int = 2  # 0: auto (measured on a warm-up)
+    executor: Literal["local", "ray"] = "local"
+    workers: int = 2  # env worker processes
+    replan_interval: int = 8  # actions applied from each chunk before asking again
+    videos: int = 2  # episodes recorded as mp4 per task
+    resume: bool = False
+    watchdog_s: float = 300.0
+
+
+@dataclass
+class RunConfig:
+    """Everything one run needs; a YAML preset fills in the parts that differ from these defaults."""
+
+    env: EnvConfig = field(default_factory=EnvConfig)
+    collect: CollectConfig = field(default_factory=CollectConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    serve: ServeConfig = field(default_factory=ServeConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+
+# --------------------------------------------------------------------------------------------------
+# Building a config from plain data, with checks that name the key
+# --------------------------------------------------------------------------------------------------
+
+
+def _suggest(key: str, valid: typing.Iterable[str]) -> str:
+    close = difflib.get_close_matches(key, list(valid), n=1, cutoff=0.5)
+    return f"; did you mean '{close[0]}'?" if close else ""
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    if origin is not None:
+        return str(tp).replace("typing.", "")
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Check ``value`` against the annotation ``tp`` and return it (ints widen to float)."""
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return value
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping of {tp.__name__} fields, got {value!r}")
+        return from_dict(tp, value, prefix=key)
+    if origin is Literal:
+        if value not in typing.get_args(tp):
+            raise ConfigError(f"{key}: {value!r} is not allowed; expected {_type_name(tp)}")
+        return value
+    if origin in (typing.Union, types.UnionType):
+        for arg in typing.get_args(tp):
+            try:
+                return _coerce(value, arg, key)
+            except ConfigError:
+                continue
+        raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
+    if origin is list:
+        (item,) = typing.get_args(tp) or (Any,)
+        if isinstance(value, str) and item is str:
+            value = [v for v in value.split(",") if v]  # tasks=a,b on the command line
+        if not isinstance(value, list | tuple):
+            raise ConfigError(f"{key}: expected a list of {_type_name(item)}, got {value!r}")
+        return [_coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+        return dict(value)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key}: expected true or false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{key}: expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key}: expected a string, got {value!r}")
+        return value
+    raise ConfigError(f"{key}: unsupported field type {tp!r}")
+
+
+def from_dict(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
+    """Build dataclass ``cls`` from ``data``, checking every key and type."""
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in data.items():
+        dotted = f"{prefix}.{key}" if prefix else key
+        if key not in names:
+            valid = ", ".join(names)
+            raise ConfigError(f"unknown key '{dotted}'{_suggest(key, names)} (valid here: {valid})")
+        kwargs[key] = _coerce(value, hints[key], dotted)
+    return cls(**kwargs)
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    node = data
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"override '{dotted}': '{part}' is not a section")
+    node[parts[-1]] = value
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """``"train.max_steps=10"`` -> ``("train.max_steps", 10)``; values are read as YAML scalars."""
+    if "=" not in text:
+        raise ConfigError(f"override '{text}' must look like section.key=value")
+    key, raw = text.split("=", 1)
+    try:
+        value = yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.strip(), value
+
+
+def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] = (), cls: type = RunConfig):
+    """Read a YAML preset (optional), apply dotted overrides, validate, and return ``cls``."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {path} does not exist")
+        try:
+            loaded = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{path}: not valid YAML: {err}") from err
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: expected a mapping of sections at the top level")
+        data = loaded or {}
+    for text in overrides:
+        key, value = parse_override(text)
+        _set_dotted(data, key, value)
+    try:
+        return from_dict(cls, data)
+    except ConfigError as err:
+        where = f"{path}: " if path is not None else ""
+        raise ConfigError(f"{where}{err}") from None
+
+
+def save_config(cfg: Any, path: str | Path) -> Path:
+    """Write the resolved config as YAML (every field, defaults included) next to a run's outputs."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    tmp.replace(path)
+    return path

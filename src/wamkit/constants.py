@@ -1,0 +1,26 @@
+"""Key names shared by datasets, models, the server and the evaluator.
+
+They follow LeRobot's naming so that datasets and user code port over unchanged.
+"""
+
+OBS_STATE = "observation.state"
+OBS_IMAGES = "observation.images"  # camera features are f"{OBS_IMAGES}.{camera}"
+ACTION = "action"
+ACTION_IS_PAD = "action_is_pad"
+TASK = "task"
+EPISODE_INDEX = "episode_index"
+FRAME_INDEX = "frame_index"
+TIMESTAMP = "timestamp"
+INDEX = "index"
+TASK_INDEX = "task_index"
+
+
+def image_key(camera: str) -> str:
+    """The feature key of one camera, e.g. ``observation.images.corner``."""
+    return f"{OBS_IMAGES}.{camera}"
+
+
+def camera_of(key: str) -> str | None:
+    """The camera name of an image feature key, or None if ``key`` is not one."""
+    prefix = OBS_IMAGES + "."
+    return key[len(prefix) :] if key.startswith(prefix) else None

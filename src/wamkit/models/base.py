@@ -1,0 +1,130 @@
+"""The model adapter protocol: how every stage talks to a model, whatever its internals.
+
+Batch format (what the data pipeline produces and ``sft_loss`` / ``predict`` consume), B = batch:
+
+- ``observation.images.<cam>``: uint8 tensor [B, H, W, 3] (channels last, as stored), one per camera
+  the model declares in ``io.cameras``;
+- ``observation.state``: float32 [B, state_dim], already normalised with the stats file;
+- ``action``: float32 [B, chunk, action_dim], normalised, in ``io.representation`` (training only);
+- ``action_is_pad``: bool [B, chunk], True where the chunk ran past the episode end (training only);
+- ``task``: list of B strings;
+- optional ``observation.future_images.<cam>``: uint8 [B, H, W, 3], the frame ``chunk`` steps ahead
+  (the world-model target; training only, models that predict frames use it).
+
+``predict`` returns model-space action chunks: float32 numpy [B, chunk, action_dim], still normalised;
+turning them into env-ready actions is :class:`wamkit.actions.codec.ActionCodec`'s job, shared by the
+server and the trainer's checks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+import numpy as np
+import torch
+
+from wamkit.constants import ACTION, OBS_STATE, TASK, image_key
+
+Mode = Literal["policy", "forward_dynamics", "inverse_dynamics"]
+
+
+@dataclass(frozen=True)
+class ModelIO:
+    """What a model takes and gives. The data pipeline and the server check batches against it."""
+
+    cameras: tuple[str, ...] = ("corner",)
+    image_size: int = 128  # square H = W
+    state_dim: int = 39
+    action_dim: int = 4
+    chunk: int = 16
+    representation: str = "raw"  # "raw" | "libero_rot6d" (see wamkit.actions.codec)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["cameras"] = list(self.cameras)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ModelIO:
+        return cls(**{**d, "cameras": tuple(d["cameras"])})
+
+    def check_batch(self, batch: dict[str, Any], training: bool = False) -> int:
+        """Raise ``ValueError`` saying what the model expects if ``batch`` does not fit; return B."""
+        missing = [k for k in [image_key(c) for c in self.cameras] + [OBS_STATE, TASK] if k not in batch]
+        if missing:
+            have = ", ".join(sorted(batch))
+            raise ValueError(
+                f"batch lacks {', '.join(missing)}; the model expects cameras {list(self.cameras)} (batch has: {have})"
+            )
+        state = batch[OBS_STATE]
+        if state.ndim != 2 or state.shape[-1] != self.state_dim:
+            raise ValueError(f"{OBS_STATE}: expected shape [B, {self.state_dim}], got {list(state.shape)}")
+        b = state.shape[0]
+        for cam in self.cameras:
+            img = batch[image_key(cam)]
+            want = (b, self.image_size, self.image_size, 3)
+            if tuple(img.shape) != want:
+                raise ValueError(
+                    f"{image_key(cam)}: expected uint8 images of shape {list(want)} (B, H, W, 3), got {list(img.shape)}"
+                )
+            if img.dtype not in (torch.uint8, np.uint8):
+                raise ValueError(f"{image_key(cam)}: expected dtype uint8, got {img.dtype}")
+        if len(batch[TASK]) != b:
+            raise ValueError(f"{TASK}: expected {b} strings, got {len(batch[TASK])}")
+        if training:
+            act = batch.get(ACTION)
+            want = (b, self.chunk, self.action_dim)
+            if act is None or tuple(act.shape) != want:
+                got = None if act is None else list(act.shape)
+                raise ValueError(f"{ACTION}: expected shape {list(want)} (B, chunk, action_dim), got {got}")
+        return b
+
+
+@dataclass
+class ParamGroup:
+    """Trainable parameters that share a learning-rate multiplier (and weight decay on/off)."""
+
+    name: str
+    params: list[torch.nn.Parameter] = field(default_factory=list)
+    lr_mult: float = 1.0
+    weight_decay: bool = True
+
+
+@runtime_checkable
+class ModelAdapter(Protocol):
+    """What the trainer, the exporter and the server need from a model.
+
+    ``module`` is the ``torch.nn.Module`` to train / shard; ``blocks()`` its repeated transformer blocks
+    (FSDP2 wraps each one). Only parameters returned by ``param_groups()`` are trained; the rest are
+    frozen (``requires_grad=False``) and never enter the optimizer.
+    """
+
+    name: str
+    io: ModelIO
+    module: torch.nn.Module
+
+    def param_groups(self) -> list[ParamGroup]: ...
+
+    def blocks(self) -> list[torch.nn.Module]: ...
+
+    def sft_loss(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """Named scalar losses; the total to back-propagate is under ``"loss"``."""
+        ...
+
+    @torch.no_grad()
+    def predict(
+        self, batch: dict[str, Any], mode: Mode = "policy", seed: int | None = None, **inputs: Any
+    ) -> dict[str, np.ndarray]:
+        """``{"actions": [B, chunk, action_dim]}`` (model space) for ``policy`` and ``inverse_dynamics``
+        (``inputs["goal_images"]``), ``{"frames": [B, H, W, 3] uint8}`` for ``forward_dynamics``
+        (``inputs["actions"]``). Deterministic for a given ``seed``."""
+        ...
+
+    def config_dict(self) -> dict[str, Any]:
+        """Everything ``build_model`` needs to rebuild this model (name, preset, options, io)."""
+        ...
+
+    def flops_per_sample(self) -> float:
+        """Training FLOPs (forward + backward) of one sample, for MFU."""
+        ...
