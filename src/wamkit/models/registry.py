@@ -50,3 +50,6 @@ def build_model(cfg: ModelConfig, io: ModelIO | None = None, **kwargs: Any) -> M
 # The built-in models. A new model adds one line here and one folder next to this file.
 register_model("tiny", "wamkit.models.tiny:build")
 register_model("cosmos3", "wamkit.models.cosmos3:build")
+# A model whose inference is a fixed, configurable delay and a deterministic function of its input:
+# for measuring the server and the evaluator alone, clearly labelled as such in benchmark output.
+register_model("delay", "wamkit.models.delay:build")
