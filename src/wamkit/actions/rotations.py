@@ -87,8 +87,10 @@ def quat_to_axis_angle(q, order: QuatOrder = "xyzw") -> np.ndarray:
     n = np.linalg.norm(v, axis=-1, keepdims=True)
     angle = 2.0 * np.arctan2(n, w)
     # angle / n; for small n (w ~ 1): 2/w * (1 - (n/w)^2 / 3)
-    safe_n = np.where(n < _SMALL, 1.0, n)
-    scale = np.where(n < _SMALL, 2.0 / w * (1.0 - (n / w) ** 2 / 3.0), angle / safe_n)
+    small = n < _SMALL
+    safe_n = np.where(small, 1.0, n)
+    safe_w = np.where(small, w, 1.0)  # w ~ 1 wherever the series is used
+    scale = np.where(small, 2.0 / safe_w * (1.0 - (n / safe_w) ** 2 / 3.0), angle / safe_n)
     return (v * scale).astype(dtype)
 
 

@@ -1,0 +1,86 @@
+"""Configs (presets, dotted overrides, errors that name the key) and the command line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from wamkit.cli import COMMANDS, main
+from wamkit.config import ConfigError, RunConfig, load_config, save_config
+
+from .conftest import REPO
+
+
+def test_preset_plus_overrides(tmp_path):
+    preset = tmp_path / "p.yaml"
+    preset.write_text("train:\n  max_steps: 50\n  lr: 1.0e-3\ndata:\n  root: /data/a\n")
+    cfg = load_config(
+        preset, ["train.max_steps=10", "data.root=/data/x", "env.tasks=reach-v3,push-v3", "train.lr=2"]
+    )
+    assert cfg.train.max_steps == 10 and cfg.data.root == "/data/x"
+    assert cfg.env.tasks == ["reach-v3", "push-v3"]
+    assert cfg.train.lr == 2.0 and isinstance(cfg.train.lr, float)  # ints widen to float
+    assert cfg.serve.port == RunConfig().serve.port  # untouched defaults come from one place
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("train.max_step=10", "unknown key 'train.max_step'; did you mean 'max_steps'?"),
+        ("trian.max_steps=10", "unknown key 'trian'; did you mean 'train'?"),
+        ("train.max_steps=ten", "train.max_steps: expected an integer, got 'ten'"),
+        ("train.max_steps=1.5", "train.max_steps: expected an integer"),
+        ("train.ema=maybe", "train.ema: expected true or false"),
+        (
+            "train.schedule=linear",
+            "train.schedule: 'linear' is not allowed; expected one of 'constant', 'lambda_linear', 'cosine'",
+        ),
+        ("train", "must look like section.key=value"),
+    ],
+)
+def test_bad_overrides_name_the_key(override, message):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [override])
+    assert message in str(err.value)
+
+
+def test_bad_preset_names_the_file(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model:\n  nmae: tiny\n")
+    with pytest.raises(ConfigError, match=r"bad\.yaml: unknown key 'model\.nmae'; did you mean 'name'"):
+        load_config(bad)
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "missing.yaml")
+
+
+def test_resolved_config_round_trips(tmp_path):
+    cfg = load_config(None, ["eval.num_envs=8", "model.options={depth: 2}"])
+    path = save_config(cfg, tmp_path / "run" / "config.yaml")
+    assert yaml.safe_load(path.read_text())["eval"]["num_envs"] == 8
+    assert load_config(path) == cfg
+
+
+def test_every_preset_in_configs_is_valid():
+    presets = sorted((REPO / "configs").glob("*.yaml"))
+    assert presets, "configs/ holds no presets"
+    for preset in presets:
+        load_config(preset)
+
+
+def test_cli_help_lists_every_command(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    for name in COMMANDS:
+        assert name in out
+
+
+def test_cli_entry_point_runs_as_a_module():
+    out = subprocess.run(
+        [sys.executable, "-m", "wamkit", "--version"], capture_output=True, text=True, check=True
+    )
+    assert out.stdout.startswith("wamkit ")
