@@ -1,0 +1,221 @@
+"""``wamkit bench serve``: served obs/s and latency against in-process calls, measured in one run.
+
+The server runs in its own process (as in production: clients never share its interpreter) with a
+random-init model; clients are asyncio connections in this process. Three measurements:
+
+1. in-process: ``ServedPolicy.infer`` on a batch of B observations (prepare + predict + decode), the
+   ceiling for serving at that batch;
+2. batch sweep: one connection sending batched requests of B observations; ratio to (1) at the same B;
+3. concurrency sweep: C connections each sending one observation per request, so every batch is formed
+   by the server's dynamic batcher; ratio to (1) at B = C (capped at max_batch).
+
+The speed-up is each row's obs/s over one connection sending one observation per request. With the
+``delay`` model (the default) the figures measure the server alone: it is a benchmark model, not a policy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import time
+from typing import Any
+
+import numpy as np
+
+from wamkit.config import parse_override
+
+DEFAULT_OPTIONS = ["delay_ms=10", "per_obs_ms=0.05"]
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="delay", help="registered model, random weights (default: delay)")
+    parser.add_argument("--preset", default="small", help="model preset (default: small)")
+    parser.add_argument(
+        "--option",
+        action="append",
+        default=None,
+        metavar="KEY=VALUE",
+        help=f"model option (default: {DEFAULT_OPTIONS})",
+    )
+    parser.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    parser.add_argument(
+        "--batch", type=_ints, default=[1, 8, 32], help="batch sizes per request (default: 1,8,32)"
+    )
+    parser.add_argument(
+        "--concurrency", type=_ints, default=[1, 4, 16, 32], help="connections (default: 1,4,16,32)"
+    )
+    parser.add_argument("--max-batch", type=int, default=32, help="server max_batch (default: 32)")
+    parser.add_argument("--max-wait-ms", type=float, default=2.0, help="server max_wait_ms (default: 2)")
+    parser.add_argument("--seconds", type=float, default=2.0, help="measuring time per row (default: 2)")
+    parser.add_argument(
+        "--threads", type=int, default=0, help="torch CPU threads in both processes (0: torch's default)"
+    )
+    parser.add_argument("--json", help="also write the results to this JSON file")
+
+
+def _options(args: argparse.Namespace) -> dict[str, Any]:
+    return dict(parse_override(t) for t in (DEFAULT_OPTIONS if args.option is None else args.option))
+
+
+def make_obs(meta_io: dict[str, Any], batch: int | None, seed: int = 0) -> dict[str, Any]:
+    """A random observation (``batch=None``: single) for a model's inputs as the metadata describes them."""
+    rng = np.random.default_rng(seed)
+    lead = () if batch is None else (batch,)
+    size = meta_io["image_size"]
+    obs: dict[str, Any] = {
+        k: rng.integers(0, 256, (*lead, size, size, 3), dtype=np.uint8) for k in meta_io["image_keys"]
+    }
+    obs[meta_io["state_key"]] = rng.standard_normal((*lead, meta_io["state_dim"])).astype(np.float32)
+    obs["prompt"] = "pick up the object" if batch is None else ["pick up the object"] * batch
+    return obs
+
+
+def _serve_process(
+    model: str, preset: str, options: dict, device: str, max_batch: int, max_wait_ms: float, threads: int, q
+) -> None:
+    import torch
+
+    if threads:
+        torch.set_num_threads(threads)
+    from wamkit.serve.loading import random_init
+    from wamkit.serve.server import PolicyServer
+
+    server = PolicyServer(random_init(model, preset, options, device), "127.0.0.1", 0, max_batch, max_wait_ms)
+    asyncio.run(server.serve(started=q.put))  # sends the bound port back, then serves until terminated
+
+
+async def _load(url: str, connections: int, obs: dict, n_obs: int, seconds: float) -> dict[str, float]:
+    from wamkit.serve.client import AsyncPolicyClient
+
+    clients = [await AsyncPolicyClient(url).connect() for _ in range(connections)]
+    latencies: list[float] = []
+
+    async def worker(c: AsyncPolicyClient, until: float, record: bool) -> None:
+        while time.perf_counter() < until:
+            t0 = time.perf_counter()
+            await c.infer(obs)
+            if record:
+                latencies.append(time.perf_counter() - t0)
+
+    warm = time.perf_counter() + min(0.5, seconds / 4)
+    await asyncio.gather(*(worker(c, warm, False) for c in clients))
+    start = time.perf_counter()
+    await asyncio.gather(*(worker(c, start + seconds, True) for c in clients))
+    wall = time.perf_counter() - start
+    for c in clients:
+        await c.close()
+    lat = np.asarray(latencies) * 1000.0
+    return {
+        "obs_s": len(lat) * n_obs / wall,
+        "p50_ms": float(np.percentile(lat, 50)),
+        "p99_ms": float(np.percentile(lat, 99)),
+    }
+
+
+def _in_process(policy, obs: dict, seconds: float) -> float:
+    n = len(obs["prompt"])
+    policy.infer(obs)
+    calls, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds or calls < 3:
+        policy.infer(obs)
+        calls += 1
+    return calls * n / (time.perf_counter() - start)
+
+
+def main(args: argparse.Namespace) -> int:
+    from wamkit.serve.loading import random_init
+
+    options = _options(args)
+    if args.threads:  # on a busy CPU, oversubscribed OpenMP threads make in-process figures meaningless
+        import torch
+
+        torch.set_num_threads(args.threads)
+    policy = random_init(args.model, args.preset, options, args.device)
+    meta = policy.metadata()["inputs"]
+    print(
+        f"model: {args.model}/{args.preset} {options} on {args.device}"
+        + (" (BENCHMARK MODEL: a fixed delay, not a policy)" if args.model == "delay" else "")
+    )
+    sizes = sorted({*args.batch, *(min(c, args.max_batch) for c in args.concurrency)})
+    inproc = {b: _in_process(policy, make_obs(meta, b), args.seconds) for b in sizes}
+    del policy
+
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    proc = ctx.Process(
+        target=_serve_process,
+        args=(
+            args.model,
+            args.preset,
+            options,
+            args.device,
+            args.max_batch,
+            args.max_wait_ms,
+            args.threads,
+            q,
+        ),
+        daemon=True,
+    )
+    proc.start()
+    try:
+        url = f"ws://127.0.0.1:{q.get(timeout=300)}"
+        rows = []
+        for b in args.batch:
+            r = asyncio.run(_load(url, 1, make_obs(meta, b), b, args.seconds))
+            rows.append(
+                {
+                    "kind": "batched",
+                    "connections": 1,
+                    "obs_per_request": b,
+                    "in_process_obs_s": inproc[b],
+                    **r,
+                }
+            )
+        for c in args.concurrency:
+            r = asyncio.run(_load(url, c, make_obs(meta, None), 1, args.seconds))
+            b = min(c, args.max_batch)
+            rows.append(
+                {
+                    "kind": "dynamic",
+                    "connections": c,
+                    "obs_per_request": 1,
+                    "in_process_obs_s": inproc[b],
+                    **r,
+                }
+            )
+    finally:
+        proc.terminate()
+        proc.join(10)
+    base = next((r["obs_s"] for r in rows if r["connections"] == 1 and r["obs_per_request"] == 1), None)
+    print(
+        f"{'mode':8} {'conns':>5} {'obs/req':>7} {'obs/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'in-proc obs/s':>13} {'ratio':>6} {'speed-up':>8}"
+    )
+    for r in rows:
+        r["ratio_to_in_process"] = r["obs_s"] / r["in_process_obs_s"]
+        r["speedup_over_single"] = r["obs_s"] / base if base else float("nan")
+        print(
+            f"{r['kind']:8} {r['connections']:5d} {r['obs_per_request']:7d} {r['obs_s']:9.1f} {r['p50_ms']:8.2f} "
+            f"{r['p99_ms']:8.2f} {r['in_process_obs_s']:13.1f} {r['ratio_to_in_process']:6.2f} {r['speedup_over_single']:7.2f}x"
+        )
+    print(
+        "ratio: served obs/s / in-process obs/s at the same batch (dynamic rows: batch = min(conns, max_batch));"
+    )
+    print("speed-up: obs/s / obs/s of one connection sending one observation per request.")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(
+                {"model": args.model, "preset": args.preset, "options": options, "rows": rows}, f, indent=1
+            )
+    return 0

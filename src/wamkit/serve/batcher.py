@@ -1,0 +1,168 @@
+"""Dynamic batching: requests from many connections share one model call.
+
+The batcher lives on the server's event loop. A request waits in one FIFO queue; the batching loop takes
+the oldest request, adds every queued request of the same group (the same mode; a seeded request is a
+group of its own, see :attr:`~wamkit.serve.policy.Request.group`) until ``max_batch`` observations, waits at most
+``max_wait_ms`` for more when the batch is not full (and some connection is idle, so that more can
+come), then runs the model in a single worker thread so the
+event loop keeps reading, checking and answering other connections meanwhile. Results go back to each
+request's own future, in order, so replies are never mixed up. While the model runs, new requests queue
+up and form the next batch: under load, batches fill without waiting.
+
+A request larger than ``max_batch`` runs alone, whole (split it on the client if that is too big).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from wamkit.serve.metrics import ServerMetrics
+from wamkit.serve.policy import Request
+
+log = logging.getLogger(__name__)
+
+
+class ModelError(RuntimeError):
+    """The model raised while running a batch; every request of that batch gets this error."""
+
+
+@dataclass
+class _Item:
+    request: Request
+    future: asyncio.Future
+    queued: float = field(default_factory=time.perf_counter)
+
+
+class DynamicBatcher:
+    """Gather :class:`Request` objects into model calls of ``run(requests) -> replies``."""
+
+    def __init__(
+        self,
+        run: Callable[[list[Request]], list[dict[str, Any]]],
+        max_batch: int = 32,
+        max_wait_ms: float = 2.0,
+        metrics: ServerMetrics | None = None,
+        others_may_send: Callable[[], bool] | None = None,
+    ):
+        if max_batch < 1:
+            raise ValueError(f"serve.max_batch: expected at least 1, got {max_batch}")
+        if max_wait_ms < 0:
+            raise ValueError(f"serve.max_wait_ms: expected a non-negative number, got {max_wait_ms}")
+        self._run = run
+        self.max_batch = max_batch
+        self.max_wait = max_wait_ms / 1000.0
+        self.metrics = metrics or ServerMetrics()
+        # Waiting only pays when some client could still add to the batch: the server passes a check
+        # "is there a connection with nothing in flight?", so a lone client never waits max_wait_ms.
+        self._others_may_send = others_may_send or (lambda: True)
+        self._queue: asyncio.Queue[_Item] | None = None
+        self._task: asyncio.Task | None = None
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="wamkit-model")
+        self._deferred: collections.deque[_Item] = collections.deque()  # queued, set aside for a later batch
+
+    def start(self) -> None:
+        """Start the batching loop on the running event loop."""
+        self._queue = asyncio.Queue()
+        self._task = asyncio.get_running_loop().create_task(self._loop(), name="wamkit-batcher")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        while self._queue is not None and not self._queue.empty():
+            self._deferred.append(self._queue.get_nowait())
+        for item in self._deferred:
+            if not item.future.done():
+                item.future.set_exception(ModelError("server is shutting down"))
+        self._pool.shutdown(wait=True)
+
+    async def submit(self, request: Request) -> tuple[dict[str, Any], dict[str, float]]:
+        """Queue ``request``; return its reply and timing (queue_ms, infer_ms, batch_size)."""
+        if self._queue is None:
+            raise RuntimeError("DynamicBatcher.start() was not called")
+        future = asyncio.get_running_loop().create_future()
+        self._queue.put_nowait(_Item(request, future))
+        return await future
+
+    async def _next(self, deadline: float) -> _Item | None:
+        assert self._queue is not None
+        try:
+            return self._queue.get_nowait()
+        except asyncio.QueueEmpty:
+            remaining = deadline - time.perf_counter()
+            if remaining <= 0 or not self._others_may_send():
+                return None
+            try:
+                return await asyncio.wait_for(self._queue.get(), remaining)
+            except asyncio.TimeoutError:
+                return None
+
+    def _gather(self) -> tuple[list[_Item], int]:
+        """Start a batch from the set-aside requests (oldest first), taking every one that fits."""
+        first = self._deferred.popleft()
+        items, n, keep = [first], first.request.n, collections.deque()
+        while self._deferred:
+            item = self._deferred.popleft()
+            if item.request.group == first.request.group and n + item.request.n <= self.max_batch:
+                items.append(item)
+                n += item.request.n
+            else:
+                keep.append(item)
+        self._deferred = keep
+        return items, n
+
+    async def _loop(self) -> None:
+        assert self._queue is not None
+        loop = asyncio.get_running_loop()
+        while True:
+            if not self._deferred:
+                self._deferred.append(await self._queue.get())
+            self._deferred = collections.deque(
+                i for i in self._deferred if not i.future.done()
+            )  # clients gone
+            if not self._deferred:
+                continue
+            items, n = self._gather()
+            deadline = time.perf_counter() + self.max_wait
+            while n < self.max_batch:
+                nxt = await self._next(deadline)
+                if nxt is None:
+                    break
+                if nxt.future.done():
+                    continue
+                if nxt.request.group != items[0].request.group or n + nxt.request.n > self.max_batch:
+                    self._deferred.append(nxt)  # another group, or too big: it starts a later batch
+                    continue
+                items.append(nxt)
+                n += nxt.request.n
+            start = time.perf_counter()
+            try:
+                replies = await loop.run_in_executor(self._pool, self._run, [i.request for i in items])
+            except Exception as err:  # noqa: BLE001 -- the model's failure goes to its requests, not the loop
+                if isinstance(err, ValueError):  # the model refused these inputs (e.g. a mode it lacks)
+                    log.warning("model call with %d observations refused: %s", n, err)
+                else:
+                    log.exception("model call with %d observations failed", n)
+                for item in items:
+                    if not item.future.done():
+                        item.future.set_exception(ModelError(f"model failed: {type(err).__name__}: {err}"))
+                continue
+            infer_ms = (time.perf_counter() - start) * 1000.0
+            self.metrics.model_call(n)
+            for item, reply in zip(items, replies):
+                if not item.future.done():
+                    timing = {
+                        "queue_ms": (start - item.queued) * 1000.0,
+                        "infer_ms": infer_ms,
+                        "batch_size": n,
+                    }
+                    item.future.set_result((reply, timing))

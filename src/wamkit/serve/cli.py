@@ -1,0 +1,111 @@
+"""``wamkit serve``: serve a model over the OpenPI websocket protocol with dynamic batching.
+
+    wamkit serve EXPORT_DIR --port 8000                       # a serving directory from `wamkit convert`
+    wamkit serve --model tiny --preset small --random-init    # untrained weights, identity stats
+
+Flags override the ``serve`` section of ``--config`` (a YAML preset) and ``--set`` overrides; the
+defaults live in :class:`wamkit.config.ServeConfig`. ``--port 0`` picks a free port and logs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+from wamkit.config import ConfigError, RunConfig, load_config, parse_override
+from wamkit.serve.loading import load_served, random_init
+from wamkit.serve.policy import ServedPolicy
+from wamkit.serve.server import PolicyServer, run_server
+
+# flag -> ServeConfig field; a flag left unset keeps the config's value
+FLAGS = {
+    "host": "host",
+    "port": "port",
+    "max_batch": "max_batch",
+    "max_wait_ms": "max_wait_ms",
+    "device": "device",
+    "max_message_mb": "max_message_mb",
+}
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """What to run: a serving directory, or ``--model/--preset --random-init`` (shared with ``infer``)."""
+    parser.add_argument(
+        "export_dir", nargs="?", help="serving directory (model.safetensors, model.json, stats.json)"
+    )
+    parser.add_argument("--model", help="registered model name, with --random-init (default: model.name)")
+    parser.add_argument(
+        "--preset", help="the model's size preset, with --random-init (default: model.preset)"
+    )
+    parser.add_argument("--random-init", action="store_true", help="untrained weights and identity stats")
+    parser.add_argument(
+        "--option", action="append", default=[], metavar="KEY=VALUE", help="a model option (repeatable)"
+    )
+    parser.add_argument("--config", help="YAML preset (configs/*.yaml)")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="dotted config override"
+    )
+    parser.add_argument("--device", help="auto | cpu | cuda (default: serve.device)")
+    parser.add_argument(
+        "--raw-actions", action="store_true", default=None, help="reply with the model's normalised output"
+    )
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_model_arguments(parser)
+    parser.add_argument("--host", help="interface to bind (default: serve.host)")
+    parser.add_argument("--port", type=int, help="TCP port; 0 picks a free one (default: serve.port)")
+    parser.add_argument(
+        "--max-batch", type=int, help="observations per model call (default: serve.max_batch)"
+    )
+    parser.add_argument(
+        "--max-wait-ms", type=float, help="wait for a fuller batch (default: serve.max_wait_ms)"
+    )
+    parser.add_argument(
+        "--max-message-mb", type=float, help="largest request (default: serve.max_message_mb)"
+    )
+
+
+def resolve_config(args: argparse.Namespace) -> RunConfig:
+    """The run config with the command-line flags applied (checked like every other override)."""
+    overrides = list(args.set)
+    for flag, field in FLAGS.items():
+        value = getattr(args, flag, None)
+        if value is not None:
+            overrides.append(f"serve.{field}={value}")
+    if args.raw_actions:
+        overrides.append("serve.raw_actions=true")
+    cfg = load_config(args.config, overrides)
+    options = dict(cfg.model.options)
+    for text in args.option:
+        key, value = parse_override(text)
+        options[key] = value
+    model = dataclasses.replace(
+        cfg.model, name=args.model or cfg.model.name, preset=args.preset or cfg.model.preset, options=options
+    )
+    return dataclasses.replace(cfg, model=model)
+
+
+def build_policy(args: argparse.Namespace, cfg: RunConfig) -> ServedPolicy:
+    if args.export_dir and args.random_init:
+        raise ConfigError("give either EXPORT_DIR or --random-init, not both")
+    if args.export_dir:
+        if args.model or args.preset or args.option:
+            raise ConfigError(
+                "--model, --preset and --option apply to --random-init; a serving directory has its own"
+            )
+        return load_served(args.export_dir, cfg.serve.device, cfg.serve.raw_actions)
+    if not args.random_init:
+        raise ConfigError("nothing to serve: give a serving directory (EXPORT_DIR) or --random-init")
+    return random_init(
+        cfg.model.name, cfg.model.preset, cfg.model.options, cfg.serve.device, cfg.serve.raw_actions
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    cfg = resolve_config(args)
+    policy = build_policy(args, cfg)
+    s = cfg.serve
+    server = PolicyServer(policy, s.host, s.port, s.max_batch, s.max_wait_ms, s.max_message_mb)
+    run_server(server)
+    return 0

@@ -1,0 +1,292 @@
+"""A model behind the wire: request checking, input transforms, one batched model call, replies.
+
+:class:`ServedPolicy` turns one decoded request (an observation dict, single or batched) into a
+model-space :class:`Request`, runs a list of requests as one ``predict`` call and splits the results
+back. It applies the very :class:`~wamkit.actions.codec.ActionCodec` training uses: ``encode_state``
+on the incoming state and ``decode_actions`` on the model output (unless ``raw_actions``), so clients
+get env-ready actions.
+
+Request keys (one observation; a batched request puts a leading batch axis B on every array and
+sends ``prompt`` as a list of B strings):
+
+- ``observation.images.<cam>``: uint8 [H, W, 3], one per camera the model declares. Any H x W is
+  accepted and resized (bilinear, antialiased; the aspect ratio is not kept) to ``io.image_size``;
+- ``observation.state``: numbers [state_dim], raw env units (the server normalises them);
+- ``prompt`` (or ``task``): the instruction;
+- OpenPI LIBERO keys are accepted too: ``observation/image`` and ``observation/wrist_image`` map to
+  the model's first and second camera, ``observation/state`` to ``observation.state``;
+- optional ``mode`` (``policy`` | ``inverse_dynamics`` | ``forward_dynamics``) and ``seed`` (int);
+- ``inverse_dynamics`` also takes ``goal_image``, the goal frame of the first camera (same form as
+  the observation images),
+  ``forward_dynamics`` takes ``actions`` [chunk, D_env] env actions (model space with ``raw_actions``).
+
+Replies: ``{"actions": float32 [chunk, D_env]}`` (``[B, chunk, D_env]`` when batched), or
+``{"frames": uint8 [H, W, 3]}`` for ``forward_dynamics``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from wamkit.actions.codec import ActionCodec, from_representation
+from wamkit.constants import OBS_STATE, TASK, image_key
+
+MODES = ("policy", "inverse_dynamics", "forward_dynamics")
+GOAL_IMAGE = "goal_image"  # inverse dynamics: the first camera's goal frame
+OPENPI_IMAGE_KEYS = ("observation/image", "observation/wrist_image")  # -> the model's cameras in order
+OPENPI_STATE_KEY = "observation/state"
+PROMPT = "prompt"
+CONTROL_KEYS = ("mode", "seed")
+FD_ACTIONS = "actions"
+
+
+class RequestError(ValueError):
+    """A request does not fit the served model; the message names the key and what was expected."""
+
+
+@dataclass
+class Request:
+    """One client request in model space: ``n`` observations (``batched`` says how to reply)."""
+
+    batch: dict[str, Any]  # image keys: uint8 [n, S, S, 3]; observation.state: float32 [n, state_dim]; task
+    n: int
+    batched: bool
+    mode: str = "policy"
+    seed: int | None = None
+    inputs: dict[str, Any] = field(
+        default_factory=dict
+    )  # goal_images / actions, leading axis n (model space)
+
+    @property
+    def group(self) -> tuple[Any, ...]:
+        """Requests batch together only within a group: the same mode, and no seed. A seeded request runs
+        in a model call of its own, so its reply equals an in-process call with that seed, whoever else
+        is connected."""
+        return (self.mode,) if self.seed is None else (self.mode, self.seed, id(self))
+
+
+def resize_images(img: np.ndarray, size: int) -> np.ndarray:
+    """uint8 [n, H, W, 3] -> uint8 [n, size, size, 3] (bilinear, antialiased); unchanged if it fits."""
+    if img.shape[1] == size and img.shape[2] == size:
+        return img
+    # uint8 in and out: torch's uint8 antialiased kernel is ~100x faster than a float round trip on CPU
+    x = torch.from_numpy(np.array(img)).permute(0, 3, 1, 2)  # a copy: wire arrays are read-only
+    x = torch.nn.functional.interpolate(
+        x, size=(size, size), mode="bilinear", antialias=True, align_corners=False
+    )
+    return x.permute(0, 2, 3, 1).contiguous().numpy()
+
+
+def _numeric(value: Any, key: str) -> np.ndarray:
+    arr = np.asarray(value) if isinstance(value, list | tuple | int | float) else value
+    if not isinstance(arr, np.ndarray) or arr.dtype.kind not in "biuf":
+        raise RequestError(f"{key}: expected a numeric array, got {type(value).__name__}")
+    return arr
+
+
+class ServedPolicy:
+    """A model adapter plus its action codec, as the server and ``wamkit infer`` run it."""
+
+    def __init__(self, adapter: Any, codec: ActionCodec, raw_actions: bool = False, source: str = ""):
+        self.adapter = adapter
+        self.io = adapter.io
+        self.codec = codec
+        self.raw_actions = raw_actions
+        self.source = source
+        codec.stats[OBS_STATE]  # noqa: B018 -- fail at start, not at the first request, if missing
+        if codec.stats["action"].dim != self.io.action_dim:
+            raise ValueError(
+                f"stats file: 'action' has {codec.stats['action'].dim} dims but the model's action_dim is "
+                f"{self.io.action_dim} (representation {self.io.representation})"
+            )
+        if codec.representation != self.io.representation:
+            raise ValueError(
+                f"stats file: representation {codec.representation!r} but the model uses {self.io.representation!r}"
+            )
+        with np.errstate(invalid="ignore", divide="ignore"):  # only the shape matters here
+            probe = from_representation(np.zeros((1, self.io.action_dim)), self.io.representation)
+        self.env_action_dim = int(probe.shape[-1])
+
+    def metadata(self, **extra: Any) -> dict[str, Any]:
+        """What a client needs to know, sent on connect (plain msgpack types only)."""
+        io = self.io
+        return {
+            "server": "wamkit",
+            "model": self.adapter.name,
+            "source": self.source,
+            "inputs": {
+                "image_keys": [image_key(c) for c in io.cameras],
+                "cameras": list(io.cameras),
+                "image_size": io.image_size,
+                "image_format": "uint8 [H, W, 3] (resized to image_size x image_size)",
+                "state_key": OBS_STATE,
+                "state_dim": io.state_dim,
+                "prompt_key": PROMPT,
+                "openpi_keys": {k: image_key(c) for k, c in zip(OPENPI_IMAGE_KEYS, io.cameras)}
+                | {OPENPI_STATE_KEY: OBS_STATE},
+            },
+            "action_space": {
+                "dim": io.action_dim if self.raw_actions else self.env_action_dim,
+                "representation": io.representation,
+                "raw": self.raw_actions,
+            },
+            "chunk": io.chunk,
+            "action_horizon": io.chunk,
+            "modes": list(MODES),
+            **extra,
+        }
+
+    # -- parsing -----------------------------------------------------------------------------------
+    def _keymap(self) -> dict[str, str]:
+        cams = self.io.cameras
+        keys = {image_key(c): image_key(c) for c in cams} | {
+            OBS_STATE: OBS_STATE,
+            OPENPI_STATE_KEY: OBS_STATE,
+        }
+        keys |= {k: image_key(c) for k, c in zip(OPENPI_IMAGE_KEYS, cams)}
+        keys |= {PROMPT: TASK, TASK: TASK, FD_ACTIONS: FD_ACTIONS, GOAL_IMAGE: GOAL_IMAGE}
+        keys |= {k: k for k in CONTROL_KEYS}
+        return keys
+
+    def prepare(self, obs: Any) -> Request:
+        """Check one decoded request and bring it into model space; :class:`RequestError` if it is wrong."""
+        if not isinstance(obs, dict):
+            raise RequestError(f"a request must be a map of observation keys, got {type(obs).__name__}")
+        keymap, got = self._keymap(), {}
+        for key, value in obs.items():
+            if not isinstance(key, str):
+                raise RequestError(f"request keys must be strings, got {key!r}")
+            if key not in keymap:
+                raise RequestError(
+                    f"unknown key {key!r}; this model takes {', '.join(image_key(c) for c in self.io.cameras)}, "
+                    f"{OBS_STATE}, {PROMPT} (or the OpenPI keys {', '.join(OPENPI_IMAGE_KEYS[: len(self.io.cameras)])}, "
+                    f"{OPENPI_STATE_KEY}), and optionally mode, seed"
+                )
+            target = keymap[key]
+            if target in got:
+                raise RequestError(f"{key!r} given twice (as {got[target][0]!r} and {key!r})")
+            got[target] = (key, value)
+
+        mode = got.get("mode", (None, "policy"))[1]
+        if mode not in MODES:
+            raise RequestError(f"mode: {mode!r} is not one of {', '.join(MODES)}")
+        seed = got.get("seed", (None, None))[1]
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int | np.integer)):
+            raise RequestError(f"seed: expected an integer, got {seed!r}")
+
+        if OBS_STATE not in got:
+            raise RequestError(
+                f"request lacks {OBS_STATE} (or {OPENPI_STATE_KEY}): [state_dim={self.io.state_dim}]"
+            )
+        skey, state = got[OBS_STATE]
+        state = _numeric(state, skey)
+        if state.ndim not in (1, 2) or state.shape[-1] != self.io.state_dim:
+            raise RequestError(
+                f"{skey}: expected shape [{self.io.state_dim}] or [B, {self.io.state_dim}], got {list(state.shape)}"
+            )
+        if not np.all(np.isfinite(state)):
+            raise RequestError(f"{skey}: non-finite values")
+        batched = state.ndim == 2
+        n = state.shape[0] if batched else 1
+        if n == 0:
+            raise RequestError(f"{skey}: a batched request needs at least one observation")
+
+        if TASK not in got:
+            raise RequestError(f"request lacks {PROMPT!r} (or {TASK!r}): the instruction")
+        pkey, prompt = got[TASK]
+        if batched:
+            if (
+                not isinstance(prompt, list | tuple)
+                or len(prompt) != n
+                or not all(isinstance(p, str) for p in prompt)
+            ):
+                raise RequestError(
+                    f"{pkey}: a batched request needs a list of {n} strings, got {prompt!r:.80}"
+                )
+            tasks = list(prompt)
+        else:
+            if not isinstance(prompt, str):
+                raise RequestError(f"{pkey}: expected a string, got {type(prompt).__name__}")
+            tasks = [prompt]
+
+        batch: dict[str, Any] = {OBS_STATE: self.codec.encode_state(state.reshape(n, -1)), TASK: tasks}
+        for cam in self.io.cameras:
+            batch[image_key(cam)] = self._images(got, image_key(cam), n, batched)
+        inputs: dict[str, Any] = {}
+        if mode == "inverse_dynamics":
+            inputs["goal_images"] = self._images(got, GOAL_IMAGE, n, batched)
+        elif GOAL_IMAGE in got:
+            raise RequestError(f"'{GOAL_IMAGE}' belongs to mode 'inverse_dynamics', not {mode!r}")
+        if mode == "forward_dynamics":
+            inputs["actions"] = self._fd_actions(got, n, batched)
+        elif FD_ACTIONS in got:
+            raise RequestError(f"'{FD_ACTIONS}' belongs to mode 'forward_dynamics', not {mode!r}")
+        return Request(batch, n, batched, mode, None if seed is None else int(seed), inputs)
+
+    def _images(self, got: dict, target: str, n: int, batched: bool) -> np.ndarray:
+        if target not in got:
+            raise RequestError(
+                f"request lacks {target}: uint8 [H, W, 3] (the model's cameras: {', '.join(self.io.cameras)})"
+            )
+        key, img = got[target]
+        want = "[B, H, W, 3]" if batched else "[H, W, 3]"
+        if not isinstance(img, np.ndarray) or img.ndim != (4 if batched else 3) or img.shape[-1] != 3:
+            shape = list(img.shape) if isinstance(img, np.ndarray) else type(img).__name__
+            raise RequestError(f"{key}: expected uint8 images {want}, got {shape}")
+        if img.dtype != np.uint8:
+            raise RequestError(f"{key}: expected dtype uint8, got {img.dtype}")
+        img = img.reshape(n, *img.shape[-3:]) if not batched else img
+        if img.shape[0] != n:
+            raise RequestError(f"{key}: batch axis is {img.shape[0]} but {OBS_STATE} has {n}")
+        if min(img.shape[1:3]) == 0 or max(img.shape[1:3]) > 4096:
+            raise RequestError(f"{key}: image size {img.shape[1]}x{img.shape[2]} is outside 1..4096")
+        return resize_images(img, self.io.image_size)
+
+    def _fd_actions(self, got: dict, n: int, batched: bool) -> np.ndarray:
+        if FD_ACTIONS not in got:
+            raise RequestError(f"mode 'forward_dynamics' needs '{FD_ACTIONS}' [chunk, D] (env actions)")
+        acts = _numeric(got[FD_ACTIONS][1], FD_ACTIONS)
+        dim = self.io.action_dim if self.raw_actions else self.env_action_dim
+        want = (n, self.io.chunk, dim) if batched else (self.io.chunk, dim)
+        if tuple(acts.shape) != want or not np.all(np.isfinite(acts)):
+            raise RequestError(
+                f"{FD_ACTIONS}: expected finite numbers of shape {list(want)}, got {list(acts.shape)}"
+            )
+        acts = acts.reshape(n, self.io.chunk, dim)
+        return np.asarray(acts, np.float32) if self.raw_actions else self.codec.encode_actions(acts)
+
+    # -- running -----------------------------------------------------------------------------------
+    def run(self, requests: list[Request]) -> list[dict[str, np.ndarray]]:
+        """One ``predict`` call for all ``requests`` (same group); the replies, in the same order."""
+        first = requests[0]
+        if any(r.group != first.group for r in requests):
+            raise ValueError("requests of different modes or seeds cannot share one model call")
+        keys = [k for k in first.batch if k != TASK]
+        batch: dict[str, Any] = {
+            k: torch.from_numpy(np.concatenate([r.batch[k] for r in requests])) for k in keys
+        }
+        batch[TASK] = [t for r in requests for t in r.batch[TASK]]
+        inputs: dict[str, Any] = {}
+        for name in first.inputs:
+            inputs[name] = torch.from_numpy(np.concatenate([r.inputs[name] for r in requests]))
+        out = self.adapter.predict(batch, mode=first.mode, seed=first.seed, **inputs)
+        if first.mode == "forward_dynamics":
+            name, result = "frames", np.asarray(out["frames"], np.uint8)
+        else:
+            name, result = "actions", np.asarray(out["actions"], np.float32)
+            if not self.raw_actions:
+                result = self.codec.decode_actions(result)
+        replies, start = [], 0
+        for r in requests:
+            part = np.ascontiguousarray(result[start : start + r.n])
+            replies.append({name: part if r.batched else part[0]})
+            start += r.n
+        return replies
+
+    def infer(self, obs: dict[str, Any]) -> dict[str, np.ndarray]:
+        """In-process equivalent of one server round trip (no batching with others)."""
+        return self.run([self.prepare(obs)])[0]

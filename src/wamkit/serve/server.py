@@ -1,0 +1,269 @@
+"""The OpenPI websocket server, with dynamic batching, ``/healthz`` and ``/metrics``.
+
+Protocol (what openpi-client, openpi's ``serve_policy`` and SGLang's ``/openpi/policy`` speak), on any
+websocket path:
+
+1. on connect the server sends ``msgpack(metadata)`` (see :meth:`ServedPolicy.metadata`);
+2. each binary message is one ``msgpack-numpy`` request (an observation dict, or a batched one);
+3. each reply is a binary ``msgpack-numpy`` dict: ``"actions"`` (or ``"frames"``) plus
+   ``"server_timing"`` (``decode_ms``, ``queue_ms``, ``infer_ms``, ``batch_size``, ``total_ms``);
+4. a bad request gets a **text** frame naming the problem, then close code 1011. Other connections
+   are unaffected.
+
+Replies on one connection come back in request order. A client may send several requests before
+reading (up to ``max_in_flight``); they are batched with everyone else's. Plain HTTP: ``GET /healthz``
+answers 200, ``GET /metrics`` the Prometheus text.
+
+Use :func:`start_server_in_thread` (tests, the evaluator) or :func:`run_server` (the CLI).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from http import HTTPStatus
+from typing import Any
+
+from websockets.asyncio.server import ServerConnection, serve
+from websockets.exceptions import ConnectionClosed
+
+from wamkit.serve.batcher import DynamicBatcher, ModelError
+from wamkit.serve.codec import CodecError, packb, unpackb
+from wamkit.serve.metrics import ServerMetrics
+from wamkit.serve.policy import RequestError, ServedPolicy
+
+log = logging.getLogger(__name__)
+
+
+def _error_kind(err: BaseException) -> str:
+    """The ``kind`` label of an error frame and of ``wamkit_errors_total``."""
+    if isinstance(err, CodecError):
+        return "decode"
+    if isinstance(err, RequestError):
+        return "request"
+    return "model" if isinstance(err, ModelError) else "internal"
+
+
+class PolicyServer:
+    """Serve ``policy`` on ``host:port`` (``port=0`` picks a free port; see :attr:`port` once started)."""
+
+    def __init__(
+        self,
+        policy: ServedPolicy,
+        host: str = "127.0.0.1",
+        port: int = 8000,
+        max_batch: int = 32,
+        max_wait_ms: float = 2.0,
+        max_message_mb: float = 64.0,
+        max_in_flight: int = 16,
+    ):
+        self.policy = policy
+        self.host, self.port = host, port
+        self.max_bytes = int(max_message_mb * 2**20)
+        self.max_in_flight = max_in_flight
+        self.metrics = ServerMetrics()
+        self._in_flight: dict[ServerConnection, int] = {}  # requests submitted and not yet answered
+        self.batcher = DynamicBatcher(policy.run, max_batch, max_wait_ms, self.metrics, self._any_idle)
+        self.metadata = policy.metadata(max_batch=max_batch, max_message_bytes=self.max_bytes)
+        self._packed_metadata = packb(self.metadata)
+
+    def _any_idle(self) -> bool:
+        return any(n == 0 for n in self._in_flight.values())
+
+    # -- HTTP --------------------------------------------------------------------------------------
+    def _http(self, connection: ServerConnection, request: Any):
+        path = request.path.split("?", 1)[0]
+        if path == "/healthz":
+            return connection.respond(HTTPStatus.OK, "OK\n")
+        if path == "/metrics":
+            response = connection.respond(HTTPStatus.OK, self.metrics.render())
+            response.headers["Content-Type"] = "text/plain; version=0.0.4; charset=utf-8"
+            return response
+        return None  # a websocket handshake
+
+    # -- websocket ---------------------------------------------------------------------------------
+    @staticmethod
+    def _failed(err: Exception) -> asyncio.Future:
+        future = asyncio.get_running_loop().create_future()
+        future.set_exception(err)
+        return future
+
+    def _begin(self, ws: ServerConnection, message: str | bytes) -> asyncio.Future:
+        """Decode and check one message now; return a future of (reply, timing) or of the error."""
+        t0 = time.perf_counter()
+        try:
+            if isinstance(message, str):
+                raise CodecError("expected a binary msgpack frame, got a text frame")
+            if len(message) > self.max_bytes:
+                raise CodecError(
+                    f"message of {len(message)} bytes exceeds serve.max_message_mb ({self.max_bytes} bytes)"
+                )
+            request = self.policy.prepare(unpackb(message))
+        except (CodecError, RequestError) as err:
+            return self._failed(err)
+        except Exception as err:  # noqa: BLE001 -- an input we did not foresee still gets a readable error
+            log.exception("unexpected failure reading a request")
+            return self._failed(RequestError(f"could not read the request ({type(err).__name__}: {err})"))
+        decode_ms = (time.perf_counter() - t0) * 1000.0
+
+        self._in_flight[ws] += 1
+
+        async def answer():
+            try:
+                reply, timing = await self.batcher.submit(request)
+            finally:
+                self._in_flight[ws] -= 1
+            total = time.perf_counter() - t0
+            self.metrics.request_done(request.n, total)
+            return {**reply, "server_timing": {"decode_ms": decode_ms, **timing, "total_ms": total * 1000.0}}
+
+        return asyncio.ensure_future(answer())
+
+    async def _write(self, ws: ServerConnection, pending: asyncio.Queue) -> None:
+        """Send replies in request order; on an error, send it as text and close 1011."""
+        alive = True
+        while (future := await pending.get()) is not None:
+            try:
+                data = packb(await future)
+            except Exception as err:  # noqa: BLE001 -- every failure becomes this client's error frame
+                kind = _error_kind(err)
+                self.metrics.error(kind)
+                if kind == "internal":
+                    log.error("internal error answering %s", ws.remote_address, exc_info=err)
+                elif alive:
+                    log.info("%s: %s error: %s", ws.remote_address, kind, err)
+                if alive:
+                    with contextlib.suppress(ConnectionClosed):
+                        await ws.send(f"{kind} error: {err}")
+                        await ws.close(1011, f"{kind} error")
+                alive = False
+                continue
+            if alive:
+                try:
+                    await ws.send(data)
+                except ConnectionClosed:
+                    alive = False  # the client vanished; keep draining so the reader never blocks
+
+    async def _handle(self, ws: ServerConnection) -> None:
+        self.metrics.connection(+1)
+        self._in_flight[ws] = 0
+        pending: asyncio.Queue = asyncio.Queue(maxsize=self.max_in_flight)
+        writer = asyncio.create_task(self._write(ws, pending))
+        try:
+            await ws.send(self._packed_metadata)
+            async for message in ws:
+                future = self._begin(ws, message)
+                await pending.put(future)
+                if future.done() and future.exception() is not None:
+                    break  # the protocol closes the connection after an error
+        except ConnectionClosed:
+            pass
+        finally:
+            await pending.put(None)
+            await writer
+            del self._in_flight[ws]
+            self.metrics.connection(-1)
+
+    async def serve(self, started: Any = None, stop: asyncio.Future | None = None) -> None:
+        """Run until ``stop`` resolves (forever if None); ``started(port)`` is called once bound."""
+        self.batcher.start()
+        try:
+            async with serve(
+                self._handle,
+                self.host,
+                self.port,
+                process_request=self._http,
+                compression=None,
+                # Above our own limit the request gets a readable error frame; far above it websockets
+                # itself refuses the frame (close 1009) before buffering it.
+                max_size=2 * self.max_bytes + 2**20,
+                max_queue=4,
+                ping_interval=None,  # openpi clients do not answer pings while blocked in a long infer
+                close_timeout=2,  # a client that never answers the closing handshake does not hold up stop()
+            ) as server:
+                self.port = server.sockets[0].getsockname()[1]
+                log.info(
+                    "serving %s on ws://%s:%d (max_batch=%d, max_wait_ms=%g)",
+                    self.policy.adapter.name,
+                    self.host,
+                    self.port,
+                    self.batcher.max_batch,
+                    self.batcher.max_wait * 1000,
+                )
+                if started is not None:
+                    started(self.port)
+                await (stop if stop is not None else asyncio.get_running_loop().create_future())
+        finally:
+            await self.batcher.stop()
+
+
+class ServerHandle:
+    """A server running on its own event loop in a daemon thread; a context manager."""
+
+    def __init__(self, server: PolicyServer):
+        self.server = server
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Future | None = None
+        self._thread = threading.Thread(target=self._main, name="wamkit-server", daemon=True)
+
+    def _main(self) -> None:
+        async def run():
+            self._loop = asyncio.get_running_loop()
+            self._stop = self._loop.create_future()
+            await self.server.serve(started=lambda port: self._ready.set(), stop=self._stop)
+
+        try:
+            asyncio.run(run())
+        except BaseException as err:  # noqa: BLE001 -- handed to the starting thread below
+            self._error = err
+            self._ready.set()
+
+    def start(self, timeout: float = 30.0) -> ServerHandle:
+        self._thread.start()
+        if not self._ready.wait(timeout):
+            raise TimeoutError(f"server did not start within {timeout} s")
+        if self._error is not None:
+            raise RuntimeError(f"server failed to start: {self._error}") from self._error
+        return self
+
+    @property
+    def port(self) -> int:
+        return self.server.port
+
+    @property
+    def url(self) -> str:
+        return f"ws://{self.server.host}:{self.port}"
+
+    @property
+    def metrics(self) -> ServerMetrics:
+        return self.server.metrics
+
+    def stop(self, timeout: float = 30.0) -> None:
+        if self._loop is not None and self._stop is not None and not self._loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # the loop already ended
+                self._loop.call_soon_threadsafe(lambda: self._stop.done() or self._stop.set_result(None))
+        self._thread.join(timeout)
+
+    def __enter__(self) -> ServerHandle:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+def start_server_in_thread(
+    policy: ServedPolicy, host: str = "127.0.0.1", port: int = 0, **kwargs: Any
+) -> ServerHandle:
+    """Start a server in a background thread and return once it listens; ``handle.port`` is the bound
+    port. Use as ``with start_server_in_thread(policy) as srv: PolicyClient(srv.url)...``."""
+    return ServerHandle(PolicyServer(policy, host, port, **kwargs)).start()
+
+
+def run_server(server: PolicyServer) -> None:
+    """Serve in the foreground until interrupted (Ctrl-C)."""
+    asyncio.run(server.serve())

@@ -1,0 +1,177 @@
+"""Dynamic batching under many clients (every reply matched to its request), the asyncio client with many
+requests on one connection, reconnect with backoff, and wamkit's clients against a foreign server."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+from openpi_client import msgpack_numpy
+from websockets.sync.server import serve as sync_serve
+
+from wamkit.serve.client import AsyncPolicyClient, PolicyClient, ServerError
+from wamkit.serve.loading import random_init
+from wamkit.serve.server import start_server_in_thread
+
+
+@pytest.fixture(scope="module")
+def policy():
+    # identity stats: the reply is the delay model's formula, so each request's answer is known
+    return random_init("delay", "small", {"delay_ms": 4}, device="cpu")
+
+
+def request(i: int, batch: int | None = None) -> dict:
+    rng = np.random.default_rng(i)
+    lead = () if batch is None else (batch,)
+    return {
+        "observation.images.corner": rng.integers(
+            0, 256, (*lead, 32, 32, 3), dtype=np.uint8
+        ),  # resized to 128
+        "observation.state": rng.standard_normal((*lead, 39)).astype(np.float32),
+        "prompt": f"task {i}" if batch is None else [f"task {i}.{j}" for j in range(batch)],
+    }
+
+
+def test_many_clients_every_reply_is_its_own(policy):
+    n_clients, n_requests = 16, 12
+    with start_server_in_thread(policy, max_batch=32, max_wait_ms=5.0) as srv:
+
+        async def client(c: int) -> list[tuple[dict, dict]]:
+            out = []
+            async with AsyncPolicyClient(srv.url) as cl:
+                for r in range(n_requests):
+                    i = c * 1000 + r
+                    req = request(i, batch=(1 + r % 3) if r % 4 == 0 else None)  # some batched requests
+                    if r % 5 == 1:  # another mode: must never share a model call with policy requests
+                        req |= {
+                            "mode": "inverse_dynamics",
+                            "goal_image": request(i + 1)["observation.images.corner"],
+                        }
+                        if "observation.state" in req and req["observation.state"].ndim == 2:
+                            req["goal_image"] = np.repeat(req["goal_image"][None], len(req["prompt"]), 0)
+                    out.append((req, await cl.infer(req)))
+            return out
+
+        async def run_all():
+            return await asyncio.gather(*(client(c) for c in range(n_clients)))
+
+        results = [pair for per_client in asyncio.run(run_all()) for pair in per_client]
+        metrics = srv.metrics
+    assert len(results) == n_clients * n_requests
+    for req, reply in results:
+        np.testing.assert_allclose(reply["actions"], policy.infer(req)["actions"], atol=1e-6)
+    assert metrics.requests == len(results)
+    assert metrics.model_calls < len(results) / 2, "the batcher did not gather concurrent requests"
+    assert max(r["server_timing"]["batch_size"] for _, r in results) > 4
+
+
+def test_async_client_many_requests_on_one_connection(policy):
+    with start_server_in_thread(policy, max_wait_ms=5.0) as srv:
+
+        async def run():
+            async with AsyncPolicyClient(srv.url) as cl:
+                reqs = [request(i) for i in range(24)]
+                return reqs, await asyncio.gather(*(cl.infer(r) for r in reqs)), cl.metadata
+
+        reqs, replies, meta = asyncio.run(run())
+    assert meta["model"] == "delay"
+    for req, reply in zip(reqs, replies):
+        np.testing.assert_allclose(reply["actions"], policy.infer(req)["actions"], atol=1e-6)
+    assert max(r["server_timing"]["batch_size"] for r in replies) > 1  # pipelined requests were batched
+
+
+def test_async_client_error_fails_only_the_bad_request(policy):
+    with start_server_in_thread(policy) as srv:
+
+        async def run():
+            async with AsyncPolicyClient(srv.url) as cl:
+                good = [cl.infer(request(i)) for i in range(4)]
+                bad = cl.infer({"prompt": "x"})
+                return await asyncio.gather(*good, bad, return_exceptions=True)
+
+        results = asyncio.run(run())
+    assert isinstance(results[-1], ServerError) and "lacks observation.state" in str(results[-1])
+    for i, r in enumerate(results[:-1]):
+        np.testing.assert_allclose(r["actions"], policy.infer(request(i))["actions"], atol=1e-6)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_clients_wait_for_a_late_server_and_survive_a_restart(policy):
+    port = _free_port()
+    started = []
+    timer = threading.Timer(0.6, lambda: started.append(start_server_in_thread(policy, port=port)))
+    timer.start()
+    t0 = time.monotonic()
+    client = PolicyClient(f"127.0.0.1:{port}", connect_timeout_s=20)  # retries with backoff meanwhile
+    assert time.monotonic() - t0 >= 0.5 and client.metadata["model"] == "delay"
+    assert client.infer(request(1))["actions"].shape == (16, 4)
+
+    async def async_side():  # one event loop for the async client's whole life
+        acl = AsyncPolicyClient(f"127.0.0.1:{port}")
+        assert (await acl.infer(request(2)))["actions"].shape == (16, 4)
+        await asyncio.to_thread(started[0].stop)  # off the loop, so the client answers the close handshake
+        second = start_server_in_thread(policy, port=port)  # same port, new server: both clients reconnect
+        got_sync = client.infer(request(3))["actions"]
+        got_async = (await acl.infer(request(4)))["actions"]
+        await acl.close()
+        second.stop()
+        return got_sync, got_async
+
+    got_sync, got_async = asyncio.run(async_side())
+    np.testing.assert_allclose(got_sync, policy.infer(request(3))["actions"], atol=1e-6)
+    np.testing.assert_allclose(got_async, policy.infer(request(4))["actions"], atol=1e-6)
+    client.close()
+
+
+def test_connect_gives_up_with_a_clear_error():
+    with pytest.raises(ConnectionError, match="cannot connect to ws://127.0.0.1:"):
+        PolicyClient(f"127.0.0.1:{_free_port()}", connect_timeout_s=0.3)
+
+
+def test_wamkit_clients_against_a_foreign_openpi_server():
+    """A server written the way openpi's ``serve_policy`` is (openpi-client's msgpack_numpy, str keys)."""
+
+    def handler(ws):
+        ws.send(msgpack_numpy.packb({"policy": "foreign", "action_horizon": 4}))
+        for message in ws:
+            obs = msgpack_numpy.unpackb(message)
+            if "observation/state" not in obs:
+                ws.send("KeyError: 'observation/state'")
+                ws.close(1011, "internal error")
+                return
+            state = np.asarray(obs["observation/state"], np.float32)
+            ws.send(
+                msgpack_numpy.packb(
+                    {"actions": np.tile(state * 2, (4, 1)), "server_timing": {"infer_ms": 0.1}}
+                )
+            )
+
+    with sync_serve(handler, "127.0.0.1", 0, compression=None, max_size=None) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        url = f"ws://127.0.0.1:{server.socket.getsockname()[1]}"
+        state = np.arange(8, dtype=np.float32)
+        with PolicyClient(url) as client:
+            assert client.metadata == {"policy": "foreign", "action_horizon": 4}
+            np.testing.assert_array_equal(
+                client.infer({"observation/state": state})["actions"], np.tile(state * 2, (4, 1))
+            )
+            with pytest.raises(ServerError, match="KeyError"):
+                client.infer({"prompt": "no state"})
+            assert client.infer({"observation/state": state})["actions"].shape == (4, 8)  # reconnected
+
+        async def run():
+            async with AsyncPolicyClient(url) as cl:
+                return await asyncio.gather(*(cl.infer({"observation/state": state + i}) for i in range(5)))
+
+        for i, reply in enumerate(asyncio.run(run())):
+            np.testing.assert_array_equal(reply["actions"][0], (state + i) * 2)
+        server.shutdown()

@@ -1,0 +1,177 @@
+"""``wamkit infer`` on real image/video/JSON files, the ``delay`` benchmark model, and ``wamkit bench serve``."""
+
+from __future__ import annotations
+
+import json
+
+import av
+import numpy as np
+import pytest
+
+from wamkit.cli import main as wamkit
+from wamkit.config import ConfigError, ModelConfig
+from wamkit.models import build_model
+from wamkit.serve.infer import read_frames, write_video
+from wamkit.serve.loading import random_init
+
+
+def _png(path, value: int, size: int = 64) -> None:
+    with av.open(str(path), "w", format="image2") as c:
+        s = c.add_stream("png")
+        s.width = s.height = size
+        s.pix_fmt = "rgb24"
+        c.mux(s.encode(av.VideoFrame.from_ndarray(np.full((size, size, 3), value, np.uint8), format="rgb24")))
+        c.mux(s.encode())
+
+
+@pytest.fixture
+def samples(tmp_path):
+    d = tmp_path / "samples"
+    d.mkdir()
+    _png(d / "start.png", 60)
+    write_video(d / "clip.mp4", np.stack([np.full((64, 64, 3), v, np.uint8) for v in (20, 120, 220)]), 10)
+    np.save(d / "acts.npy", np.full((16, 4), 0.5, np.float32))
+    cases = {
+        "a": {"prompt": "reach", "vision_path": "start.png", "seed": 3, "state": [0.1] * 39},
+        "b": {
+            "model_mode": "forward_dynamics",
+            "vision_path": "clip.mp4",
+            "action_path": "acts.npy",
+            "fps": 5,
+        },
+        "c": {"model_mode": "inverse_dynamics", "vision_path": "clip.mp4", "name": "inverse"},
+        "bad_chunk": {"vision_path": "start.png", "action_chunk_size": 8},
+        "bad_field": {"vision_path": "start.png", "colour": "red"},
+        "bad_vision": {"vision_path": "missing.png"},
+        "bad_inverse": {"model_mode": "inverse_dynamics", "vision_path": "start.png"},
+    }
+    for name, body in cases.items():
+        (d / f"{name}.json").write_text(json.dumps(body))
+    return d
+
+
+def test_infer_writes_outputs_and_reports_invalid_samples(samples, tmp_path, capsys):
+    out = tmp_path / "out"
+    rc = wamkit(
+        [
+            "infer",
+            "-i",
+            str(samples / "*.json"),
+            "-o",
+            str(out),
+            "--model",
+            "delay",
+            "--random-init",
+            "--device",
+            "cpu",
+        ]
+    )
+    printed = capsys.readouterr().out
+    assert rc == 1
+    assert "3 sample(s) written" in printed and "4 invalid" in printed
+    for needle in [
+        "bad_chunk.json: field 'action_chunk_size'",
+        "bad_field.json: field 'colour': unknown",
+        "bad_vision.json: field 'vision_path': cannot read",
+        "bad_inverse.json: field 'vision_path': inverse_dynamics needs a video",
+    ]:
+        assert needle in printed, printed
+
+    args = json.loads((out / "a" / "sample_args.json").read_text())
+    assert set(args) >= {
+        "model_mode",
+        "name",
+        "prompt",
+        "vision_path",
+        "domain_name",
+        "action_chunk_size",
+        "fps",
+        "image_size",
+        "seed",
+    }
+    assert args["action_chunk_size"] == 16 and args["image_size"] == 128 and args["model_mode"] == "policy"
+    actions = np.asarray(json.loads((out / "a" / "sample_outputs.json").read_text())["actions"])
+    # identity stats: the delay model's formula with state 0.1 and a uniform image of value 60
+    t = np.arange(16)[:, None]
+    np.testing.assert_allclose(actions, np.tanh(0.1 + 0.1 * t + 0.5 * 60 / 255) * np.ones((1, 4)), atol=2e-3)
+
+    frames = read_frames(out / "b" / "vision.mp4")
+    assert frames.shape == (2, 128, 128, 3)
+    assert abs(frames[0].mean() - 20) < 4 and abs(frames[1].mean() - 25) < 4  # first frame + 10 x mean action
+    assert not (out / "a" / "vision.mp4").exists()
+    inv = np.asarray(json.loads((out / "inverse" / "sample_outputs.json").read_text())["actions"])
+    assert inv.shape == (16, 4)
+    np.testing.assert_allclose(inv[0], np.tanh(0.5 * 20 / 255) + 220 / 255, atol=2e-2)  # goal = last frame
+
+
+def test_infer_without_matching_files(tmp_path, capsys):
+    assert (
+        wamkit(
+            [
+                "infer",
+                "-i",
+                str(tmp_path / "*.json"),
+                "-o",
+                str(tmp_path),
+                "--model",
+                "delay",
+                "--random-init",
+            ]
+        )
+        == 2
+    )
+
+
+def test_delay_model_options_are_checked():
+    with pytest.raises(ConfigError, match="model.options: unknown delay"):
+        build_model(ModelConfig(name="delay", options={"delay": 5}))
+    with pytest.raises(ConfigError, match="model.options.delay_ms: expected a non-negative"):
+        build_model(ModelConfig(name="delay", options={"delay_ms": -1}))
+    with pytest.raises(ConfigError, match="not a delay preset"):
+        build_model(ModelConfig(name="delay", preset="huge"))
+
+
+def test_delay_model_is_deterministic_and_input_dependent():
+    policy = random_init("delay", "libero", device="cpu")
+    rng = np.random.default_rng(0)
+    obs = {
+        "observation.images.agentview": rng.integers(0, 256, (3, 128, 128, 3), dtype=np.uint8),
+        "observation.images.wrist": rng.integers(0, 256, (3, 128, 128, 3), dtype=np.uint8),
+        "observation.state": rng.standard_normal((3, 8)).astype(np.float32),
+        "prompt": ["a", "b", "c"],
+    }
+    a, b = policy.infer(obs)["actions"], policy.infer(obs)["actions"]
+    assert a.shape == (3, 16, 7) and np.isfinite(a).all()
+    np.testing.assert_array_equal(a, b)
+    assert not np.allclose(a[0], a[1])
+
+
+def test_bench_serve_prints_ratios(capsys):
+    rc = wamkit(
+        [
+            "bench",
+            "serve",
+            "--seconds",
+            "0.3",
+            "--batch",
+            "1,4",
+            "--concurrency",
+            "1,4",
+            "--option",
+            "delay_ms=2",
+            "--device",
+            "cpu",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert rc == 0 and "BENCHMARK MODEL" in out
+    rows = [line.split() for line in out.splitlines() if line.startswith(("batched", "dynamic"))]
+    assert [(r[0], r[1], r[2]) for r in rows] == [
+        ("batched", "1", "1"),
+        ("batched", "1", "4"),
+        ("dynamic", "1", "1"),
+        ("dynamic", "4", "1"),
+    ]
+    for r in rows:
+        obs_s, ratio = float(r[3]), float(r[7])
+        assert obs_s > 0 and 0 < ratio < 5
