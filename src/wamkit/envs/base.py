@@ -1,0 +1,125 @@
+"""The env interface shared by every simulated suite.
+
+An episode is named by :class:`EpisodeSpec` ``(suite, task, trial, seed)`` and is reproducible from
+that name alone. Observations use the dataset key names (:mod:`wamkit.constants`):
+
+- ``observation.images.<cam>``: uint8 [H, W, 3], upright (row 0 is the top of the picture);
+- ``observation.state``: float32 [state_dim];
+- ``task``: the English instruction of the task.
+
+``step(action)`` takes an env-ready float action [action_dim] and returns
+``(obs, reward, terminated, truncated, info)`` with ``info["success"]`` a bool.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from wamkit.config import ConfigError, EnvConfig
+
+RENDER_QUALITIES = ("default", "fast")
+
+Obs = dict[str, Any]
+StepResult = tuple[Obs, float, bool, bool, dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class EpisodeSpec:
+    """The name of one episode. ``trial`` indexes a stored initial state where the suite has them
+    (LIBERO); ``seed`` seeds every random draw of the episode (MetaWorld's object and goal positions)."""
+
+    suite: str
+    task: str
+    trial: int
+    seed: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> EpisodeSpec:
+        missing = [k for k in ("suite", "task", "trial", "seed") if k not in d]
+        if missing:
+            raise ValueError(f"EpisodeSpec: missing key(s) {missing} in {d!r}")
+        return cls(suite=str(d["suite"]), task=str(d["task"]), trial=int(d["trial"]), seed=int(d["seed"]))
+
+
+@dataclass(frozen=True)
+class SuiteInfo:
+    """What a suite offers. ``max_steps`` counts policy steps (LIBERO's settle steps excluded);
+    ``fps`` is the control rate recorded in datasets (env steps per simulated second)."""
+
+    suite: str
+    tasks: tuple[str, ...]
+    max_steps: int
+    state_dim: int
+    action_dim: int
+    fps: int
+    cameras: tuple[str, ...]  # the default cameras (what collect records unless told otherwise)
+    robot_type: str
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["tasks"], d["cameras"] = list(self.tasks), list(self.cameras)
+        return d
+
+
+@runtime_checkable
+class Env(Protocol):
+    """One simulator instance; ``reset`` may switch it to any task of its suite."""
+
+    suite: str
+
+    def reset(self, spec: EpisodeSpec) -> Obs: ...
+
+    def step(self, action: np.ndarray) -> StepResult: ...
+
+    def max_steps(self, spec: EpisodeSpec) -> int: ...
+
+    def expert_action(self, obs: Obs) -> np.ndarray:
+        """The scripted expert's action for ``obs`` of the current episode (suites that have one)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def check_env_config(cfg: EnvConfig) -> None:
+    """Raise :class:`ConfigError` naming the ``env.*`` key that is out of range."""
+    if cfg.render_quality not in RENDER_QUALITIES:
+        raise ConfigError(f"env.render_quality: {cfg.render_quality!r} is not one of {RENDER_QUALITIES}")
+    if cfg.image_size < 8 or cfg.image_size > 2048:
+        raise ConfigError(f"env.image_size: expected 8..2048 pixels, got {cfg.image_size}")
+    if not cfg.cameras:
+        raise ConfigError("env.cameras: at least one camera is needed")
+    if cfg.max_steps < 0:
+        raise ConfigError(f"env.max_steps: expected >= 0 (0: the suite's limit), got {cfg.max_steps}")
+
+
+def render_info(cfg: EnvConfig) -> dict[str, Any]:
+    """What a dataset records about how its images were made (``extra_info`` of the writer)."""
+    return {"suite": cfg.suite, "render_quality": cfg.render_quality, "cameras": list(cfg.cameras)}
+
+
+def check_render_quality(dataset_info: dict[str, Any], env_cfg: EnvConfig) -> None:
+    """Refuse to evaluate on images that look different from the training images.
+
+    ``dataset_info`` is the dataset's ``meta/info.json`` (the writer keeps ``extra_info`` under
+    ``"wamkit"``) or that ``extra_info`` itself. Raises ``ValueError`` naming both values when the
+    dataset's ``render_quality`` differs from ``env_cfg.render_quality``; a dataset that does not record
+    it (not made by ``wamkit collect``) passes.
+    """
+    extra = dataset_info.get("wamkit", dataset_info.get("extra_info", dataset_info))
+    if not isinstance(extra, dict):
+        raise ValueError(f"dataset info: 'wamkit' (extra_info) must be a mapping, got {type(extra).__name__}")
+    recorded = extra.get("render_quality", dataset_info.get("render_quality"))
+    if recorded is None:
+        return
+    if recorded != env_cfg.render_quality:
+        raise ValueError(
+            f"render quality mismatch: the dataset was rendered with render_quality={recorded!r} but "
+            f"env.render_quality={env_cfg.render_quality!r}; a model trained on one look must be "
+            f"evaluated on the same look (set env.render_quality={recorded})"
+        )

@@ -1,0 +1,119 @@
+"""``wamkit collect`` end to end: real experts in real worker processes, a real LeRobot v3 dataset."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from wamkit.cli import main as cli_main
+from wamkit.config import EnvConfig
+from wamkit.constants import ACTION, OBS_STATE, TASK, image_key
+from wamkit.data import LeRobotDataset
+from wamkit.envs import EpisodeSpec, check_render_quality, make_env
+from wamkit.envs.journal import JOURNAL
+
+ARGS = ["--suite", "metaworld", "--tasks", "reach-v3,push-v3", "--workers", "2", "--image-size", "32"]
+
+
+def _journal(root):
+    return [json.loads(line) for line in (root / JOURNAL).read_text().splitlines()]
+
+
+def test_collect_writes_a_readable_dataset_and_resumes(tmp_path, capsys):
+    out = tmp_path / "mw"
+    assert cli_main(["collect", *ARGS, "--episodes", "2", "--out", str(out), "--render-quality", "fast"]) == 0
+    assert "reach-v3: 2/2 expert successes" in capsys.readouterr().out
+
+    ds = LeRobotDataset(out)
+    assert ds.num_episodes == 4 and ds.fps == 80
+    info = ds.meta.info
+    assert info["wamkit"] == {"suite": "metaworld", "render_quality": "fast", "cameras": ["corner"]}
+    check_render_quality(info, EnvConfig(render_quality="fast"))
+    with pytest.raises(ValueError, match="render quality mismatch"):
+        check_render_quality(info, EnvConfig(render_quality="default"))
+    tasks = {ds[i][TASK] for i in range(len(ds))}
+    assert tasks == {"reach the goal", "push the puck to the goal"}
+
+    # the first frame of each episode is the env's reset observation for its (task, seed)
+    env = make_env(EnvConfig(image_size=32, render_quality="fast"))
+    try:
+        for entry in _journal(out):
+            spec = EpisodeSpec.from_dict(entry)
+            obs = env.reset(spec)
+            start = ds.meta.episodes[entry["episode_index"]].from_index
+            frame = ds[start]
+            np.testing.assert_array_equal(frame[OBS_STATE].numpy(), obs[OBS_STATE])
+            np.testing.assert_allclose(frame[ACTION].numpy(), env.expert_action(obs), atol=1e-6)
+            assert frame[TASK] == obs[TASK]
+            # video is lossy: compare loosely, but a wrong or flipped frame would be far off
+            got, want = frame[image_key("corner")].numpy().astype(int), obs[image_key("corner")].astype(int)
+            err, flipped = np.abs(got - want).mean(), np.abs(got - want[::-1, ::-1]).mean()
+            assert err < 12 and err < 0.5 * flipped, (err, flipped)
+            assert entry["steps"] == ds.meta.episodes[entry["episode_index"]].length
+    finally:
+        env.close()
+
+    # resume: asking for 3 per task collects exactly one more per task, never a seed twice
+    one_worker = [a if a != "--workers" else "collect.workers=1" for a in ARGS if a != "2"]
+    argv = ["collect", *one_worker, "--episodes", "3", "--out", str(out), "--render-quality", "fast"]
+    assert cli_main(argv) == 0
+    journal = _journal(out)
+    seeds = [(e["task"], e["seed"]) for e in journal]
+    assert len(seeds) == len(set(seeds)) == 6
+    assert LeRobotDataset(out).num_episodes == 6
+    assert sorted(e["episode_index"] for e in journal) == list(range(6))
+    assert "0 new episodes" in (cli_main(["collect", *ARGS, "--episodes", "3", "--out", str(out),
+                                          "--render-quality", "fast"]) == 0 and capsys.readouterr().out)  # fmt: skip
+
+    # a different look cannot be appended to the same dataset
+    assert (
+        cli_main(["collect", *ARGS, "--episodes", "4", "--out", str(out), "--render-quality", "default"]) == 2
+    )
+    assert "render_quality" in capsys.readouterr().err
+
+
+def test_crash_between_journal_and_commit_is_redone(tmp_path):
+    """A journal line whose episode the writer never committed is dropped on resume and redone."""
+    out = tmp_path / "mw"
+    args = ["collect", *ARGS[:2], "--tasks", "reach-v3", "--workers", "1", "--image-size", "32"]
+    assert cli_main([*args, "--episodes", "1", "--out", str(out)]) == 0
+    ghost = {"suite": "metaworld", "task": "reach-v3", "trial": 1, "seed": 1, "success": True, "kept": True,
+             "steps": 40, "episode_index": 1}  # fmt: skip
+    with open(out / JOURNAL, "a") as f:
+        f.write(json.dumps(ghost) + "\n" + '{"suite": "metaworld", "ta')  # and a torn last line
+    assert cli_main([*args, "--episodes", "2", "--out", str(out)]) == 0
+    journal = _journal(out)
+    assert [(e["seed"], e["episode_index"]) for e in journal] == [(0, 0), (1, 1)]
+    assert LeRobotDataset(out).num_episodes == 2
+
+
+def test_collect_refuses_bad_input(tmp_path, capsys):
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "x.txt").write_text("not a dataset")
+    assert cli_main(["collect", "--tasks", "reach-v3", "--out", str(tmp_path / "other")]) == 2
+    assert "not a dataset written by wamkit collect" in capsys.readouterr().err
+    assert cli_main(["collect", "--tasks", "rech-v3", "--out", str(tmp_path / "x")]) == 2
+    assert "did you mean 'reach-v3'" in capsys.readouterr().err
+    assert cli_main(["collect", "--tasks", "reach-v3", "--episodes", "0", "--out", str(tmp_path / "y")]) == 2
+    assert "collect.episodes" in capsys.readouterr().err
+    assert cli_main(["collect", "--suite", "libero_10", "--out", str(tmp_path / "z")]) == 2
+    assert "env.suite" in capsys.readouterr().err
+
+
+def test_only_successes_are_kept_unless_asked(tmp_path):
+    """With a 5-step limit the experts fail: nothing is kept (every attempt journaled, the task given
+    up after 2 * episodes + 10 attempts); with --keep-failed the failures are written."""
+    base = ["collect", "--tasks", "reach-v3", "--workers", "1", "--image-size", "32", "env.max_steps=5"]
+    out = tmp_path / "none"
+    assert cli_main([*base, "--episodes", "1", "--out", str(out)]) == 0
+    journal = _journal(out)
+    assert len(journal) == 12 and not any(e["kept"] or e["success"] for e in journal)
+    assert not (out / "meta" / "info.json").exists()
+
+    out = tmp_path / "failed"
+    assert cli_main([*base, "--episodes", "2", "--keep-failed", "--out", str(out)]) == 0
+    ds = LeRobotDataset(out)
+    assert ds.num_episodes == 2 and len(ds) == 10
+    assert [e["success"] for e in _journal(out)] == [False, False]
