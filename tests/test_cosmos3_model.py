@@ -1,0 +1,234 @@
+"""The cosmos3 adapter on the tiny config: build, recipe structure, batched predictions against single
+requests and against diffusers' own Cosmos3OmniPipeline, export and warm start."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("diffusers", reason="cosmos3 needs the wamkit[cosmos3] extra")
+
+from diffusers import Cosmos3OmniTransformer  # noqa: E402
+from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import (  # noqa: E402
+    _EMBODIMENT_TO_DOMAIN_ID,
+    CosmosActionCondition,
+)
+from PIL import Image  # noqa: E402
+
+from wamkit.config import ConfigError, ModelConfig  # noqa: E402
+from wamkit.constants import ACTION, ACTION_IS_PAD, OBS_STATE, TASK, image_key  # noqa: E402
+from wamkit.models import ModelIO, build_model  # noqa: E402
+from wamkit.models.cosmos3 import export_diffusers  # noqa: E402
+from wamkit.models.cosmos3.towers import param_role  # noqa: E402
+
+IO = ModelIO(("image", "wrist_image"), 64, 8, 10, 16, "libero_rot6d")
+STEPS = {"num_inference_steps": 3}
+
+
+def make_batch(b: int, seed: int = 0) -> dict:
+    rng = np.random.default_rng(seed)
+    batch = {
+        image_key(c): torch.from_numpy(rng.integers(0, 256, (b, 64, 64, 3), dtype=np.uint8))
+        for c in IO.cameras
+    }
+    batch[OBS_STATE] = torch.zeros(b, 8)
+    batch[TASK] = [
+        ["put the black bowl on the plate", "open the top drawer of the cabinet"][i % 2] for i in range(b)
+    ]
+    batch[ACTION] = torch.from_numpy(rng.uniform(-1, 1, (b, 16, 10)).astype(np.float32))
+    batch[ACTION_IS_PAD] = torch.zeros(b, 16, dtype=torch.bool)
+    return batch
+
+
+def rows(batch: dict, sl: slice) -> dict:
+    return {k: v[sl] for k, v in batch.items()}
+
+
+@pytest.fixture(scope="module")
+def adapter():
+    torch.set_num_threads(2)
+    return build_model(ModelConfig(name="cosmos3", preset="tiny", options=STEPS), IO)
+
+
+def test_build_freezes_the_understanding_tower_and_groups_the_rest(adapter):
+    m = adapter.module
+    assert isinstance(m, Cosmos3OmniTransformer) and m.config.action_dim == 10 and m.action_gen
+    non_embedding = sum(
+        p.numel() for n, p in m.named_parameters() if not n.startswith(("embed_tokens", "lm_head"))
+    )
+    assert 200_000 < non_embedding < 1_000_000
+    groups = {g.name: g for g in adapter.param_groups()}
+    assert groups["action_heads"].lr_mult == 5.0
+    trained = {id(p) for g in groups.values() for p in g.params}
+    for name, p in m.named_parameters():
+        assert p.requires_grad == (id(p) in trained), name
+        assert p.requires_grad == (param_role(name) != "frozen"), name
+    names = {n for n, p in m.named_parameters() if p.requires_grad}
+    assert "layers.0.mlp_moe_gen.up_proj.weight" in names and "layers.0.mlp.up_proj.weight" not in names
+    assert {"proj_in.weight", "proj_out.weight", "time_embedder.linear_1.weight"} <= names
+    assert "embed_tokens.weight" not in names and "action_proj_in.fc.weight" in names
+    assert [type(b).__name__ for b in adapter.blocks()] == ["Cosmos3VLTextMoTDecoderLayer"] * 4
+    assert adapter.flops_per_sample() > 0
+
+
+def test_bad_options_name_the_key():
+    with pytest.raises(ConfigError, match="model.options.resolution_tir"):
+        build_model(ModelConfig(name="cosmos3", preset="tiny", options={"resolution_tir": 256}), IO)
+    with pytest.raises(ConfigError, match="model.options.view_point"):
+        build_model(ModelConfig(name="cosmos3", preset="tiny", options={"view_point": "top"}), IO)
+    with pytest.raises(ConfigError, match="model.preset: 'huge'"):
+        build_model(ModelConfig(name="cosmos3", preset="huge"), IO)
+    with pytest.raises(ConfigError, match="not a diffusers Cosmos3 folder"):
+        build_model(ModelConfig(name="cosmos3", preset="tiny", pretrained="/nonexistent"), IO)
+
+
+def test_batched_predictions_equal_single_requests_in_one_call_per_step(adapter):
+    batch = make_batch(3)
+    alone = [adapter.predict(rows(batch, slice(i, i + 1)), seed=7 + i)["actions"][0] for i in range(3)]
+    calls = []
+    handle = adapter.module.register_forward_hook(lambda *a: calls.append(1))
+    try:
+        packed = {}
+        for attention in ("mask", "loop"):
+            adapter.processor.mode = attention
+            packed[attention] = adapter.predict(batch, seed=7)["actions"]
+    finally:
+        adapter.processor.mode = "mask"
+        handle.remove()
+    assert len(calls) == 2 * STEPS["num_inference_steps"]  # all 3 requests in each step's one call
+    for attention, both in packed.items():
+        assert both.shape == (3, 16, 10) and both.dtype == np.float32
+        for i in range(3):  # request i draws from seed + i, whatever else is in the call
+            np.testing.assert_allclose(both[i], alone[i], atol=1e-5, err_msg=attention)
+    np.testing.assert_array_equal(adapter.predict(batch, seed=7)["actions"], packed["mask"])
+    assert not np.allclose(adapter.predict(rows(batch, slice(0, 1)), seed=8)["actions"][0], alone[0])
+
+
+def test_gradient_checkpointing_recomputes_within_the_packed_requests(adapter):
+    batch = make_batch(2, seed=1)
+    layer = adapter.module.layers[1].mlp_moe_gen.up_proj.weight
+    grads = []
+    for checkpointing in (False, True):
+        if checkpointing:
+            adapter.module.enable_gradient_checkpointing()
+        torch.manual_seed(0)
+        adapter.module.zero_grad()
+        adapter.sft_loss(batch)["loss"].backward()
+        grads.append(layer.grad.clone())
+    adapter.module.disable_gradient_checkpointing()
+    adapter.module.zero_grad()
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-4, atol=1e-6)
+
+
+def test_policy_matches_diffusers_pipeline(adapter):
+    """Our sampler for one request reproduces Cosmos3OmniPipeline. diffusers refuses domain "libero"
+    (no canonical width), so both run domain "bridge_orig_lerobot", which is 10-D like ours."""
+    ad = adapter
+    batch = make_batch(1, seed=3)
+    libero_id, ad.domain_id = ad.domain_id, _EMBODIMENT_TO_DOMAIN_ID["bridge_orig_lerobot"]
+    try:
+        ours = ad.predict(batch, seed=11)["actions"][0]
+    finally:
+        ad.domain_id = libero_id
+    frame = np.concatenate([batch[image_key(c)][0].numpy() for c in IO.cameras], axis=1)
+    cond = CosmosActionCondition(
+        mode="policy",
+        chunk_size=16,
+        domain_name="bridge_orig_lerobot",
+        resolution_tier=256,
+        image=Image.fromarray(frame),
+        view_point="concat_view",
+    )
+    ref = ad.pipe(
+        batch[TASK][0],
+        action=cond,
+        fps=20.0,
+        num_inference_steps=3,
+        guidance_scale=1.0,
+        generator=torch.Generator("cpu").manual_seed(11),
+        output_type="latent",
+        enable_safety_check=False,
+    ).action[0]
+    np.testing.assert_allclose(ours, ref.numpy(), atol=1e-5)
+
+
+def test_forward_and_inverse_dynamics(adapter):
+    batch = make_batch(1)
+    frames = adapter.predict(batch, "forward_dynamics", seed=0, actions=np.zeros((1, 16, 10), np.float32))[
+        "frames"
+    ]
+    assert frames.dtype == np.uint8 and frames.shape == (1, 64, 128, 3)  # the two views' canvas content
+    goal = {image_key(c): 255 - batch[image_key(c)] for c in IO.cameras}
+    acts = adapter.predict(batch, "inverse_dynamics", seed=0, goal_images=goal)["actions"]
+    assert acts.shape == (1, 16, 10) and np.isfinite(acts).all()
+    with pytest.raises(ValueError, match="forward_dynamics needs actions of shape"):
+        adapter.predict(batch, "forward_dynamics", actions=np.zeros((2, 8, 10)))
+
+
+def test_export_loads_in_diffusers_with_identical_outputs_and_warm_starts(adapter, tmp_path):
+    with torch.no_grad():  # make the heads and towers non-trivial so a skipped weight would show
+        for p in adapter.module.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    out = tmp_path / "export"
+    adapter.export_extra(out)  # export_diffusers, then reloaded and compared bit for bit
+    saved = json.loads((out / "wamkit.json").read_text())
+    assert saved["preset"] == "tiny" and saved["options"]["base"] == ""
+    loaded = Cosmos3OmniTransformer.from_pretrained(str(out), subfolder="transformer")
+    sd, sd2 = adapter.module.state_dict(), loaded.state_dict()
+    assert sd.keys() == sd2.keys()
+    for k in sd:
+        torch.testing.assert_close(sd[k], sd2[k], rtol=0, atol=0, msg=k)
+
+    assert export_diffusers(adapter, tmp_path / "again") == tmp_path / "again"
+    batch = make_batch(2, seed=5)
+    warm = build_model(ModelConfig(name="cosmos3", preset="tiny", pretrained=str(out), options=STEPS), IO)
+    assert warm.config_dict()["options"]["base"] == str(out.resolve())  # a saved copy rebuilds from here
+    np.testing.assert_array_equal(
+        warm.predict(batch, seed=1)["actions"], adapter.predict(batch, seed=1)["actions"]
+    )
+
+
+def test_base_model_action_heads_are_skipped_and_reinitialised(adapter, tmp_path):
+    base = tmp_path / "base"
+    adapter.pipe.save_pretrained(str(base))  # a plain diffusers folder: no wamkit.json
+    cfg = json.loads((base / "transformer" / "config.json").read_text())
+    cfg["action_dim"] = 29  # another embodiment width, as the base model's heads would have
+    (base / "transformer" / "config.json").write_text(json.dumps(cfg))
+    # rewrite the heads at the base width so that the folder is self-consistent
+    big = Cosmos3OmniTransformer.from_config(cfg)
+    big.load_state_dict(
+        {k: v for k, v in adapter.module.state_dict().items() if not k.startswith("action_")}, strict=False
+    )
+    big.save_pretrained(str(base / "transformer"))
+    ad = build_model(ModelConfig(name="cosmos3", preset="tiny", pretrained=str(base), options=STEPS), IO)
+    assert ad.module.config.action_dim == 10
+    sd = adapter.module.state_dict()
+    for k, v in ad.module.state_dict().items():
+        if k.startswith("action_"):
+            assert v.shape[-1] in (10 * 64, 10, 64), (k, v.shape)
+        else:
+            torch.testing.assert_close(v, sd[k], rtol=0, atol=0, msg=k)
+    assert ad.module.action_modality_embed.abs().sum() == 0
+    with pytest.raises(ConfigError, match="reinit_action_heads"):
+        build_model(
+            ModelConfig(
+                name="cosmos3", preset="tiny", pretrained=str(base), options={"reinit_action_heads": False}
+            ),
+            IO,
+        )
+
+
+def test_shape_constraints_of_a_config_are_checked():
+    from wamkit.models.cosmos3.presets import PRESETS, check_transformer_config
+
+    for name, (tcfg, vcfg) in PRESETS.items():
+        check_transformer_config(tcfg, name)
+        assert tcfg["latent_channel"] == vcfg["z_dim"], name
+    tiny = PRESETS["tiny"][0]
+    with pytest.raises(ConfigError, match=r"sum\(rope_axes_dim\)=12 must equal head_dim/2=8"):
+        check_transformer_config({**tiny, "rope_axes_dim": [4, 4, 4]}, "cfg.json")
+    with pytest.raises(ConfigError, match="patch_latent_dim=30 must equal latent_channel"):
+        check_transformer_config({**tiny, "patch_latent_dim": 30}, "cfg.json")
