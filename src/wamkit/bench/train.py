@@ -1,0 +1,134 @@
+"""``wamkit bench train``: training samples/s and MFU, the full trainer step against a bare
+forward+backward of the same model, measured side by side in one run.
+
+- *bare*: an unsharded copy of the model, ``sft_loss`` + ``backward`` only (autocast bf16 on GPU when
+  ``--precision bf16``): what the model alone costs.
+- *trainer*: the trainer's step: FSDP2 (``fully_shard`` per block + root, bf16 params / fp32 reduce),
+  gradient clipping, AdamW with the model's param groups.
+
+MFU = flops_per_sample x samples/s / peak; the peak is the H200's dense bf16 989 TFLOP/s (or
+``--peak-tflops``); on a CPU there is no agreed peak, so MFU is printed only with ``--peak-tflops``.
+Batches are synthetic (random images/states/actions of the model's ModelIO): the data pipeline has
+its own benchmark (``wamkit bench data``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from wamkit.constants import ACTION, ACTION_IS_PAD, OBS_STATE, TASK, image_key
+from wamkit.models.base import ModelIO, future_image_key
+
+H200_BF16_PEAK = 989e12
+
+
+def synthetic_batch(io: ModelIO, batch: int, device: torch.device, seed: int = 0) -> dict:
+    """Random inputs shaped like the data pipeline's batches for ``io`` (see models/base.py)."""
+    g = torch.Generator().manual_seed(seed)
+    out = {
+        OBS_STATE: torch.randn(batch, io.state_dim, generator=g),
+        ACTION: torch.randn(batch, io.chunk, io.action_dim, generator=g).clamp(-1, 1),
+        ACTION_IS_PAD: torch.zeros(batch, io.chunk, dtype=torch.bool),
+        TASK: ["pick up the block"] * batch,
+    }
+    shape = (batch, io.image_size, io.image_size, 3)
+    for cam in io.cameras:
+        out[image_key(cam)] = torch.randint(0, 256, shape, dtype=torch.uint8, generator=g)
+        # the world-model target; models that predict no frames ignore it
+        out[future_image_key(cam)] = torch.randint(0, 256, shape, dtype=torch.uint8, generator=g)
+    return {k: v.to(device) if torch.is_tensor(v) else v for k, v in out.items()}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="tiny", help="registered model name (default: tiny)")
+    parser.add_argument("--preset", default="small", help="the model's size preset (default: small)")
+    parser.add_argument("--micro-batch", type=int, default=8, help="samples per step (default: 8)")
+    parser.add_argument("--steps", type=int, default=10, help="timed steps per variant (default: 10)")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (default: 3)")
+    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
+    parser.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    parser.add_argument("--peak-tflops", type=float, default=0.0, help="device peak for MFU (GPU: 989)")
+    parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="model option")
+
+
+def _timed(fn, steps: int, warmup: int, device: torch.device) -> float:
+    for _ in range(warmup):
+        fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return (time.perf_counter() - t0) / steps
+
+
+def _measure_bare(cfg, device: torch.device, bf16: bool, args: argparse.Namespace):
+    """Seconds per bare forward+backward, FLOPs per sample, parameter count, ModelIO (model freed)."""
+    from wamkit.models import build_model
+
+    torch.manual_seed(0)
+    bare = build_model(cfg, None)
+    bare.module.to(device)
+    batch = synthetic_batch(bare.io, args.micro_batch, device)
+
+    def step():
+        with torch.autocast(device.type, torch.bfloat16, enabled=bf16):
+            bare.sft_loss(batch)["loss"].backward()
+        for p in bare.module.parameters():
+            p.grad = None
+
+    t = _timed(step, args.steps, args.warmup, device)
+    return t, bare.flops_per_sample(), sum(p.numel() for p in bare.module.parameters()), bare.io
+
+
+def main(args: argparse.Namespace) -> int:
+    from wamkit.config import ModelConfig, parse_override
+    from wamkit.models import build_model
+    from wamkit.train.dist import init_distributed, shard_adapter, shutdown
+    from wamkit.train.optim import build_optimizer
+
+    options = dict(parse_override(o) for o in args.option)
+    cfg = ModelConfig(name=args.model, preset=args.preset, options=options)
+    info = init_distributed(args.device)
+    device, bf16 = info.device, args.precision == "bf16"
+    try:
+        t_bare, flops, n_params, io = _measure_bare(cfg, device, bf16, args)
+        batch = synthetic_batch(io, args.micro_batch, device)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(device)
+
+        torch.manual_seed(0)
+        adapter = build_model(cfg, None)
+        root, groups, trained = shard_adapter(adapter, device, args.precision)
+        opt = build_optimizer(groups, 1e-4, 0.01, [0.9, 0.95])
+        trainable = list(trained.values())
+
+        def trainer_step():
+            root(batch)["loss"].backward()
+            torch.nn.utils.clip_grad_norm_(trainable, 1.0, foreach=True)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        t_train = _timed(trainer_step, args.steps, args.warmup, device)
+        mem = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
+    finally:
+        shutdown(info)
+
+    peak = args.peak_tflops * 1e12 or (H200_BF16_PEAK if device.type == "cuda" and bf16 else 0.0)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    print(f"model {args.model}/{args.preset}: {n_params / 1e6:.1f}M parameters, {flops / 1e9:.2f} GFLOP/sample "
+          f"(fwd+bwd), micro-batch {args.micro_batch}, {args.precision} on {name}")  # fmt: skip
+    print(f"{'variant':<34} {'s/step':>9} {'samples/s':>10} {'TFLOP/s':>8} {'MFU':>7}")
+    for label, t in (("bare forward+backward", t_bare), ("trainer step (FSDP2+clip+AdamW)", t_train)):
+        sps = args.micro_batch / t
+        achieved = flops * sps
+        mfu = f"{100 * achieved / peak:6.1f}%" if peak else "    n/a"
+        print(f"{label:<34} {t:>9.4f} {sps:>10.1f} {achieved / 1e12:>8.2f} {mfu}")
+    print(f"trainer / bare samples/s: {t_bare / t_train:.2f}   peak device memory (trainer): {mem:.1f} GiB")
+    return 0

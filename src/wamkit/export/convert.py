@@ -1,0 +1,174 @@
+"""Checkpoint conversions, each verified before it is reported done.
+
+- :func:`checkpoint_to_serving`: a DCP training checkpoint (sharded, any world size) -> a *serving
+  directory* = ``save_pretrained`` output (``model.safetensors`` + ``model.json``) + ``stats.json``.
+  The DCP is read by one process with no process group (DCP reshards on load), so a checkpoint of N
+  GPUs converts on a laptop. ``ema=True`` takes the EMA of the trained weights instead of the weights.
+- :func:`serving_to_dcp`: a serving directory -> a model-only DCP directory (the warm-start direction,
+  for models too large to load whole on every rank).
+- :func:`serving_to_extra`: a serving directory -> the adapter's own format through its optional
+  ``export_extra(out_dir)`` hook (cosmos3: a diffusers directory).
+
+Every output is written to ``<out>.tmp``, verified (reloaded and compared bit for bit), then renamed to
+``<out>``; each step reads only the previous step's output, so a failed step re-runs alone.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import warnings
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+
+from wamkit.actions.stats import StatsFile
+from wamkit.config import ModelConfig
+from wamkit.models.base import ModelAdapter, ModelIO
+
+log = logging.getLogger(__name__)
+
+STATS = "stats.json"
+
+
+class ConversionError(RuntimeError):
+    """A conversion's input is not what it should be, or its output failed verification."""
+
+
+@contextmanager
+def _single_process():
+    """DCP warns that it assumes one process when no group exists: here that is the intent."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
+def _build_from_model_json(path: Path) -> ModelAdapter:
+    from wamkit.models.pretrained import read_model_json
+    from wamkit.models.registry import build_model
+
+    meta = read_model_json(path)
+    cfg = ModelConfig(name=meta["name"], preset=meta["preset"], options=meta["options"])
+    return build_model(cfg, ModelIO.from_dict(meta["io"]))
+
+
+def is_dcp_checkpoint(path: str | os.PathLike) -> bool:
+    return (Path(path) / ".metadata").is_file()
+
+
+def load_checkpoint_weights(ckpt_dir: str | os.PathLike, ema: bool = False) -> ModelAdapter:
+    """Rebuild the checkpoint's model on the CPU and load its full weights (or their EMA) from DCP."""
+    from wamkit.train.checkpoint import MARKER
+
+    ckpt = Path(ckpt_dir)
+    if not is_dcp_checkpoint(ckpt):
+        raise ConversionError(f"{ckpt}: not a DCP checkpoint (no .metadata)")
+    if not (ckpt / MARKER).is_file():
+        raise ConversionError(f"{ckpt}: incomplete checkpoint (no {MARKER}): an interrupted save")
+    adapter = _build_from_model_json(ckpt)
+    state = {"model": adapter.module.state_dict()}
+    keys = {k for k in dcp.FileSystemReader(str(ckpt)).read_metadata().state_dict_metadata}
+    if ema:
+        if not any(k.startswith("ema.") for k in keys):
+            raise ConversionError(f"{ckpt}: --ema asked for, but the run trained without train.ema")
+        trained = [n for n, p in adapter.module.named_parameters() if f"ema.{n}" in keys]
+        state["ema"] = {n: torch.empty_like(state["model"][n], dtype=torch.float32) for n in trained}
+    with _single_process():
+        dcp.load(state, checkpoint_id=str(ckpt), no_dist=True)
+    if ema:  # frozen weights stay as trained (they never change); trained ones take their EMA
+        for n, v in state["ema"].items():
+            state["model"][n] = v.to(state["model"][n].dtype)
+    adapter.module.load_state_dict(state["model"], strict=True)
+    return adapter
+
+
+def _verify_same(expected: dict[str, torch.Tensor], got: dict[str, torch.Tensor], where: Path) -> None:
+    if set(expected) != set(got):
+        diff = sorted(set(expected) ^ set(got))[:5]
+        raise ConversionError(f"{where}: reloaded weights have other names than written ({diff} ...)")
+    for k, v in expected.items():
+        w = got[k]
+        if v.dtype != w.dtype or v.shape != w.shape or not torch.equal(v.cpu(), w.cpu()):
+            raise ConversionError(f"{where}: tensor '{k}' differs after reload")
+
+
+def _commit(tmp: Path, out: Path, overwrite: bool) -> Path:
+    if out.exists():
+        if not overwrite:
+            raise ConversionError(f"{out} exists; pass --overwrite to replace it")
+        shutil.rmtree(out)
+    os.replace(tmp, out)
+    return out
+
+
+def _fresh_tmp(out: Path) -> Path:
+    tmp = out.with_name(out.name + ".tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    return tmp
+
+
+def checkpoint_to_serving(
+    ckpt_dir: str | os.PathLike, out_dir: str | os.PathLike, ema: bool = False, overwrite: bool = False
+) -> Path:
+    """DCP checkpoint -> serving directory; verified (weights reload bit-identical, stats parse)."""
+    from wamkit.models.pretrained import load_pretrained, save_pretrained
+
+    ckpt, out = Path(ckpt_dir), Path(out_dir)
+    adapter = load_checkpoint_weights(ckpt, ema=ema)
+    stats_src = ckpt / STATS
+    StatsFile.load(stats_src)  # refuse to ship a serving dir with a broken stats file
+    tmp = _fresh_tmp(out)
+    save_pretrained(adapter, tmp)
+    shutil.copyfile(stats_src, tmp / STATS)
+    written = {k: v.detach().clone() for k, v in adapter.module.state_dict().items()}
+    _verify_same(written, load_pretrained(tmp).module.state_dict(), tmp)
+    StatsFile.load(tmp / STATS)
+    (tmp / "source.json").write_text(json.dumps({"checkpoint": str(ckpt.resolve()), "ema": ema}))
+    return _commit(tmp, out, overwrite)
+
+
+def serving_to_dcp(serve_dir: str | os.PathLike, out_dir: str | os.PathLike, overwrite: bool = False) -> Path:
+    """Serving directory -> model-only DCP (``{"model": ...}``) with model.json and stats.json; verified."""
+    from wamkit.models.pretrained import CONFIG, load_pretrained
+
+    src, out = Path(serve_dir), Path(out_dir)
+    state = {k: v.detach().clone() for k, v in load_pretrained(src).module.state_dict().items()}
+    tmp = _fresh_tmp(out)
+    with _single_process():
+        dcp.save({"model": state}, checkpoint_id=str(tmp), no_dist=True)
+    shutil.copyfile(src / CONFIG, tmp / CONFIG)
+    if (src / STATS).is_file():
+        shutil.copyfile(src / STATS, tmp / STATS)
+    back = {"model": {k: torch.empty_like(v) for k, v in state.items()}}
+    with _single_process():
+        dcp.load(back, checkpoint_id=str(tmp), no_dist=True)
+    _verify_same(state, back["model"], tmp)
+    return _commit(tmp, out, overwrite)
+
+
+def serving_to_extra(
+    serve_dir: str | os.PathLike, out_dir: str | os.PathLike, overwrite: bool = False
+) -> Path:
+    """Serving directory -> the adapter's own export format via ``adapter.export_extra(out_dir)``.
+
+    The adapter writes and verifies its format (e.g. cosmos3 reloads its diffusers directory).
+    """
+    from wamkit.models.pretrained import load_pretrained
+
+    adapter = load_pretrained(serve_dir)
+    hook: Any = getattr(adapter, "export_extra", None)
+    if hook is None:
+        raise ConversionError(
+            f"model '{adapter.name}' has no export_extra(out_dir): no other format to write"
+        )
+    out = Path(out_dir)
+    tmp = _fresh_tmp(out)
+    hook(tmp)
+    return _commit(tmp, out, overwrite)

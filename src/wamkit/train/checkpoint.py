@@ -1,0 +1,168 @@
+"""Atomic DCP checkpoints with exact-resume state.
+
+A checkpoint is a directory ``run_dir/checkpoints/step_000100/`` holding:
+
+- the DCP shards (``.metadata``, ``__*.distcp``) of ``{"model", "optim", "ema"}``, sharded as trained
+  (resharding on load is DCP's job, so a checkpoint loads under another world size);
+- ``rank_00000.pt`` ...: per-rank state that cannot be sharded: RNG states (python, numpy, torch, CUDA)
+  and the data-loader position;
+- ``model.json`` (the adapter's ``config_dict()``), ``stats.json``, ``config.yaml``: what export needs;
+- ``meta.json``: step and world size, written last. It is the marker of completeness.
+
+Writes go to ``.tmp_step_000100/``; every file is fsynced, then the directory is renamed into place. A
+crash at any point leaves either no checkpoint or a whole one; a leftover ``.tmp_*`` is never resumed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+
+log = logging.getLogger(__name__)
+
+MARKER = "meta.json"
+MODEL_JSON = "model.json"
+STATS_JSON = "stats.json"
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+def step_dir_name(step: int) -> str:
+    return f"step_{step:06d}"
+
+
+def is_complete(path: str | os.PathLike) -> bool:
+    return (Path(path) / MARKER).is_file() and _STEP_DIR.match(Path(path).name) is not None
+
+
+def list_checkpoints(ckpt_root: str | os.PathLike) -> list[Path]:
+    """Complete checkpoints under ``ckpt_root``, oldest first."""
+    root = Path(ckpt_root)
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if p.is_dir() and is_complete(p)]
+    return sorted(found, key=lambda p: int(_STEP_DIR.match(p.name).group(1)))
+
+
+def resolve_resume(resume: str, ckpt_root: str | os.PathLike) -> Path | None:
+    """``""`` -> None; ``"auto"`` -> the newest complete checkpoint or None; a path -> that checkpoint."""
+    if resume == "":
+        return None
+    if resume == "auto":
+        found = list_checkpoints(ckpt_root)
+        return found[-1] if found else None
+    path = Path(resume)
+    if not path.is_dir():
+        raise FileNotFoundError(f"--resume {resume}: no such checkpoint directory")
+    if not is_complete(path):
+        raise ValueError(f"--resume {resume}: not a complete checkpoint (no {MARKER}; an interrupted save?)")
+    return path
+
+
+def read_meta(path: str | os.PathLike) -> dict[str, Any]:
+    return json.loads((Path(path) / MARKER).read_text())
+
+
+def _fsync_tree(path: Path) -> None:
+    for p in sorted(path.rglob("*")):
+        if p.is_file():
+            with open(p, "rb") as f:
+                os.fsync(f.fileno())
+    _fsync_dir(path)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def rng_state(device: torch.device) -> dict[str, Any]:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def save_checkpoint(
+    ckpt_root: str | os.PathLike,
+    step: int,
+    sharded: dict[str, Any],
+    rank_state: dict[str, Any],
+    files: dict[str, str],
+    keep_last: int,
+) -> Path:
+    """Collective: every rank calls it. ``sharded`` goes to DCP, ``rank_state`` to this rank's file,
+    ``files`` (name -> text) are written by rank 0. Returns the final checkpoint path."""
+    root = Path(ckpt_root)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    final = root / step_dir_name(step)
+    tmp = root / f".tmp_{step_dir_name(step)}"
+    if rank == 0:
+        root.mkdir(parents=True, exist_ok=True)
+        if tmp.exists():  # left by a save that was killed
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+    dist.barrier()
+    dcp.save(sharded, checkpoint_id=str(tmp))
+    torch.save(rank_state, tmp / f"rank_{rank:05d}.pt")
+    dist.barrier()
+    if rank == 0:
+        for name, text in files.items():
+            (tmp / name).write_text(text)
+        _fsync_tree(tmp)
+        if final.exists():  # a complete checkpoint of this step from before a resume: same content
+            shutil.rmtree(final)
+        (tmp / MARKER).write_text(json.dumps({"step": step, "world_size": world}))
+        _fsync_tree(tmp)
+        os.replace(tmp, final)
+        _fsync_dir(root)
+        for old in list_checkpoints(root)[:-keep_last] if keep_last > 0 else []:
+            shutil.rmtree(old)
+    dist.barrier()
+    return final
+
+
+def load_checkpoint(path: str | os.PathLike, sharded: dict[str, Any]) -> dict[str, Any]:
+    """Collective: load ``sharded`` in place from DCP and return this rank's per-rank state.
+
+    Per-rank state (RNG, loader position) exists only for the world size the checkpoint was written
+    with; under another world size it is absent (``{}``) and the caller says so.
+    """
+    path = Path(path)
+    dcp.load(sharded, checkpoint_id=str(path))
+    meta = read_meta(path)
+    rank_file = path / f"rank_{dist.get_rank():05d}.pt"
+    if meta["world_size"] != dist.get_world_size() or not rank_file.is_file():
+        return {}
+    # our own file, written by save_checkpoint: it holds numpy RNG state and the loader's state dict
+    return torch.load(rank_file, weights_only=False)
+
+
+def clean_stale(ckpt_root: str | os.PathLike) -> None:
+    """Remove ``.tmp_*`` directories left by killed saves (rank 0, before training)."""
+    root = Path(ckpt_root)
+    if root.is_dir():
+        for p in root.glob(".tmp_*"):
+            log.info("removing incomplete checkpoint %s", p)
+            shutil.rmtree(p)

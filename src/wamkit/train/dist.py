@@ -1,0 +1,148 @@
+"""Process group set-up and FSDP2 sharding.
+
+One code path for every launch: without torchrun the trainer starts a process group of size one, so a
+one-process run shards, checkpoints and resumes exactly like an N-process one (gloo on CPU, NCCL on GPU).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+from wamkit.config import ConfigError
+from wamkit.models.base import ParamGroup
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    started_group: bool  # True if this process created the group (and must destroy it)
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def pick_device(name: str, local_rank: int) -> torch.device:
+    """``auto`` picks the local rank's GPU when CUDA is available, else the CPU."""
+    if name not in ("auto", "cpu", "cuda"):
+        raise ConfigError(f"train.device: {name!r} is not allowed; expected auto, cpu or cuda")
+    if name == "cuda" or (name == "auto" and torch.cuda.is_available()):
+        if not torch.cuda.is_available():
+            raise ConfigError("train.device=cuda but torch sees no CUDA device")
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def init_distributed(device_name: str = "auto") -> DistInfo:
+    """Join the torchrun group (RANK/WORLD_SIZE set) or start a group of one on a free local port."""
+    if not dist.is_initialized():
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        device = pick_device(device_name, local_rank)
+        kwargs: dict = {"backend": "nccl" if device.type == "cuda" else "gloo"}
+        if device.type == "cuda":
+            kwargs["device_id"] = device
+        if "RANK" not in os.environ:  # not under torchrun: a group of one, leaving os.environ alone
+            kwargs.update(init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+        dist.init_process_group(**kwargs)
+        started = True
+    else:
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        device = pick_device(device_name, local_rank)
+        started = False
+    return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank, device, started)
+
+
+def shutdown(info: DistInfo) -> None:
+    if info.started_group and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+class LossModule(torch.nn.Module):
+    """The FSDP root: its ``forward(batch)`` is the adapter's ``sft_loss``.
+
+    FSDP2 gathers the root's own parameters in the root's forward hook; adapters compute their loss
+    through their own methods, not ``module.forward``, so the trainer calls this wrapper instead. The
+    adapter's module is a child (``inner``); state dicts are taken from it, so names carry no prefix.
+    """
+
+    def __init__(self, adapter):
+        super().__init__()
+        self.adapter = [adapter]  # a list keeps the adapter out of the module tree
+        self.inner = adapter.module
+
+    def forward(self, batch):
+        return self.adapter[0].sft_loss(batch)
+
+
+def apply_fsdp(
+    module: torch.nn.Module, blocks: list[torch.nn.Module], device: torch.device, precision: str
+) -> torch.nn.Module:
+    """``fully_shard`` each block, then the root, over all ranks.
+
+    The module may come in on the CPU: ``fully_shard`` moves each block's parameters to ``device`` as it
+    shards them, so a model larger than one device is never whole on it. bf16 keeps fp32 master weights
+    and optimizer state, computes in bf16 and reduces gradients in fp32 (GPU only).
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    if precision == "bf16":
+        if device.type != "cuda":
+            raise ConfigError("train.precision=bf16 needs a CUDA device; use train.precision=fp32 on the CPU")
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    else:
+        mp = MixedPrecisionPolicy()
+    for i, block in enumerate(blocks):
+        # the last block is not resharded after forward: backward needs it at once, and FSDP would
+        # all-gather it again immediately.
+        fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=i < len(blocks) - 1)
+    fully_shard(module, mesh=mesh, mp_policy=mp)
+    return module
+
+
+def shard_adapter(
+    adapter, device: torch.device, precision: str
+) -> tuple[LossModule, list[ParamGroup], dict[str, torch.nn.Parameter]]:
+    """Freeze what ``param_groups()`` leaves out, shard, and return ``(root, groups, trained)``.
+
+    ``fully_shard`` replaces parameters with DTensor ones, so groups are rebuilt by parameter name
+    afterwards; ``trained`` maps name -> sharded parameter (what the optimizer and the EMA see).
+    """
+    module = adapter.module
+    name_of = {id(p): n for n, p in module.named_parameters()}
+    named = []
+    for g in adapter.param_groups():
+        missing = [i for i, p in enumerate(g.params) if id(p) not in name_of]
+        if missing:
+            raise ValueError(
+                f"param group '{g.name}' holds parameters that are not in the model ({missing[:3]})"
+            )
+        named.append((g, [name_of[id(p)] for p in g.params]))
+    trained_names = {n for _, names in named for n in names}
+    for n, p in module.named_parameters():
+        if n not in trained_names:
+            p.requires_grad_(False)  # frozen: never in the optimizer, no gradient computed
+    root = apply_fsdp(LossModule(adapter), adapter.blocks(), device, precision)
+    params = dict(module.named_parameters())
+    groups = [ParamGroup(g.name, [params[n] for n in names], g.lr_mult, g.weight_decay) for g, names in named]
+    trained = {n: params[n] for _, names in named for n in names}
+    return root, groups, trained

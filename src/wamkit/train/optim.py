@@ -1,0 +1,104 @@
+"""Optimiser, learning-rate schedule and power EMA of the trained weights.
+
+The schedule is a pure function of the step (no hidden state), so resuming needs only the step count.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from wamkit.models.base import ParamGroup
+
+
+def lr_factor(step: int, schedule: str, warmup_steps: int, max_steps: int, min_lr_ratio: float) -> float:
+    """Multiplier of the base learning rate for optimizer step ``step`` (0-based).
+
+    Linear warmup from ``1/warmup_steps`` to 1 over ``warmup_steps`` steps, then ``constant``, linear decay
+    (``lambda_linear``) or half-cosine (``cosine``) down to ``min_lr_ratio`` at ``max_steps``.
+    """
+    if warmup_steps > 0 and step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if schedule == "constant":
+        return 1.0
+    span = max(max_steps - warmup_steps, 1)
+    progress = min(max(step - warmup_steps, 0) / span, 1.0)
+    if schedule == "lambda_linear":
+        return 1.0 - (1.0 - min_lr_ratio) * progress
+    if schedule == "cosine":
+        return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    raise ValueError(f"train.schedule: {schedule!r} is unknown; expected constant, lambda_linear or cosine")
+
+
+def build_optimizer(
+    groups: list[ParamGroup], lr: float, weight_decay: float, betas: list[float]
+) -> torch.optim.AdamW:
+    """AdamW with one torch param group per :class:`ParamGroup`.
+
+    Each torch group keeps ``base_lr = lr * lr_mult`` so the schedule can scale it; groups with
+    ``weight_decay=False`` (norms, biases, embeddings by the adapter's choice) get zero decay. Frozen
+    parameters (``requires_grad=False``) are refused: they must never enter the optimizer.
+    """
+    torch_groups, seen = [], set()
+    for g in groups:
+        params = list(g.params)
+        for p in params:
+            if not p.requires_grad:
+                raise ValueError(f"param group '{g.name}' holds a frozen parameter (requires_grad=False)")
+            if id(p) in seen:
+                raise ValueError(f"param group '{g.name}' repeats a parameter of an earlier group")
+            seen.add(id(p))
+        if not params:
+            continue
+        torch_groups.append(
+            {
+                "params": params,
+                "name": g.name,
+                "lr": lr * g.lr_mult,
+                "base_lr": lr * g.lr_mult,
+                "weight_decay": weight_decay if g.weight_decay else 0.0,
+            }
+        )
+    if not torch_groups:
+        raise ValueError("the model has no trainable parameters (every param group is empty)")
+    if len(betas) != 2:
+        raise ValueError(f"train.betas: expected two numbers, got {betas}")
+    # foreach=False keeps the update order the same whatever the sharding; fused is CUDA-only.
+    return torch.optim.AdamW(torch_groups, lr=lr, betas=tuple(betas), weight_decay=weight_decay)
+
+
+def set_lr(optimizer: torch.optim.Optimizer, factor: float) -> float:
+    """Scale every group's ``base_lr`` by ``factor``; return the first group's learning rate."""
+    for g in optimizer.param_groups:
+        g["lr"] = g["base_lr"] * factor
+    return optimizer.param_groups[0]["lr"]
+
+
+class PowerEMA:
+    """Exponential moving average with decay ``1 - (step + 1) ** -power`` (Karras et al.'s power EMA).
+
+    Early steps average with a small decay (the EMA follows the weights quickly), later ones approach 1.
+    Shadows are kept in fp32 with the parameters' own layout (DTensor shards under FSDP2), so the EMA is
+    sharded like the model and saved by DCP alongside it.
+    """
+
+    def __init__(self, named_params: dict[str, torch.nn.Parameter], power: float):
+        if power <= 0:
+            raise ValueError(f"train.ema_power: expected a positive number, got {power}")
+        self.power = power
+        self.params = named_params
+        self.shadow = {k: p.detach().clone().float() for k, p in named_params.items()}
+
+    @torch.no_grad()
+    def update(self, step: int) -> None:
+        decay = 1.0 - (step + 1) ** -self.power
+        for k, p in self.params.items():
+            self.shadow[k].lerp_(p.detach().float(), 1.0 - decay)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return self.shadow
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        for k, v in state.items():
+            self.shadow[k].copy_(v)

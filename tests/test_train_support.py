@@ -1,0 +1,162 @@
+"""A small adapter and a resumable synthetic loader for the trainer tests (no tests of its own).
+
+Run as a script it is ``wamkit train`` with these two plugged in, so a subprocess can be killed and
+resumed: ``python -m tests.test_train_support [overrides] [--resume auto]``.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from wamkit.constants import ACTION, ACTION_IS_PAD, OBS_STATE, TASK, image_key
+from wamkit.models.base import ModelIO, ParamGroup
+
+IO = ModelIO(cameras=("corner",), image_size=8, state_dim=6, action_dim=3, chunk=4)
+
+
+class Block(torch.nn.Module):
+    def __init__(self, width: int):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(width)
+        self.fc = torch.nn.Linear(width, width)
+
+    def forward(self, x):
+        return x + torch.tanh(self.fc(self.norm(x)))
+
+
+class ToyNet(torch.nn.Module):
+    def __init__(self, io: ModelIO, width: int = 32, depth: int = 2):
+        super().__init__()
+        self.inp = torch.nn.Linear(io.state_dim, width)
+        self.blocks = torch.nn.ModuleList(Block(width) for _ in range(depth))
+        self.head = torch.nn.Linear(width, io.chunk * io.action_dim)
+        self.frozen = torch.nn.Linear(width, width)  # never trained: must stay bit-identical
+
+
+class ToyAdapter:
+    """Implements the ModelAdapter protocol; the loss draws torch noise so RNG state matters."""
+
+    name = "toy"
+
+    def __init__(self, io: ModelIO = IO, width: int = 32, depth: int = 2):
+        self.io, self.width, self.depth = io, width, depth
+        self.module = ToyNet(io, width, depth)
+
+    def blocks(self):
+        return list(self.module.blocks)
+
+    def param_groups(self):
+        m = self.module
+        decay = [m.inp.weight, *[b.fc.weight for b in m.blocks]]
+        no_decay = [m.inp.bias, *[p for b in m.blocks for p in (b.fc.bias, *b.norm.parameters())]]
+        return [
+            ParamGroup("body", decay),
+            ParamGroup("body_no_decay", no_decay, weight_decay=False),
+            ParamGroup("head", list(m.head.parameters()), lr_mult=5.0),
+        ]
+
+    def sft_loss(self, batch):
+        m = self.module
+        x = batch[OBS_STATE] + 0.01 * torch.randn_like(batch[OBS_STATE])
+        h = m.inp(x)
+        for b in m.blocks:
+            h = b(h)
+        pred = m.head(h).view(-1, self.io.chunk, self.io.action_dim)
+        mse = (pred - batch[ACTION]).pow(2).mean()
+        l1 = (pred - batch[ACTION]).abs().mean()
+        return {"loss": mse + 0.1 * l1, "mse": mse, "l1": l1}
+
+    def config_dict(self):
+        options = {"width": self.width, "depth": self.depth}
+        return {"name": "toy", "preset": "default", "options": options, "io": self.io.to_dict()}
+
+    def flops_per_sample(self):
+        return 6.0 * sum(p.numel() for p in self.module.parameters())
+
+
+class ToyLoader:
+    """Endless batches; batch ``k`` of rank ``r`` is a pure function of ``(seed, r, k)``."""
+
+    def __init__(self, batch_size: int, seed: int, rank: int, world: int, io: ModelIO = IO):
+        self.b, self.seed, self.rank, self.io = batch_size, seed, rank, io
+        self.pos = 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        g = np.random.default_rng([self.seed, self.rank, self.pos])
+        self.pos += 1
+        state = g.standard_normal((self.b, self.io.state_dim)).astype(np.float32)
+        action = np.tanh(state[:, : self.io.action_dim, None].repeat(self.io.chunk, 2)).transpose(0, 2, 1)
+        batch = {
+            OBS_STATE: torch.from_numpy(state),
+            ACTION: torch.from_numpy(action.copy()),
+            TASK: ["t"] * self.b,
+        }
+        batch[ACTION_IS_PAD] = torch.zeros(self.b, self.io.chunk, dtype=torch.bool)
+        for cam in self.io.cameras:
+            shape = (self.b, self.io.image_size, self.io.image_size, 3)
+            batch[image_key(cam)] = torch.from_numpy(g.integers(0, 256, shape, dtype=np.uint8))
+        return batch
+
+    def state_dict(self):
+        return {"pos": self.pos}
+
+    def load_state_dict(self, state):
+        self.pos = state["pos"]
+
+
+def toy_adapter(cfg, io):
+    return ToyAdapter(io)
+
+
+def build_toy(cfg, io, **kwargs):
+    """A registry builder: ``register_model("toy", build_toy)`` lets export rebuild the toy."""
+    return ToyAdapter(io or IO, **cfg.options)
+
+
+TINY_IO = ModelIO(cameras=("corner",), image_size=64, state_dim=6, action_dim=3, chunk=4)
+
+
+def toy_data(cfg, rank, world, run_dir: Path, io: ModelIO = IO):
+    from wamkit.actions.stats import FeatureStats, StatsFile
+
+    stats = StatsFile(
+        {OBS_STATE: FeatureStats.from_array(np.random.default_rng(0).standard_normal((50, io.state_dim)))},
+        {"representation": "raw"},
+    )
+    path = run_dir / "stats.json"
+    if rank == 0:
+        stats.save(path)
+    return io, path, lambda future: ToyLoader(cfg.train.micro_batch, cfg.data.seed, rank, world, io)
+
+
+def tiny_data(cfg, rank, world, run_dir: Path):
+    """Synthetic batches shaped for the built-in ``tiny`` model (64 px images)."""
+    return toy_data(cfg, rank, world, run_dir, TINY_IO)
+
+
+def main(argv: list[str]) -> int:
+    import argparse
+
+    from wamkit.log import setup_logging
+    from wamkit.train.cli import add_arguments, load_train_config
+    from wamkit.train.loop import train
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    setup_logging("info")
+    parser.add_argument("--tiny", action="store_true", help="train the registry's tiny model, not the toy")
+    args = parser.parse_args(argv)
+    cfg = load_train_config(args)
+    train(cfg, None if args.tiny else toy_adapter, tiny_data if args.tiny else toy_data)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
