@@ -1,0 +1,159 @@
+"""An endless, seeded, exactly resumable training loader on top of ``torch.utils.data.DataLoader``.
+
+The sample order is a pure function of ``(seed, epoch)``: epoch ``e`` is a seeded permutation of the
+dataset (or, with several suites, a seeded draw of each slot's suite by the suite weights, each suite
+walking its own seeded permutation). All ranks compute the same global stream; global batch ``b``
+is samples ``[b * B * W, (b + 1) * B * W)`` of it and rank ``r`` takes its ``r``-th slice of ``B``.
+The position is the number of global samples consumed, so ``state_dict()`` / ``load_state_dict()``
+resume exactly: the resumed run sees the very batches the uninterrupted run would have seen.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+
+def collate(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per-sample dicts -> a batch: tensors stacked on a new axis 0, strings (``task``) as a list."""
+    out: dict[str, Any] = {}
+    for key, first in samples[0].items():
+        values = [s[key] for s in samples]
+        if isinstance(first, torch.Tensor):
+            out[key] = torch.stack(values)
+        elif isinstance(first, np.ndarray):
+            out[key] = torch.from_numpy(np.stack(values))
+        elif isinstance(first, str):
+            out[key] = values
+        elif isinstance(first, bool | int | float | np.number):
+            out[key] = torch.tensor(values)
+        else:
+            raise TypeError(f"collate: cannot batch '{key}' of type {type(first).__name__}")
+    return out
+
+
+class SampleStream:
+    """The global sample order: ``indices(start, n)`` gives samples ``start .. start + n - 1``."""
+
+    def __init__(self, sizes: list[int], weights: list[float], seed: int):
+        self.sizes, self.seed = list(sizes), seed
+        self.offsets = np.cumsum([0, *sizes])
+        self.epoch_len = int(self.offsets[-1])
+        if self.epoch_len == 0:
+            raise ValueError("the training dataset is empty")
+        w = np.asarray(weights, np.float64)
+        self.probs = w / w.sum()
+        self._cache: dict[int, np.ndarray] = {}
+
+    def epoch(self, e: int) -> np.ndarray:
+        if e not in self._cache:
+            rng = np.random.default_rng([self.seed, e])
+            if len(self.sizes) == 1:
+                order = rng.permutation(self.epoch_len)
+            else:
+                order = np.empty(self.epoch_len, np.int64)
+                suite = rng.choice(len(self.sizes), size=self.epoch_len, p=self.probs)
+                for s, size in enumerate(self.sizes):
+                    slots = np.flatnonzero(suite == s)
+                    if len(slots) == 0 or size == 0:
+                        continue
+                    reps = -(-len(slots) // size)
+                    perm = np.concatenate([rng.permutation(size) for _ in range(reps)])[: len(slots)]
+                    order[slots] = self.offsets[s] + perm
+            self._cache = {e: order}  # keep one epoch: a stream only moves forward
+        return self._cache[e]
+
+    def indices(self, start: int, n: int) -> list[int]:
+        out: list[int] = []
+        while len(out) < n:
+            e, off = divmod(start + len(out), self.epoch_len)
+            out.extend(self.epoch(e)[off : off + n - len(out)].tolist())
+        return out
+
+
+class _BatchSampler:
+    def __init__(self, loader: TrainLoader, start: int):
+        self.loader, self.start = loader, start
+
+    def __iter__(self) -> Iterator[list[int]]:
+        ld, pos = self.loader, self.start
+        global_batch = ld.batch_size * ld.world_size
+        stream = SampleStream(ld.stream.sizes, list(ld.stream.probs), ld.seed)  # own copy per iterator
+        while True:
+            yield stream.indices(pos + ld.rank * ld.batch_size, ld.batch_size)
+            pos += global_batch
+
+
+class TrainLoader:
+    """Iterates batches forever. ``state_dict()`` is the exact position (global samples consumed)."""
+
+    def __init__(
+        self, dataset, batch_size: int, seed: int, num_workers: int, rank: int = 0, world_size: int = 1
+    ):
+        if batch_size < 1 or world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(
+                f"bad loader shape: batch_size={batch_size}, rank={rank}, world_size={world_size}"
+            )
+        self.dataset = dataset
+        self.batch_size, self.seed, self.num_workers = batch_size, seed, num_workers
+        self.rank, self.world_size = rank, world_size
+        sizes = list(getattr(dataset, "suite_sizes", [len(dataset)]))
+        weights = list(getattr(dataset, "weights", [1.0] * len(sizes)))
+        self.stream = SampleStream(sizes, weights, seed)
+        self.samples_seen = 0
+        self._it: Iterator | None = None
+
+    def _start(self) -> Iterator:
+        loader = torch.utils.data.DataLoader(
+            self.dataset,
+            batch_sampler=_BatchSampler(self, self.samples_seen),
+            num_workers=self.num_workers,
+            collate_fn=collate,
+            persistent_workers=False,
+            prefetch_factor=2 if self.num_workers > 0 else None,
+        )
+        return iter(loader)
+
+    def __iter__(self) -> TrainLoader:
+        return self
+
+    def __next__(self) -> dict[str, Any]:
+        if self._it is None:
+            self._it = self._start()
+        batch = next(self._it)
+        self.samples_seen += self.batch_size * self.world_size
+        return batch
+
+    @property
+    def epoch(self) -> float:
+        return self.samples_seen / self.stream.epoch_len
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "samples_seen": self.samples_seen,
+            "seed": self.seed,
+            "global_batch": self.batch_size * self.world_size,
+            "epoch_len": self.stream.epoch_len,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume at ``state["samples_seen"]``; the seed and the dataset size must match."""
+        for key, have in (("seed", self.seed), ("epoch_len", self.stream.epoch_len)):
+            if state.get(key) != have:
+                raise ValueError(f"loader state: {key}={state.get(key)!r} but this loader has {key}={have!r}")
+        self.close()
+        self.samples_seen = int(state["samples_seen"])
+
+    def close(self) -> None:
+        """Stop the worker processes (a later ``next`` starts them again at the current position)."""
+        self._it = None
+
+
+def make_train_loader(
+    dataset, batch_size: int, seed: int, num_workers: int, rank: int = 0, world_size: int = 1
+) -> TrainLoader:
+    """An endless loader over ``dataset`` (see the module docstring); per-rank batches of ``batch_size``."""
+    return TrainLoader(dataset, batch_size, seed, num_workers, rank, world_size)

@@ -1,0 +1,93 @@
+"""Dataset statistics in the representation a model trains on, streamed one data file at a time.
+
+``action`` statistics are taken over **action chunks** as the training pipeline builds them: for
+every start frame, the next ``chunk`` actions of the episode, converted to the training representation
+(``libero_rot6d``: 10-D ``[dpos, rot6d, gripper]`` frame-wise relative deltas), padding steps excluded.
+``observation.state`` statistics are over frames. Memory is bounded by one data file plus the
+accumulators' reservoirs, whatever the dataset size; results are deterministic for a given seed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from wamkit.actions.codec import REPRESENTATIONS, to_representation
+from wamkit.actions.stats import StatsAccumulator, StatsFile
+from wamkit.constants import ACTION, EPISODE_INDEX, OBS_STATE
+from wamkit.data.meta import DatasetError, DatasetMeta, column_to_numpy, read_parquet
+
+
+def chunk_windows(actions: np.ndarray, chunk: int) -> np.ndarray:
+    """All non-padded chunk steps of one episode's actions (L, D): rows of ``actions[s + k]`` for every
+    start ``s`` and step ``k < chunk`` with ``s + k < L``, shape (sum_s min(chunk, L - s), D)."""
+    L = len(actions)
+    starts = np.arange(L)[:, None] + np.arange(chunk)[None, :]
+    return actions[starts[starts < L]]
+
+
+def compute_stats(root: str | Path, representation: str = "raw", chunk: int = 16, seed: int = 0) -> StatsFile:
+    """The stats file of the dataset at ``root`` (see the module docstring for what is counted)."""
+    if representation not in REPRESENTATIONS:
+        raise DatasetError(f"representation {representation!r} is unknown; expected one of {REPRESENTATIONS}")
+    if chunk < 1:
+        raise DatasetError(f"chunk: expected a positive integer, got {chunk}")
+    meta = DatasetMeta(root)
+    for key in (ACTION, OBS_STATE):
+        if key not in meta.features:
+            raise DatasetError(
+                f"{meta.root}/meta/info.json: no '{key}' feature (features: {list(meta.features)})"
+            )
+    files: dict[tuple[int, int], list[int]] = {}
+    for ep, info in meta.episodes.items():
+        files.setdefault(info.data_file, []).append(ep)
+    act_acc = state_acc = None
+    for data_file, eps in sorted(files.items()):
+        path = meta.data_path(*data_file)
+        table = read_parquet(path, columns=[ACTION, OBS_STATE, EPISODE_INDEX])
+        action = column_to_numpy(table, ACTION, meta.features[ACTION]["shape"], path).reshape(len(table), -1)
+        state = column_to_numpy(table, OBS_STATE, meta.features[OBS_STATE]["shape"], path).reshape(
+            len(table), -1
+        )
+        ep_col = column_to_numpy(table, EPISODE_INDEX, [1], path).reshape(-1)
+        for ep in eps:
+            rows = np.flatnonzero(ep_col == ep)
+            if len(rows) != meta.episodes[ep].length:
+                raise DatasetError(
+                    f"{path}: has {len(rows)} rows of episode {ep}; meta/episodes says {meta.episodes[ep].length}"
+                )
+            try:
+                a = to_representation(chunk_windows(action[rows].astype(np.float64), chunk), representation)
+            except ValueError as err:
+                raise DatasetError(
+                    f"{path}: action cannot be converted to {representation!r}: {err}"
+                ) from None
+            if act_acc is None:
+                act_acc = StatsAccumulator(a.shape[-1], seed=seed)
+                state_acc = StatsAccumulator(state.shape[-1], seed=seed + 1)
+            act_acc.update(a)
+            state_acc.update(state[rows])  # type: ignore[union-attr]
+    if act_acc is None or state_acc is None:
+        raise DatasetError(f"{meta.root}: no frames to compute statistics on")
+    names = meta.features[ACTION].get("names")
+    metadata = {
+        "representation": representation,
+        "fps": meta.fps,
+        "chunk": chunk,
+        "action_dim": act_acc.dim,
+        "feature_names": {ACTION: _action_names(names, representation, act_acc.dim)},
+        "source": str(meta.root),
+    }
+    render_quality = (meta.info.get("wamkit") or {}).get("render_quality")
+    if render_quality is not None:
+        metadata["render_quality"] = render_quality
+    return StatsFile(features={ACTION: act_acc.result(), OBS_STATE: state_acc.result()}, metadata=metadata)
+
+
+def _action_names(names, representation: str, dim: int) -> list[str]:
+    if representation == "libero_rot6d":
+        return ["dx", "dy", "dz", *[f"rot6d_{i}" for i in range(6)], "gripper"]
+    if isinstance(names, list) and len(names) == dim and all(isinstance(n, str) for n in names):
+        return names
+    return [f"a{i}" for i in range(dim)]

@@ -1,0 +1,117 @@
+"""The training pipeline: per-sample format, suites, fps refusal, and exactly resumable loading."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import torch
+
+from wamkit.actions.codec import ActionCodec
+from wamkit.actions.stats import StatsError
+from wamkit.config import DataConfig
+from wamkit.constants import ACTION, OBS_STATE
+from wamkit.data import compute_stats, make_train_dataset, make_train_loader
+from wamkit.data.loader import SampleStream
+from wamkit.data.synthetic import pattern_action, pattern_frame, pattern_state, write_pattern_dataset
+from wamkit.models.base import ModelIO
+
+CHUNK = 4
+IO = ModelIO(cameras=("front", "wrist"), image_size=32, state_dim=8, action_dim=7, chunk=CHUNK)
+
+
+@pytest.fixture(scope="module")
+def suites(tmp_path_factory):
+    root = tmp_path_factory.mktemp("suites")
+    write_pattern_dataset(root / "suite_a", [9, 6], size=(64, 64))
+    write_pattern_dataset(root / "suite_b", [5], size=(64, 64), first_pattern=50)
+    write_pattern_dataset(root / "slow", [5], fps=10, size=(64, 64))
+    return root
+
+
+@pytest.fixture(scope="module")
+def codec(suites):
+    return ActionCodec(compute_stats(suites / "suite_a", "raw", chunk=CHUNK))
+
+
+def cfg(root, **kw) -> DataConfig:
+    base = dict(root=str(root), suites=["suite_a", "suite_b"], cameras=["image", "wrist_image"], chunk=CHUNK)
+    return DataConfig(**{**base, **kw})
+
+
+def test_sample_format_values_and_future_frames(suites, codec):
+    ds = make_train_dataset(cfg(suites), IO, codec, future_frames=True)
+    assert len(ds) == 20
+    item = ds[7]  # suite_a episode 0, frame 7 of 9: chunk runs 2 past the end
+    want = np.stack([pattern_action(0, min(f, 8), 7) for f in range(7, 7 + CHUNK)])
+    assert np.allclose(item[ACTION].numpy(), codec.encode_actions(want))
+    assert item["action_is_pad"].tolist() == [False, False, True, True]
+    assert np.allclose(item[OBS_STATE].numpy(), codec.encode_state(pattern_state(0, 7, 8)))
+    assert item["observation.images.front"].shape == (32, 32, 3)
+    assert item["observation.images.front"].dtype == torch.uint8
+    future = item["observation.future_images.wrist"].numpy().astype(int)  # clamped to frame 8
+    assert abs(np.median(future[..., 0]) - pattern_frame(0, 8, 1, (64, 64))[40, 0, 0]) <= 6
+    assert abs(np.median(future[..., 1]) - 60) <= 6
+    other = ds[15]  # suite_b episode 0 frame 0 (pattern 50)
+    assert other["task"] == "pick up the cube"
+    assert np.allclose(other[OBS_STATE].numpy(), codec.encode_state(pattern_state(50, 0, 8)))
+    batch = next(make_train_loader(ds, 4, seed=0, num_workers=0))
+    assert IO.check_batch(batch, training=True) == 4 and len(batch["task"]) == 4
+
+
+def test_fps_mismatch_and_bad_cameras_are_refused(suites, codec):
+    with pytest.raises(StatsError, match="fps=20 but this run has fps=10"):
+        make_train_dataset(cfg(suites, suites=["slow"]), IO, codec)
+    with pytest.raises(Exception, match="has no camera 'side'"):
+        make_train_dataset(cfg(suites, cameras=["image", "side"]), IO, codec)
+
+
+def test_auto_detected_suites_warn(suites, codec, caplog):
+    # root holds suite_a, suite_b (20 fps) and slow (10 fps): found, warned about, and refused
+    with caplog.at_level(logging.WARNING), pytest.raises(StatsError, match="slow"):
+        make_train_dataset(cfg(suites, suites=[]), IO, codec)
+    assert "auto-detected suites ['slow', 'suite_a', 'suite_b']" in caplog.text
+    assert "libero_spatial" in caplog.text  # fewer suites than a full LIBERO layout
+
+
+def test_suite_weights_set_the_mix():
+    stream = SampleStream([100, 50], [3.0, 1.0], seed=0)
+    idx = np.asarray(stream.indices(0, 4000))
+    share = np.mean(idx < 100)
+    assert abs(share - 0.75) < 0.03
+    # within an epoch each suite walks its own permutation: no repeats before it is exhausted
+    a = idx[idx < 100][:100]
+    assert len(np.unique(a)) == 100
+
+
+def key(batch) -> list[tuple]:
+    return [tuple(np.round(s, 4)) for s in batch[OBS_STATE].numpy()]
+
+
+def test_resume_is_exact_with_workers_across_epochs(suites, codec):
+    ds = make_train_dataset(cfg(suites), IO, codec)
+    run = make_train_loader(ds, 6, seed=1, num_workers=2)
+    seen = [key(next(run)) for _ in range(8)]  # 48 samples: more than two epochs of 20
+    flat = [s for b in seen for s in b]
+    assert len(set(flat[:20])) == 20  # epoch 1 covers each sample once
+    assert flat[:20] != flat[20:40]  # and epoch 2 is reshuffled
+    again = make_train_loader(ds, 6, seed=1, num_workers=2)
+    again_first = [key(next(again)) for _ in range(3)]
+    assert again_first == seen[:3]
+    state = again.state_dict()
+    assert state["samples_seen"] == 18
+    resumed = make_train_loader(ds, 6, seed=1, num_workers=0)
+    resumed.load_state_dict(state)
+    assert [key(next(resumed)) for _ in range(5)] == seen[3:]
+    with pytest.raises(ValueError, match="seed=1 but this loader has seed=2"):
+        make_train_loader(ds, 6, seed=2, num_workers=0).load_state_dict(state)
+
+
+def test_ranks_split_the_global_batch(suites, codec):
+    ds = make_train_dataset(cfg(suites), IO, codec)
+    whole = make_train_loader(ds, 8, seed=5, num_workers=0)
+    r0 = make_train_loader(ds, 4, seed=5, num_workers=0, rank=0, world_size=2)
+    r1 = make_train_loader(ds, 4, seed=5, num_workers=0, rank=1, world_size=2)
+    for _ in range(3):
+        assert key(next(whole)) == key(next(r0)) + key(next(r1))
