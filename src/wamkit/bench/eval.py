@@ -1,0 +1,266 @@
+"""``wamkit bench eval``: the evaluator's env-steps/s for the same episodes under three schedules.
+
+(a) serial: one env, one observation per request (openpi's LIBERO loop);
+(b) lock-step: all N envs stepped together, one batched request per step (LeRobot's ``AsyncVectorEnv``
+    loop), which is the pipeline with P = 1;
+(c) pipelined: N envs in P stages, P in ``--stages`` (``auto``: measured on a warm-up).
+
+Every schedule runs the same episodes through the real evaluator (worker processes, websocket server,
+journal); simulators are built before the clock starts. Printed: wall time, env-steps/s, ratios to (a)
+and (b), and the efficiency against the bound ``max(sim time / workers, inference time)``. Runs must
+agree episode by episode (the delay model is deterministic), which the benchmark checks.
+
+By default the server is the FIXED-LATENCY ``delay`` model: inference is a sleep of ``--delay-ms`` (+
+``--per-obs-ms`` per observation), which measures the scheduler alone; ``--model NAME --preset P``
+serves a real model with random weights instead, ``--server-url`` any running server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from wamkit.config import ConfigError, load_config
+from wamkit.constants import OBS_STATE, TASK, image_key
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--suite", default="metaworld", help="env suite (default: metaworld)")
+    parser.add_argument(
+        "--tasks", default="reach-v3,push-v3", help="comma-separated tasks (default: reach-v3,push-v3)"
+    )
+    parser.add_argument("--trials", type=int, default=4, help="trials per task (default: 4)")
+    parser.add_argument(
+        "--max-steps", type=int, default=40, help="policy steps per episode at most (default: 40)"
+    )
+    parser.add_argument("--image-size", type=int, default=64, help="camera resolution in px (default: 64)")
+    parser.add_argument("--cameras", default="", help="comma-separated cameras (default: the suite's first)")
+    parser.add_argument("--render-quality", default="fast", choices=["fast", "default"])
+    parser.add_argument("--num-envs", type=int, default=8, help="envs for (b) and (c) (default: 8)")
+    parser.add_argument("--workers", type=int, default=0, help="env worker processes (default: CPU count)")
+    parser.add_argument(
+        "--replan-interval", type=int, default=8, help="actions applied per chunk (default: 8)"
+    )
+    parser.add_argument("--stages", default="2,4,auto", help="pipelined stage counts (default: 2,4,auto)")
+    parser.add_argument("--executor", default="local", choices=["local", "ray"])
+    server = parser.add_argument_group("server (default: the fixed-latency delay model)")
+    server.add_argument(
+        "--delay-ms", type=float, default=40.0, help="delay model: ms per model call (default: 40)"
+    )
+    server.add_argument("--per-obs-ms", type=float, default=0.0, help="delay model: extra ms per observation")
+    server.add_argument("--model", default="", help="serve this registered model with random weights instead")
+    server.add_argument("--preset", default="", help="its size preset")
+    server.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a model option for --model (repeatable)",
+    )
+    server.add_argument("--device", default="auto", help="server device (default: auto)")
+    server.add_argument("--server-url", default="", help="use a running server instead of starting one")
+    server.add_argument(
+        "--fit-shapes",
+        action="store_true",
+        help="random-weight models only: fit observations/actions to the model's shapes (e.g. cosmos3 on MetaWorld)",
+    )
+    parser.add_argument(
+        "--out", default="", help="keep each run's outputs here (default: a temporary folder)"
+    )
+    parser.add_argument("--json", default="", help="also write the figures to this JSON file")
+
+
+def _serve_args(args: argparse.Namespace) -> tuple[list[str], str]:
+    """``wamkit serve`` arguments and a label saying what the server is."""
+    if args.model:
+        cmd = ["--model", args.model, "--random-init", "--device", args.device]
+        if args.preset:
+            cmd += ["--preset", args.preset]
+        for opt in args.option:
+            cmd += ["--option", opt]
+        fitted = ", observations fitted to its input shapes (--fit-shapes)" if args.fit_shapes else ""
+        name = f"model '{args.model}'" + (f" preset {args.preset}" if args.preset else "")
+        name += "".join(f" {opt}" for opt in args.option)
+        return cmd, f"{name}, random weights, {args.device}{fitted}"
+    cmd = ["--model", "delay", "--random-init", "--device", "cpu"]
+    cmd += ["--option", f"delay_ms={args.delay_ms}", "--option", f"per_obs_ms={args.per_obs_ms}"]
+    if args.suite.startswith("libero"):
+        cmd += ["--preset", "libero"]
+    label = (
+        f"FIXED-LATENCY DELAY SERVER (not a model): {args.delay_ms:g} ms per call + {args.per_obs_ms:g} ms "
+        "per observation; measures the scheduler alone"
+    )
+    return cmd, label
+
+
+def _modes(args: argparse.Namespace) -> list[tuple[str, int, int]]:
+    """``(label, num_envs, stages)``; stages 0 = auto."""
+    n = args.num_envs
+    modes = [
+        ("(a) serial, 1 obs/request (openpi)", 1, 1),
+        ("(b) lock-step, 1 batched request (LeRobot)", n, 1),
+    ]
+    for token in [t.strip() for t in args.stages.split(",") if t.strip()]:
+        if token == "auto":
+            modes.append(("(c) pipelined, auto", n, 0))
+            continue
+        if not token.isdigit() or int(token) < 1 or n % int(token):
+            raise ConfigError(f"--stages: {token!r} must be 'auto' or a divisor of --num-envs={n}")
+        if int(token) > 1:
+            modes.append((f"(c) pipelined, P={token}", n, int(token)))
+    return modes
+
+
+class FittedPolicy:
+    """BENCHMARK ONLY (``--fit-shapes``): feeds a random-weight model whose inputs differ from the env's.
+
+    The server's image keys get the env's cameras in turn, the state is zero-padded or cut to the
+    model's ``state_dim`` and the actions are cut or zero-padded to the env's ``action_dim``. The costs
+    (request size, model call) are the model's; the behaviour means nothing, which random weights never do.
+    """
+
+    def __init__(self, url: str, env_cfg) -> None:
+        from wamkit.envs import suite_info
+        from wamkit.serve.client import PolicyClient
+
+        self.client = PolicyClient(url)
+        inputs = self.client.metadata.get("inputs") or {}
+        self.image_keys = list(inputs.get("image_keys") or [])
+        self.state_dim = int(inputs.get("state_dim") or 0)
+        self.cameras = [image_key(c) for c in env_cfg.cameras]
+        self.action_dim = suite_info(env_cfg.suite).action_dim
+
+    def __call__(self, obs_list: list[dict[str, Any]]):
+        req: dict[str, Any] = {}
+        for i, key in enumerate(self.image_keys or self.cameras):
+            req[key] = np.stack([o[self.cameras[i % len(self.cameras)]] for o in obs_list])
+        state = np.stack([np.asarray(o[OBS_STATE], np.float32) for o in obs_list])
+        if self.state_dim:
+            fitted = np.zeros((len(obs_list), self.state_dim), np.float32)
+            n = min(self.state_dim, state.shape[1])
+            fitted[:, :n] = state[:, :n]
+            state = fitted
+        req[OBS_STATE] = state
+        req["prompt"] = [str(o[TASK]) for o in obs_list]
+        t0 = time.perf_counter()
+        reply = self.client.infer(req)
+        rtt = time.perf_counter() - t0
+        actions = np.asarray(reply["actions"], np.float32)
+        out = np.zeros((*actions.shape[:2], self.action_dim), np.float32)
+        n = min(self.action_dim, actions.shape[2])
+        out[..., :n] = actions[..., :n]
+        timing = reply.get("server_timing") or {}
+        return out, float(timing["infer_ms"]) / 1000.0 if "infer_ms" in timing else rtt
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def _run_mode(args, url: str, out: Path, num_envs: int, stages: int, workers: int) -> dict[str, Any]:
+    from wamkit.eval.runner import run_eval
+
+    cameras = [c for c in args.cameras.split(",") if c]
+    overrides = [
+        f"env.suite={args.suite}",
+        f"env.tasks={args.tasks}",
+        f"env.image_size={args.image_size}",
+        f"env.render_quality={args.render_quality}",
+        f"env.max_steps={args.max_steps}",
+        f"eval.server_url={url}",
+        f"eval.out_dir={out}",
+        f"eval.trials={args.trials}",
+        f"eval.num_envs={num_envs}",
+        f"eval.pipeline_stages={stages}",
+        f"eval.workers={min(workers, num_envs)}",
+        f"eval.replan_interval={args.replan_interval}",
+        f"eval.executor={args.executor}",
+        "eval.videos=0",
+    ]
+    if cameras:
+        overrides.append(f"env.cameras=[{', '.join(cameras)}]")
+    elif args.suite.startswith("libero"):
+        overrides.append("env.cameras=[agentview, wrist]")
+    factory = FittedPolicy if args.fit_shapes else None
+    summary = run_eval(load_config(None, overrides), progress=False, prebuild=True, policy_factory=factory)
+    records = [json.loads(line) for line in (out / "episodes.jsonl").read_text().splitlines()]
+    outcome = {
+        f"{r['task']}/{r['trial']}": (r["success_once"], r["length"], round(r["return"], 6)) for r in records
+    }
+    return {"throughput": summary["throughput"], "outcome": outcome}
+
+
+def main(args: argparse.Namespace) -> int:
+    from wamkit.eval.server_proc import start_server_process
+
+    workers = args.workers or os.cpu_count() or 1
+    modes = _modes(args)
+    serve_cmd, label = _serve_args(args)
+    with contextlib.ExitStack() as stack:
+        root = Path(args.out) if args.out else Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        if args.server_url:
+            url, label = args.server_url, f"running server at {args.server_url}"
+        else:
+            url = stack.enter_context(start_server_process(serve_cmd, log_path=root / "server.log")).url
+        rows = []
+        for i, (name, n, p) in enumerate(modes):
+            out = root / f"mode{i}"
+            if out.exists():
+                raise ConfigError(f"--out: {out} already exists; choose an empty folder")
+            res = _run_mode(args, url, out, n, p, workers)
+            rows.append((name, n, res))
+    _print(args, label, workers, rows)
+    if args.json:
+        figures = [{"mode": name, "num_envs": n, **res["throughput"]} for name, n, res in rows]
+        Path(args.json).write_text(json.dumps({"server": label, "runs": figures}, indent=1))
+    same = all(res["outcome"] == rows[0][2]["outcome"] for _, _, res in rows)
+    deterministic = not args.model and not args.server_url  # the delay model: results must agree
+    return 0 if same or not deterministic else 1
+
+
+def _print(args, label: str, workers: int, rows) -> None:
+    n_ep = len(rows[0][2]["outcome"])
+    print(
+        f"wamkit bench eval: {args.suite} {args.tasks}, {n_ep} episodes of <= {args.max_steps} steps, "
+        f"{args.image_size} px {args.render_quality} render, replan every {args.replan_interval}, "
+        f"{workers} workers ({args.executor})"
+    )
+    print(f"server: {label}")
+    head = f"{'schedule':44} {'envs':>4} {'P':>2} {'batch':>5} {'wall s':>7} {'steps/s':>8} "
+    head += f"{'vs (a)':>6} {'vs (b)':>6} {'sim s':>7} {'infer s':>7} {'bound s':>7} {'eff.':>5}"
+    print(head)
+    base_a = rows[0][2]["throughput"]["env_steps_per_s"]
+    base_b = rows[1][2]["throughput"]["env_steps_per_s"] if len(rows) > 1 else base_a
+    for name, n, res in rows:
+        tp = res["throughput"]
+        sps = tp["env_steps_per_s"]
+        print(
+            f"{name:44} {n:>4} {tp['stages']:>2} {n // tp['stages']:>5} {tp['wall']:>7.2f} {sps:>8.1f} "
+            f"{sps / base_a:>5.2f}x {sps / base_b:>5.2f}x {tp['sim']:>7.2f} {tp['infer']:>7.2f} "
+            f"{tp['bound']:>7.2f} {100 * tp['efficiency']:>4.0f}%"
+        )
+    b = rows[1][2]["throughput"] if len(rows) > 1 else rows[0][2]["throughput"]
+    ratio = (b["sim"] / b["workers"]) / max(b["infer"], 1e-9)
+    print(
+        f"(b)'s simulation per worker / inference = {ratio:.2f} "
+        f"({'within' if 0.5 <= ratio <= 2 else 'outside'} 2x of each other); sim = summed worker busy "
+        "time, bound = max(sim / workers, inference), efficiency = bound / wall"
+    )
+    same = all(res["outcome"] == rows[0][2]["outcome"] for _, _, res in rows)
+    if same:
+        print("episode results identical across schedules: yes")
+    elif args.model or args.server_url:
+        print(
+            "episode results differ across schedules: expected, the model samples (only 'delay' is deterministic)"
+        )
+    else:
+        print(
+            "episode results identical across schedules: NO (a scheduling bug: the delay model is deterministic)"
+        )

@@ -1,0 +1,67 @@
+"""The evaluator's side of the wire: batched requests over the OpenPI websocket protocol.
+
+The evaluator never imports a model; it reaches one through :mod:`wamkit.serve.client` only, so any
+server that speaks the protocol (wamkit's, openpi's, SGLang's ``/openpi/policy``) can be evaluated.
+
+A stage's request holds its B observations with a leading batch axis: ``observation.images.<cam>``
+uint8 [B, H, W, 3] for each camera the server asks for (its metadata ``inputs.image_keys``; all
+rendered cameras if it does not say), ``observation.state`` float32 [B, state_dim] and ``prompt`` a list
+of B strings. The reply's ``actions`` are env-ready chunks [B, H, action_dim].
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from wamkit.config import ConfigError
+from wamkit.constants import OBS_STATE, TASK, image_key
+
+
+class RemotePolicy:
+    """One connection (one pipeline stage): ``policy(obs_list) -> (actions [B, H, D], infer seconds)``.
+
+    The inference seconds are the server's own ``server_timing.infer_ms`` when it reports one (the
+    model's time, without queueing), else the round trip as the client saw it.
+    """
+
+    def __init__(self, url: str, cameras: list[str]):
+        from wamkit.serve.client import PolicyClient
+
+        self.client = PolicyClient(url)
+        meta = getattr(self.client, "metadata", None) or {}
+        wanted = (meta.get("inputs") or {}).get("image_keys")
+        rendered = [image_key(c) for c in cameras]
+        if wanted:
+            missing = [k for k in wanted if k not in rendered]
+            if missing:
+                raise ConfigError(
+                    f"env.cameras: the server at {url} expects {', '.join(wanted)} but the env renders "
+                    f"{', '.join(rendered)}; set env.cameras to the model's cameras"
+                )
+            self.image_keys = list(wanted)
+        else:
+            self.image_keys = rendered
+        self.metadata = meta
+
+    def request(self, obs_list: list[dict[str, Any]]) -> dict[str, Any]:
+        req: dict[str, Any] = {k: np.stack([o[k] for o in obs_list]) for k in self.image_keys}
+        req[OBS_STATE] = np.stack([np.asarray(o[OBS_STATE], np.float32) for o in obs_list])
+        req["prompt"] = [str(o[TASK]) for o in obs_list]
+        return req
+
+    def __call__(self, obs_list: list[dict[str, Any]]) -> tuple[np.ndarray, float]:
+        req = self.request(obs_list)
+        t0 = time.perf_counter()
+        reply = self.client.infer(req)
+        rtt = time.perf_counter() - t0
+        if "actions" not in reply:
+            raise RuntimeError(f"server reply lacks 'actions' (keys: {sorted(reply)})")
+        timing = reply.get("server_timing") or {}
+        infer_s = float(timing["infer_ms"]) / 1000.0 if "infer_ms" in timing else rtt
+        return np.asarray(reply["actions"], np.float32), infer_s
+
+    def close(self) -> None:
+        self.client.close()

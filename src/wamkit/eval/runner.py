@@ -1,0 +1,229 @@
+"""One evaluation run: plan the episodes, reach a server, run the pipeline, journal, report.
+
+``run_eval(cfg)`` is what ``wamkit eval`` calls. The output folder ``eval.out_dir`` receives
+``episodes.jsonl`` (the journal), ``plan.json``, ``summary.json``, ``results.md``, ``timeline.json``,
+the plots and ``videos/<task>/trial<t>_seed<s>.mp4``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from wamkit.config import ConfigError, EnvConfig, EvalConfig, RunConfig
+from wamkit.envs.base import EpisodeSpec
+from wamkit.eval.episodes import plan_episodes, plan_record
+from wamkit.eval.executors import make_executor
+from wamkit.eval.journal import Journal, episode_key
+from wamkit.eval.remote import RemotePolicy
+from wamkit.eval.report import write_reports
+from wamkit.eval.scheduler import Pipeline, layout
+from wamkit.eval.video import filmed, frame_of, write_mp4
+
+log = logging.getLogger(__name__)
+
+
+def check_eval_config(ecfg: EvalConfig) -> None:
+    """Raise :class:`ConfigError` naming the ``eval.*`` key that is out of range."""
+    if ecfg.num_envs < 1:
+        raise ConfigError(f"eval.num_envs: expected >= 1, got {ecfg.num_envs}")
+    if ecfg.pipeline_stages < 0:
+        raise ConfigError(f"eval.pipeline_stages: expected >= 1, or 0 for auto, got {ecfg.pipeline_stages}")
+    if ecfg.pipeline_stages and ecfg.num_envs % ecfg.pipeline_stages:
+        raise ConfigError(
+            f"eval.num_envs={ecfg.num_envs} is not divisible by eval.pipeline_stages={ecfg.pipeline_stages}: "
+            "every stage needs the same number of envs (no env is silently dropped); "
+            f"try eval.num_envs={ecfg.pipeline_stages * max(1, round(ecfg.num_envs / ecfg.pipeline_stages))}"
+        )
+    if ecfg.workers < 1:
+        raise ConfigError(f"eval.workers: expected >= 1 env worker, got {ecfg.workers}")
+    if ecfg.replan_interval < 1:
+        raise ConfigError(f"eval.replan_interval: expected >= 1 action per chunk, got {ecfg.replan_interval}")
+    if ecfg.watchdog_s <= 0:
+        raise ConfigError(f"eval.watchdog_s: expected a positive number of seconds, got {ecfg.watchdog_s}")
+    if ecfg.videos < 0:
+        raise ConfigError(f"eval.videos: expected >= 0 episodes per task, got {ecfg.videos}")
+    if not ecfg.server_url and not ecfg.serve_dir:
+        raise ConfigError(
+            "eval.server_url or eval.serve_dir: one is needed (a ws:// URL, or a serving directory)"
+        )
+
+
+def server_identity(ecfg: EvalConfig) -> dict[str, Any]:
+    """What plan.json records about the model: the URL, or the serving directory (resolved)."""
+    if ecfg.server_url:
+        return {"url": ecfg.server_url}
+    return {"serve_dir": str(Path(ecfg.serve_dir).resolve())}
+
+
+@contextlib.contextmanager
+def reach_server(ecfg: EvalConfig) -> Iterator[str]:
+    """Yield the server URL: ``eval.server_url``, or a local server started from ``eval.serve_dir`` in
+    its own process (log in ``<out_dir>/server.log``), stopped on exit."""
+    if ecfg.server_url:
+        yield ecfg.server_url
+        return
+    from wamkit.eval.server_proc import start_server_process
+
+    Path(ecfg.out_dir).mkdir(parents=True, exist_ok=True)
+    with start_server_process(ecfg.serve_dir, log_path=Path(ecfg.out_dir) / "server.log") as srv:
+        yield srv.url
+
+
+class Progress:
+    """Episodes done, success so far and ETA (tqdm), fed from the stage threads."""
+
+    def __init__(self, total: int, enabled: bool):
+        self.bar = tqdm(total=total, desc="eval", unit="ep", disable=not enabled, dynamic_ncols=True)
+        self.done = self.success = 0
+        self._lock = threading.Lock()
+
+    def update(self, record: dict[str, Any]) -> None:
+        with self._lock:
+            self.done += 1
+            self.success += bool(record["success_once"])
+            self.bar.set_postfix_str(f"success {100 * self.success / self.done:.1f}%", refresh=False)
+            self.bar.update(1)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def run_eval(
+    cfg: RunConfig,
+    resume: bool = False,
+    progress: bool = True,
+    policy_factory: Callable[[str, EnvConfig], Callable] | None = None,
+    on_pipeline: Callable[[Pipeline], None] | None = None,
+    prebuild: bool = False,
+) -> dict[str, Any]:
+    """Evaluate ``cfg.env`` against the server of ``cfg.eval``; return the summary (also on disk).
+
+    ``policy_factory(url, env_cfg)`` makes one stage's policy (default :class:`RemotePolicy`);
+    ``on_pipeline`` sees the pipeline once it runs (tests use it to kill workers). ``prebuild`` resets
+    every env once on every task before the clock starts, so the measured wall time holds no simulator
+    construction (the benchmark uses it; results do not change).
+    """
+    env_cfg, ecfg = cfg.env, cfg.eval
+    check_eval_config(ecfg)
+    episodes = plan_episodes(env_cfg, ecfg)
+    make_policy = policy_factory or (lambda url, e: RemotePolicy(url, list(e.cameras)))
+    out = Path(ecfg.out_dir)
+    plan = plan_record(env_cfg, ecfg, server_identity(ecfg))
+    with Journal(out, plan, resume=resume or ecfg.resume) as journal:
+        todo = [e for e in episodes if not journal.done(episode_key(e.suite, e.task, e.trial, e.seed))]
+        log.info("%d episodes planned, %d to run", len(episodes), len(todo))
+        timing, events, stages = None, [], ecfg.pipeline_stages or 1
+        if todo:
+            with reach_server(ecfg) as url:
+                # fail fast (no server, cameras the env does not render) before workers start
+                probe = make_policy(url, env_cfg)
+                close = getattr(probe, "close", None)
+                if close is not None:
+                    close()
+                timing, events, stages = _run(
+                    cfg, todo, journal, url, make_policy, progress, on_pipeline, prebuild
+                )
+        summary = write_reports(out, list(journal.records.values()), plan, timing, events, stages)
+    all_ = summary["all"]
+    log.info(
+        "success %.1f%% (95%% CI %.1f-%.1f) over %d episodes; results in %s",
+        100 * all_["rate"],
+        100 * all_["ci95"][0],
+        100 * all_["ci95"][1],
+        all_["episodes"],
+        out,
+    )
+    return summary
+
+
+def _run(
+    cfg, todo: list[EpisodeSpec], journal: Journal, url: str, make_policy, progress, on_pipeline, prebuild
+):
+    env_cfg, ecfg = cfg.env, cfg.eval
+    num_envs = ecfg.num_envs
+    workers = min(ecfg.workers, num_envs)  # a worker without envs would only cost memory
+    _, per_worker = layout(num_envs, 1, workers)  # slots per worker do not depend on the stage count
+    out = Path(ecfg.out_dir)
+    fps = _video_fps(env_cfg)
+    bar = Progress(len(todo), progress)
+
+    def on_finish(record: dict[str, Any], frames) -> None:
+        if frames:
+            name = f"videos/{record['task']}/trial{record['trial']}_seed{record['seed']}.mp4"
+            write_mp4(frames, out / name, fps=fps)
+            record["video"] = name
+        if journal.append(record):
+            bar.update(record)
+
+    with make_executor(ecfg.executor, env_cfg, per_worker, ecfg.watchdog_s) as executor:
+        t_warm = time.perf_counter()
+        if prebuild:
+            _prebuild(executor, per_worker, todo)
+        stages = ecfg.pipeline_stages
+        if stages == 0:
+            from wamkit.eval.autotune import choose_stages
+
+            stages, _ = choose_stages(executor, lambda: make_policy(url, env_cfg), todo, num_envs, ecfg)
+        stage_slots, _ = layout(num_envs, stages, workers)
+        pipeline = Pipeline(
+            executor,
+            stage_slots,
+            lambda: make_policy(url, env_cfg),
+            ecfg.replan_interval,
+            on_finish,
+            film=lambda spec: filmed(spec.trial, ecfg.videos),
+            frame=lambda obs: frame_of(obs, list(env_cfg.cameras)),
+        )
+        if on_pipeline is not None:
+            on_pipeline(pipeline)
+        executor.busy_s = [0.0] * executor.num_workers  # the bound covers the timed part only
+        t0 = time.perf_counter()
+        warmup = t0 - t_warm
+        try:
+            pipeline.run(todo)
+        finally:
+            bar.close()
+        wall = time.perf_counter() - t0
+        timing = {
+            "wall": wall,
+            "sim": sum(executor.busy_s),
+            "infer": pipeline.infer_s,
+            "workers": workers,
+            "num_envs": num_envs,
+            "stages": stages,
+            "env_steps": pipeline.env_steps,
+            "executor": ecfg.executor,
+            "worker_restarts": executor.restarts,
+            "warmup_s": warmup,
+        }
+    (out / "timeline.json").write_text(json.dumps({"stages": stages, "events": pipeline.events}))
+    return timing, pipeline.events, stages
+
+
+def _prebuild(executor, per_worker: list[int], todo: list[EpisodeSpec]) -> None:
+    """Reset every slot once per task (the first planned episode of each), building its simulators."""
+    first: dict[str, EpisodeSpec] = {}
+    for spec in todo:
+        first.setdefault(spec.task, spec)
+    for spec in first.values():
+        futs = [
+            executor.call(w, executor.generation(w), "reset", {s: spec for s in range(n)})
+            for w, n in enumerate(per_worker)
+        ]
+        for f in futs:
+            f.result()
+
+
+def _video_fps(env_cfg: EnvConfig) -> int:
+    from wamkit.envs import suite_info
+
+    return min(30, int(suite_info(env_cfg.suite).fps))

@@ -1,0 +1,300 @@
+"""The pipelined scheduler: N env slots in P stages over W workers, one batched request per stage step.
+
+Stage ``s`` owns N/P slots; slot ``j`` of stage ``s`` is global env ``e = s * N/P + j`` and lives on worker
+``e % W`` (so every stage spreads over the workers, and the stages take turns on them). Each stage runs
+in its own thread and loops:
+
+1. **simulate**: apply up to ``replan_interval`` actions of each slot's last chunk, one batched ``step``
+   call per worker per action; finished episodes are written to the journal and their slots take the
+   next episode from the shared queue (``reset``);
+2. **infer**: send the observations of the stage's slots as one batched request and keep the first
+   ``replan_interval`` actions of each returned chunk.
+
+While stage ``s`` waits for the server, stage ``s + 1`` simulates; with P = 1 the two strictly
+alternate. A slot whose worker was replaced (the executor's generation moved on) reruns its episode
+from the start, so an episode's record never mixes two simulator states.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from wamkit.envs.base import EpisodeSpec
+from wamkit.eval.executors import Executor, WorkerLost
+
+Policy = Callable[[list[dict[str, Any]]], tuple[np.ndarray, float]]  # obs list -> ([B, H, D], infer s)
+
+
+class EvalError(RuntimeError):
+    pass
+
+
+def layout(num_envs: int, stages: int, workers: int) -> tuple[list[list[tuple[int, int]]], list[int]]:
+    """``(stage_slots, slots_per_worker)``: ``stage_slots[s][j] = (worker, local slot)``."""
+    per_stage = num_envs // stages
+    counts = [0] * workers
+    stage_slots: list[list[tuple[int, int]]] = []
+    for s in range(stages):
+        row = []
+        for j in range(per_stage):
+            w = (s * per_stage + j) % workers
+            row.append((w, counts[w]))
+            counts[w] += 1
+        stage_slots.append(row)
+    return stage_slots, counts
+
+
+@dataclass
+class Slot:
+    stage: int
+    worker: int
+    slot: int
+    spec: EpisodeSpec | None = None
+    gen: int = -1
+    needs_reset: bool = False
+    obs: dict[str, Any] | None = None
+    actions: list[np.ndarray] = field(default_factory=list)
+    length: int = 0
+    ret: float = 0.0
+    success_once: bool = False
+    success_last: bool = False
+    restarts: int = 0
+    sim_s: float = 0.0
+    infer_s: float = 0.0
+    t_start: float = 0.0
+    frames: list[np.ndarray] | None = None
+
+    def start(self, spec: EpisodeSpec, gen: int, film: bool) -> None:
+        self.spec, self.gen, self.needs_reset, self.obs, self.actions = spec, gen, True, None, []
+        self.length, self.ret, self.success_once, self.success_last = 0, 0.0, False, False
+        self.sim_s = self.infer_s = 0.0
+        self.frames = [] if film else None
+
+
+class Pipeline:
+    """Runs ``episodes`` to completion; ``on_finish(record, frames)`` is called once per episode.
+
+    ``policy_factory()`` makes one policy per stage (each stage has its own server connection).
+    ``film(spec)`` says whether to keep an episode's frames. ``max_episode_restarts`` bounds how often
+    one episode may be rerun after losing its worker before the run gives up.
+    """
+
+    def __init__(
+        self,
+        executor: Executor,
+        stage_slots: list[list[tuple[int, int]]],
+        policy_factory: Callable[[], Policy],
+        replan_interval: int,
+        on_finish: Callable[[dict[str, Any], list[np.ndarray] | None], None],
+        film: Callable[[EpisodeSpec], bool] = lambda spec: False,
+        frame: Callable[[dict[str, Any]], np.ndarray] | None = None,
+        max_episode_restarts: int = 3,
+    ):
+        self.ex = executor
+        self.stages = [[Slot(s, w, k) for w, k in row] for s, row in enumerate(stage_slots)]
+        self.policy_factory = policy_factory
+        self.replan = replan_interval
+        self.on_finish = on_finish
+        self.film = film
+        self.frame = frame
+        self.max_episode_restarts = max_episode_restarts
+        self.events: list[tuple[int, str, float, float]] = []  # (stage, "sim"|"infer", t0, t1)
+        n = len(stage_slots)
+        self.stage_infer_s = [0.0] * n  # per stage: summed inference time of its requests
+        self.stage_steps = [0] * n  # per stage: env steps applied (reruns included: real work)
+        self._queue: collections.deque[EpisodeSpec] = collections.deque()
+        self._qlock = threading.Lock()
+        self._stop = threading.Event()
+        self._errors: list[BaseException] = []
+        self.t0 = time.perf_counter()
+
+    @property
+    def infer_s(self) -> float:
+        return sum(self.stage_infer_s)
+
+    @property
+    def env_steps(self) -> int:
+        return sum(self.stage_steps)
+
+    def now(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def run(self, episodes: list[EpisodeSpec]) -> None:
+        self._queue.extend(episodes)
+        self.t0 = time.perf_counter()
+        threads = [
+            threading.Thread(target=self._stage_main, args=(s,), name=f"stage-{s}", daemon=True)
+            for s in range(len(self.stages))
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if self._errors:
+            raise self._errors[0]
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _next_episode(self) -> EpisodeSpec | None:
+        with self._qlock:
+            return self._queue.popleft() if self._queue else None
+
+    def _stage_main(self, s: int) -> None:
+        try:
+            policy = self.policy_factory()
+            try:
+                self._stage_loop(s, policy)
+            finally:
+                close = getattr(policy, "close", None)
+                if close is not None:
+                    close()
+        except BaseException as err:
+            self._errors.append(err)
+            self._stop.set()
+
+    def _stage_loop(self, s: int, policy: Policy) -> None:
+        slots = self.stages[s]
+        while not self._stop.is_set():
+            t0 = self.now()
+            self._simulate(slots)
+            ready = [sl for sl in slots if sl.spec is not None and sl.obs is not None]
+            if not ready and all(sl.spec is None for sl in slots):
+                return
+            t1 = self.now()
+            self.events.append((s, "sim", t0, t1))
+            if not ready:
+                continue
+            chunks, infer_s = policy([sl.obs for sl in ready])
+            t2 = self.now()
+            self.events.append((s, "infer", t1, t2))
+            self.stage_infer_s[s] += infer_s
+            chunks = np.asarray(chunks)
+            if chunks.ndim != 3 or chunks.shape[0] != len(ready):
+                raise EvalError(
+                    f"server reply 'actions': expected shape [{len(ready)}, H, D], got {list(chunks.shape)}"
+                )
+            for sl, chunk in zip(ready, chunks):
+                sl.actions = list(chunk[: self.replan])
+                sl.infer_s += t2 - t1
+
+    # -- simulation ------------------------------------------------------------------------------
+
+    def _lost(self, sl: Slot) -> bool:
+        return sl.spec is not None and sl.gen != self.ex.generation(sl.worker)
+
+    def _rerun(self, sl: Slot) -> None:
+        """The slot's worker was replaced: start its episode again from the beginning."""
+        assert sl.spec is not None
+        if sl.restarts >= self.max_episode_restarts:
+            raise EvalError(
+                f"episode {sl.spec} lost its env worker {sl.restarts + 1} times; giving up "
+                "(the journal keeps every finished episode: fix the cause and run again with --resume)"
+            )
+        restarts = sl.restarts + 1
+        sl.start(sl.spec, self.ex.generation(sl.worker), sl.frames is not None)
+        sl.restarts = restarts
+
+    def _gather(self, calls: dict[int, Future]) -> dict[int, tuple[Any, float]]:
+        """Wait for one call per worker; a lost worker's entry is missing from the result."""
+        out = {}
+        for w, fut in calls.items():
+            try:
+                out[w] = fut.result()
+            except WorkerLost:
+                continue
+        return out
+
+    def _by_worker(self, slots: list[Slot]) -> dict[int, list[Slot]]:
+        groups: dict[int, list[Slot]] = collections.defaultdict(list)
+        for sl in slots:
+            groups[sl.worker].append(sl)
+        return groups
+
+    def _simulate(self, slots: list[Slot]) -> None:
+        # 1. apply each slot's pending actions: one ``advance`` call per worker
+        running = [sl for sl in slots if sl.spec and not sl.needs_reset and sl.actions and not self._lost(sl)]
+        groups = self._by_worker(running)
+        calls = {
+            w: self.ex.call(
+                w,
+                g[0].gen,
+                "advance",
+                {
+                    "actions": {sl.slot: np.stack(sl.actions) for sl in g},
+                    "film": [sl.slot for sl in g if sl.frames is not None],
+                },
+            )
+            for w, g in groups.items()
+        }
+        for w, (res, busy) in self._gather(calls).items():
+            for sl in groups[w]:
+                sl.sim_s += busy / len(groups[w])
+                self._after_chunk(sl, res[sl.slot])
+        # 2. episodes lost with their worker start over; idle slots take the next episode
+        for sl in slots:
+            if self._lost(sl):
+                self._rerun(sl)
+            if sl.spec is None and not self._stop.is_set():
+                spec = self._next_episode()
+                if spec is not None:
+                    sl.start(spec, self.ex.generation(sl.worker), self.film(spec))
+                    sl.t_start = self.now()
+        # 3. reset them: one ``reset`` call per worker
+        groups = self._by_worker([sl for sl in slots if sl.spec is not None and sl.needs_reset])
+        calls = {
+            w: self.ex.call(w, g[0].gen, "reset", {sl.slot: sl.spec for sl in g}) for w, g in groups.items()
+        }
+        for w, (res, busy) in self._gather(calls).items():
+            for sl in groups[w]:
+                sl.needs_reset, sl.obs = False, res[sl.slot]
+                sl.sim_s += busy / len(groups[w])
+                if sl.frames is not None and self.frame is not None:
+                    sl.frames.append(self.frame(sl.obs))
+
+    def _after_chunk(self, sl: Slot, out: dict[str, Any]) -> None:
+        n = len(out["rewards"])
+        self.stage_steps[sl.stage] += n
+        sl.obs, sl.actions = out["obs"], []
+        sl.length += n
+        sl.ret += float(sum(out["rewards"]))
+        if n:
+            sl.success_last = bool(out["successes"][-1])
+            sl.success_once = sl.success_once or any(out["successes"])
+        if sl.frames is not None and self.frame is not None:
+            sl.frames.extend(self.frame(f) for f in out["frames"])
+        if out["terminated"] or out["truncated"]:
+            self._finish(sl, bool(out["truncated"]))
+
+    def _finish(self, sl: Slot, truncated: bool) -> None:
+        failure = "" if sl.success_once else ("max_steps" if truncated else "terminated")
+        assert sl.spec is not None
+        record = {
+            **sl.spec.to_dict(),
+            "success_once": sl.success_once,
+            "success_at_end": sl.success_last,
+            "length": sl.length,
+            "return": sl.ret,
+            "failure": failure,
+            "restarts": sl.restarts,
+            "stage": sl.stage,
+            "worker": sl.worker,
+            "timing": {
+                "sim": sl.sim_s,
+                "infer": sl.infer_s,
+                "start": sl.t_start,
+                "end": self.now(),
+                "wall": self.now() - sl.t_start,
+            },
+        }
+        frames = sl.frames
+        sl.spec, sl.obs, sl.actions, sl.frames, sl.restarts = None, None, [], None, 0
+        self.on_finish(record, frames)

@@ -1,0 +1,74 @@
+"""``wamkit eval`` as a user runs it: a serving directory on disk, a local server the evaluator starts
+in its own process, the exit codes and messages of bad input, ``--resume``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from wamkit.config import ModelConfig
+from wamkit.models import build_model
+from wamkit.models.pretrained import save_pretrained
+from wamkit.serve.loading import identity_stats
+
+
+@pytest.fixture(scope="module")
+def serve_dir(tmp_path_factory):
+    """A serving directory of the delay benchmark model (weights, model.json, identity stats)."""
+    out = tmp_path_factory.mktemp("serve")
+    adapter = build_model(ModelConfig(name="delay", preset="metaworld", options={"delay_ms": 2.0}))
+    save_pretrained(adapter, out)
+    identity_stats(adapter.io).save(out / "stats.json")
+    return out
+
+
+def wamkit(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl")}
+    cmd = [sys.executable, "-m", "wamkit", "eval", *args, "--no-progress"]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+
+
+def test_eval_cli_with_a_local_server_and_resume(serve_dir, tmp_path):
+    out = tmp_path / "eval"
+    args = [
+        f"eval.serve_dir={serve_dir}",
+        f"eval.out_dir={out}",
+        "env.tasks=reach-v3",
+        "env.image_size=64",
+        "env.max_steps=8",
+        "eval.trials=2",
+        "eval.num_envs=2",
+        "eval.workers=1",
+        "eval.videos=0",
+    ]
+    run = wamkit(*args, "--pipeline", "2")
+    assert run.returncode == 0, run.stderr
+    assert "| metaworld | reach-v3 | 2 |" in run.stdout
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["throughput"]["stages"] == 2 and summary["all"]["episodes"] == 2
+    assert json.loads((out / "plan.json").read_text())["server"] == {"serve_dir": str(serve_dir.resolve())}
+    assert (out / "server.log").is_file()
+
+    again = wamkit(*args)  # results exist: refuse rather than overwrite or count twice
+    assert again.returncode == 2 and "--resume" in again.stderr
+    journal = (out / "episodes.jsonl").read_text()
+    resumed = wamkit(*args, "--resume")  # nothing missing: no episode runs
+    assert resumed.returncode == 0, resumed.stderr
+    assert (out / "episodes.jsonl").read_text() == journal
+    assert json.loads((out / "summary.json").read_text())["all"] == summary["all"]
+
+
+def test_eval_cli_errors_name_the_keys(serve_dir, tmp_path):
+    bad = wamkit(
+        f"eval.serve_dir={serve_dir}", f"eval.out_dir={tmp_path}", "eval.num_envs=3", "--pipeline", "2"
+    )
+    assert bad.returncode == 2
+    assert "eval.num_envs=3 is not divisible by eval.pipeline_stages=2" in bad.stderr
+    nodir = wamkit(f"eval.serve_dir={tmp_path / 'missing'}", f"eval.out_dir={tmp_path}")
+    assert nodir.returncode == 2 and "eval.serve_dir" in nodir.stderr
+    pipe = wamkit(f"eval.serve_dir={serve_dir}", "--pipeline", "fast")
+    assert pipe.returncode == 2 and "--pipeline" in pipe.stderr

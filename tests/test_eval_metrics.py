@@ -1,0 +1,112 @@
+"""Metrics, journal and reports of the evaluator, against independent references and real files."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from scipy.stats import binomtest
+
+from wamkit.config import ConfigError
+from wamkit.eval.journal import Journal, read_journal, record_key
+from wamkit.eval.metrics import summarize, wilson_interval
+from wamkit.eval.report import markdown_table, throughput, write_reports
+
+
+@pytest.mark.parametrize("k,n", [(0, 1), (0, 10), (3, 10), (7, 20), (10, 10), (481, 500), (250, 500)])
+def test_wilson_matches_scipy(k, n):
+    ref = binomtest(k, n).proportion_ci(confidence_level=0.95, method="wilson")
+    lo, hi = wilson_interval(k, n)
+    assert lo == pytest.approx(ref.low, abs=1e-12)
+    assert hi == pytest.approx(ref.high, abs=1e-12)
+
+
+def test_wilson_at_500_episodes_is_about_two_points():
+    lo, hi = wilson_interval(475, 500)  # 95%, the REFERENCE.md figure of about +-1.9 points
+    assert 0.035 < hi - lo < 0.04
+    with pytest.raises(ValueError, match="successes"):
+        wilson_interval(3, 2)
+
+
+def rec(task, trial, once, end=None, length=10, ret=1.0, suite="metaworld"):
+    return {
+        "suite": suite,
+        "task": task,
+        "trial": trial,
+        "seed": 1000 + trial,
+        "success_once": once,
+        "success_at_end": once if end is None else end,
+        "length": length,
+        "return": ret,
+        "failure": "" if once else "max_steps",
+    }
+
+
+def test_summarize_per_task_and_suite():
+    records = [rec("a", t, t < 3) for t in range(4)] + [
+        rec("b", t, t == 0, end=False, length=20) for t in range(2)
+    ]
+    s = summarize(records)
+    a, b, all_ = s["suites"]["metaworld"]["tasks"]["a"], s["suites"]["metaworld"]["tasks"]["b"], s["all"]
+    assert (a["episodes"], a["success_once"], a["rate"]) == (4, 3, 0.75)
+    assert (b["success_once"], b["success_at_end"], b["mean_length"]) == (1, 0, 20.0)
+    assert s["suites"]["metaworld"]["all"]["rate"] == pytest.approx(4 / 6)
+    assert all_["ci95"] == pytest.approx(list(wilson_interval(4, 6)))
+    table = markdown_table(s)
+    assert "| metaworld | a | 4 | 75.0 |" in table and "**66.7**" in table
+
+
+def test_throughput_bound_and_efficiency():
+    tp = throughput({"wall": 10.0, "sim": 32.0, "infer": 6.0, "workers": 4, "env_steps": 1000})
+    assert tp["bound"] == 8.0 and tp["bound_side"] == "simulation"
+    assert tp["efficiency"] == pytest.approx(0.8) and tp["env_steps_per_s"] == 100.0
+    assert throughput({"wall": 10.0, "sim": 8.0, "infer": 9.0, "workers": 4, "env_steps": 1})["bound"] == 9.0
+
+
+def test_journal_appends_durably_and_refuses_twice(tmp_path):
+    plan = {"suite": "metaworld", "trials": 2}
+    with Journal(tmp_path, plan) as j:
+        assert j.append(rec("a", 0, True))
+        assert not j.append(rec("a", 0, False))  # the same episode again: ignored, first kept
+        assert j.append(rec("a", 1, False))
+    lines = (tmp_path / "episodes.jsonl").read_text().splitlines()
+    assert len(lines) == 2 and json.loads(lines[0])["success_once"] is True
+    with pytest.raises(ConfigError, match="--resume"):
+        Journal(tmp_path, plan)  # existing results are never overwritten silently
+    with pytest.raises(ConfigError, match="trials: 2 -> 3"):
+        Journal(tmp_path, {**plan, "trials": 3}, resume=True)
+    with pytest.raises(ValueError, match="lacks"):
+        Journal(tmp_path, plan, resume=True).append({"suite": "metaworld"})
+
+
+def test_journal_drops_a_torn_last_line_on_resume(tmp_path):
+    plan = {"suite": "metaworld"}
+    with Journal(tmp_path, plan) as j:
+        for t in range(3):
+            j.append(rec("a", t, True))
+    path = tmp_path / "episodes.jsonl"
+    whole = path.read_bytes()
+    path.write_bytes(whole + b'{"suite": "metaworld", "task": "a", "tri')  # a crash mid-write
+    with Journal(tmp_path, plan, resume=True) as j:
+        assert sorted(j.records) == sorted(record_key(rec("a", t, True)) for t in range(3))
+        j.append(rec("a", 3, False))
+    assert len(read_journal(path)) == 4
+    assert path.read_bytes().startswith(whole) and path.read_bytes().count(b"\n") == 4
+    # a broken line in the middle is corruption, not a crash: refuse rather than drop results
+    lines = path.read_bytes().split(b"\n")
+    path.write_bytes(b"\n".join([lines[0], b"not json", *lines[1:]]))
+    with pytest.raises(ValueError, match="line 2"):
+        read_journal(path)
+
+
+def test_reports_are_written(tmp_path):
+    records = [rec("a", t, t % 2 == 0) for t in range(4)]
+    events = [(0, "sim", 0.0, 1.0), (0, "infer", 1.0, 1.5), (1, "sim", 1.0, 2.0), (1, "infer", 2.0, 2.4)]
+    timing = {"wall": 2.4, "sim": 2.0, "infer": 0.9, "workers": 1, "env_steps": 40}
+    s = write_reports(tmp_path, records, {"suite": "metaworld"}, timing, events, stages=2)
+    on_disk = json.loads((tmp_path / "summary.json").read_text())
+    assert on_disk["all"]["rate"] == 0.5 == s["all"]["rate"]
+    assert on_disk["throughput"]["bound"] == 2.0 and on_disk["failures"] == {"max_steps": 2}
+    assert "efficiency 83%" in (tmp_path / "results.md").read_text()
+    for png in ("success_per_task.png", "timeline.png"):
+        assert (tmp_path / png).read_bytes()[:4] == b"\x89PNG"

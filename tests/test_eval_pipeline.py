@@ -1,0 +1,233 @@
+"""The pipelined evaluator end to end: real MetaWorld workers, a real delay server over websockets.
+
+The ``delay`` model's actions are a deterministic function of the observation, and MetaWorld episodes
+are reproducible from their name, so every run of the same episodes must give the same records, however
+they were scheduled, whichever executor ran them, and whatever was killed along the way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import threading
+import time
+
+import pytest
+
+from wamkit.config import ConfigError, load_config
+from wamkit.eval.journal import read_journal
+from wamkit.eval.runner import run_eval
+from wamkit.eval.server_proc import start_server_process
+
+TASKS = ["reach-v3"]  # one task: building a MetaWorld task costs seconds per env
+TRIALS = 6
+SCHEDULING = ("timing", "stage", "worker", "restarts", "video")  # how an episode ran, not what happened
+
+
+@pytest.fixture(scope="module")
+def server():
+    args = ["--model", "delay", "--random-init", "--device", "cpu", "--option", "delay_ms=5"]
+    with start_server_process(args) as srv:
+        yield srv
+
+
+def config(server, out, *extra):
+    return load_config(
+        None,
+        [
+            f"eval.server_url={server.url}",
+            f"eval.out_dir={out}",
+            f"env.tasks={','.join(TASKS)}",
+            "env.image_size=64",
+            "env.max_steps=16",
+            f"eval.trials={TRIALS}",
+            "eval.num_envs=2",
+            "eval.pipeline_stages=2",
+            "eval.workers=2",
+            "eval.replan_interval=4",
+            "eval.videos=0",
+            *extra,
+        ],
+    )
+
+
+def results(out) -> dict[str, dict]:
+    """Journal records by episode key, without the scheduling fields."""
+    return {
+        key: {k: v for k, v in r.items() if k not in SCHEDULING}
+        for key, r in read_journal(out / "episodes.jsonl").items()
+    }
+
+
+def finished(out) -> int:
+    """Whole lines in the journal now (safe to call while it is being written)."""
+    path = out / "episodes.jsonl"
+    return path.read_bytes().count(b"\n") if path.exists() else 0
+
+
+def journal_keys(out) -> list[str]:
+    lines = (out / "episodes.jsonl").read_text().splitlines()
+    return [f"{r['suite']}/{r['task']}/{r['trial']}/{r['seed']}" for r in map(json.loads, lines)]
+
+
+@pytest.fixture(scope="module")
+def reference(server, tmp_path_factory):
+    """An undisturbed local run of every episode, with one video per task."""
+    out = tmp_path_factory.mktemp("reference")
+    summary = run_eval(config(server, out, "eval.videos=1"), progress=False)
+    return out, summary
+
+
+def test_undisturbed_run_records_every_episode_once(reference):
+    out, summary = reference
+    keys = journal_keys(out)
+    assert len(keys) == len(set(keys)) == len(TASKS) * TRIALS
+    assert {k.split("/")[1] for k in keys} == set(TASKS)
+    assert {int(k.split("/")[3]) - int(k.split("/")[2]) for k in keys} == {1000}  # seed = eval.seed + trial
+    rec = next(iter(read_journal(out / "episodes.jsonl").values()))
+    assert rec["length"] <= 16 and set(rec["timing"]) >= {"sim", "infer", "wall"}
+    assert summary["all"]["episodes"] == len(TASKS) * TRIALS
+    tp = summary["throughput"]
+    assert tp["env_steps"] >= sum(r["length"] for r in read_journal(out / "episodes.jsonl").values())
+    assert tp["bound"] == max(tp["sim"] / tp["workers"], tp["infer"]) and tp["wall"] > 0
+    # two stages took turns: each one both simulated and waited on the server
+    events = json.loads((out / "timeline.json").read_text())["events"]
+    assert {(s, k) for s, k, _, _ in events} == {(0, "sim"), (0, "infer"), (1, "sim"), (1, "infer")}
+    assert sorted(p.name for p in (out / "videos").rglob("*.mp4")) == ["trial0_seed1000.mp4"] * len(TASKS)
+    for name in ("summary.json", "results.md", "success_per_task.png", "timeline.png"):
+        assert (out / name).is_file()
+
+
+@pytest.mark.slow
+def test_other_schedules_give_the_same_results(server, reference, tmp_path):
+    """P=1 over one env and one worker instead of P=2 over two: same episodes, same records."""
+    run_eval(config(server, tmp_path, "eval.pipeline_stages=1", "eval.num_envs=1"), progress=False)
+    assert results(tmp_path) == results(reference[0])
+
+
+def test_sigkill_env_workers_mid_run(server, reference, tmp_path):
+    """Kill both env workers with SIGKILL while episodes run: each episode is recorded exactly once,
+    with the results of the undisturbed run."""
+    killed: list[int] = []
+
+    def killer(pipeline):
+        def run():
+            for worker, after in ((0, 1), (1, 2)):  # once 1 (then 2) episodes are in the journal
+                while finished(tmp_path) < after and not pipeline._stop.is_set():
+                    time.sleep(0.02)
+                os.kill(pipeline.ex.pid(worker), signal.SIGKILL)
+                killed.append(worker)
+
+        threading.Thread(target=run, daemon=True).start()
+
+    run_eval(config(server, tmp_path), progress=False, on_pipeline=killer)
+    assert killed == [0, 1]
+    keys = journal_keys(tmp_path)
+    assert len(keys) == len(set(keys)) == len(TASKS) * TRIALS
+    assert results(tmp_path) == results(reference[0])
+    records = read_journal(tmp_path / "episodes.jsonl").values()
+    assert sum(r["restarts"] for r in records) >= 1  # episodes in flight were rerun from the start
+    assert json.loads((tmp_path / "summary.json").read_text())["throughput"]["worker_restarts"] == 2
+
+
+@pytest.mark.slow
+def test_watchdog_replaces_a_hung_worker(server, reference, tmp_path):
+    """SIGSTOP freezes a worker (alive, silent): the watchdog kills and replaces it."""
+    stopped: list[int] = []
+
+    def freezer(pipeline):
+        def run():
+            while not finished(tmp_path) and not pipeline._stop.is_set():
+                time.sleep(0.02)
+            pid = pipeline.ex.pid(1)
+            os.kill(pid, signal.SIGSTOP)
+            stopped.append(pid)
+
+        threading.Thread(target=run, daemon=True).start()
+
+    run_eval(config(server, tmp_path, "eval.watchdog_s=15"), progress=False, on_pipeline=freezer)
+    assert len(stopped) == 1
+    with pytest.raises(ProcessLookupError):
+        os.kill(stopped[0], 0)  # the frozen process was killed and reaped
+    assert results(tmp_path) == results(reference[0])
+
+
+def test_resume_runs_only_the_missing_episodes(server, reference, tmp_path):
+    ref_out = reference[0]
+    shutil.copy(ref_out / "plan.json", tmp_path / "plan.json")
+    lines = (ref_out / "episodes.jsonl").read_text().splitlines(keepends=True)
+    kept = lines[:2]
+    (tmp_path / "episodes.jsonl").write_text("".join(kept) + lines[2][:30])  # crashed mid-write
+    ran: list[dict] = []
+
+    def spy(pipeline):
+        inner = pipeline.on_finish
+        pipeline.on_finish = lambda rec, frames: (ran.append(rec), inner(rec, frames))
+
+    summary = run_eval(config(server, tmp_path), resume=True, progress=False, on_pipeline=spy)
+    assert len(ran) == len(lines) - 2
+    assert (tmp_path / "episodes.jsonl").read_text().startswith("".join(kept))
+    assert results(tmp_path) == results(ref_out)
+    got, want = dict(summary["all"]), dict(reference[1]["all"])
+    assert got.pop("mean_return") == pytest.approx(want.pop("mean_return"))  # summed in another order
+    assert got == want
+    # nothing left to run: a second resume starts no episode
+    ran.clear()
+    run_eval(config(server, tmp_path), resume=True, progress=False, on_pipeline=spy)
+    assert ran == []
+
+
+def test_ray_executor_gives_identical_results(server, reference, tmp_path):
+    ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install 'wamkit[ray]')")
+    try:
+        summary = run_eval(config(server, tmp_path, "eval.executor=ray"), progress=False)
+    finally:
+        ray.shutdown()
+    assert summary["throughput"]["executor"] == "ray"
+    assert results(tmp_path) == results(reference[0])
+
+
+@pytest.mark.slow
+def test_pipeline_auto_picks_a_divisor(server, reference, tmp_path):
+    summary = run_eval(config(server, tmp_path, "eval.pipeline_stages=0"), progress=False)
+    assert summary["throughput"]["stages"] in (1, 2)
+    assert results(tmp_path) == results(reference[0])
+
+
+def test_bad_configs_name_the_keys(server, tmp_path):
+    with pytest.raises(ConfigError, match=r"eval.num_envs=6 is not divisible by eval.pipeline_stages=4"):
+        run_eval(config(server, tmp_path, "eval.num_envs=6", "eval.pipeline_stages=4"), progress=False)
+    assert not (tmp_path / "episodes.jsonl").exists()
+    with pytest.raises(ConfigError, match="eval.replan_interval"):
+        run_eval(config(server, tmp_path, "eval.replan_interval=0"), progress=False)
+    with pytest.raises(ConfigError, match="env.cameras"):
+        run_eval(config(server, tmp_path, "env.cameras=[topview]"), progress=False)
+
+
+@pytest.mark.slow
+def test_server_restart_mid_run_is_survived(reference, tmp_path):
+    """The server process is stopped mid-run and a new one starts on the same port a little later:
+    the stages reconnect (with backoff) and the results are those of the undisturbed run."""
+    args = ["--model", "delay", "--random-init", "--device", "cpu", "--option", "delay_ms=5"]
+    restarted = threading.Event()
+    with contextlib.ExitStack() as stack:
+        first = stack.enter_context(start_server_process(args))
+        url, port = first.url, first.port
+
+        def restarter(pipeline):
+            def run():
+                while finished(tmp_path) < 2 and not pipeline._stop.is_set():
+                    time.sleep(0.02)
+                first.stop()
+                stack.enter_context(start_server_process(args, port=port))
+                restarted.set()
+
+            threading.Thread(target=run, daemon=True).start()
+
+        cfg = config(first, tmp_path)
+        run_eval(cfg, progress=False, on_pipeline=restarter)
+        assert restarted.is_set() and cfg.eval.server_url == url
+    assert results(tmp_path) == results(reference[0])
