@@ -28,6 +28,13 @@ from wamkit.constants import ACTION, OBS_STATE, TASK, image_key
 
 Mode = Literal["policy", "forward_dynamics", "inverse_dynamics"]
 
+FUTURE_IMAGES = "observation.future_images"  # world-model targets are f"{FUTURE_IMAGES}.{camera}"
+
+
+def future_image_key(camera: str) -> str:
+    """The batch key of one camera's future frame, e.g. ``observation.future_images.corner``."""
+    return f"{FUTURE_IMAGES}.{camera}"
+
 
 @dataclass(frozen=True)
 class ModelIO:
