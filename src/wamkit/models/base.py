@@ -110,6 +110,8 @@ class ModelAdapter(Protocol):
     name: str
     io: ModelIO
     module: torch.nn.Module
+    # True when sft_loss needs ``observation.future_images.<cam>`` (the world loss, dynamics modes)
+    needs_future_frames: bool
 
     def param_groups(self) -> list[ParamGroup]: ...
 

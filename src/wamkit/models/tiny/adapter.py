@@ -68,6 +68,11 @@ class TinyAdapter:
     def device(self) -> torch.device:
         return self.module.action_pos.device
 
+    @property
+    def needs_future_frames(self) -> bool:
+        """Whether training batches must carry the future frames (the world loss or dynamics modes)."""
+        return self.cfg.uses_frames
+
     def blocks(self) -> list[torch.nn.Module]:
         return list(self.module.blocks)
 
