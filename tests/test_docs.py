@@ -102,7 +102,17 @@ def _check_parses(cmd: str, where: str) -> None:
 
 def test_docs_exist():
     names = {p.name for p in PAGES}
-    for page in ["quickstart.md", "collect.md", "data.md", "train.md", "convert.md", "serve.md", "infer.md", "eval.md", "benchmarks.md"]:
+    for page in [
+        "quickstart.md",
+        "collect.md",
+        "data.md",
+        "train.md",
+        "convert.md",
+        "serve.md",
+        "infer.md",
+        "eval.md",
+        "benchmarks.md",
+    ]:
         assert page in names, f"docs/{page} is missing"
 
 
@@ -114,7 +124,9 @@ def test_every_command_parses_or_names_its_test(block: Block):
     if "tested-by" in block.marks:
         path, _, name = block.marks["tested-by"].partition("::")
         text = (REPO / path).read_text() if (REPO / path).is_file() else ""
-        assert f"def {name}(" in text, f"{where}: tested-by names {block.marks['tested-by']}, which does not exist"
+        assert f"def {name}(" in text, (
+            f"{where}: tested-by names {block.marks['tested-by']}, which does not exist"
+        )
 
 
 RUNNABLE = {}
@@ -133,10 +145,16 @@ def test_page_commands_run_in_small_form(page: Path, tmp_path: Path):
         # a block runs as one bash script, so `cmd &`, `SERVER=$!` and `kill $SERVER` work as shown
         lines = []
         for cmd in block.commands:
-            small = block.marks.get("small", "") if _wamkit_argv(cmd.removesuffix("&").strip()) is not None else ""
+            small = (
+                block.marks.get("small", "")
+                if _wamkit_argv(cmd.removesuffix("&").strip()) is not None
+                else ""
+            )
             lines.append(f"{cmd} {small}" if not cmd.endswith("&") else f"{cmd[:-1].strip()} {small} &")
         script = "set -euo pipefail\n" + "\n".join(lines)
-        out = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+        out = subprocess.run(
+            ["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900
+        )
         assert out.returncode == 0, f"{page.name}:{block.line}: block failed:\n{script}\n{out.stderr[-3000:]}"
 
 

@@ -205,6 +205,7 @@ def main(args: argparse.Namespace) -> int:
     serve_cmd, label = _serve_args(args)
     with contextlib.ExitStack() as stack:
         root = Path(args.out) if args.out else Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        root.mkdir(parents=True, exist_ok=True)  # --out may name a folder that does not exist yet
         if args.server_url:
             url, label = args.server_url, f"running server at {args.server_url}"
         else:

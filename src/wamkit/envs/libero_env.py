@@ -52,8 +52,15 @@ FPS = 20
 STATE_DIM = 8
 ACTION_DIM = 7
 NOOP = np.array([0, 0, 0, 0, 0, 0, -1], dtype=np.float64)
-# our camera name -> robosuite's
-CAMERAS = {"agentview": "agentview", "wrist": "robot0_eye_in_hand"}
+# our camera name -> robosuite's. "image" / "wrist_image" are the names the published LeRobot LIBERO
+# datasets use for the same two views: evaluating with them gives observation keys that match a model
+# trained on those datasets, with no renaming anywhere.
+CAMERAS = {
+    "agentview": "agentview",
+    "wrist": "robot0_eye_in_hand",
+    "image": "agentview",
+    "wrist_image": "robot0_eye_in_hand",
+}
 
 
 def config_dir() -> Path:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
+import mujoco
 import numpy as np
 
 from wamkit.config import ConfigError, EnvConfig
@@ -185,6 +186,11 @@ class MetaWorldEnv:
         self._sim, self._spec, self._steps = self._sims[spec.task], spec, 0
         self._sim.env.seed(spec.seed)
         self._raw, _ = self._sim.env.reset()
+        # MetaWorld's reset moves the goal marker (model.site_pos) after its last mj_forward, so the
+        # derived positions the renderer reads, and thus the first frame, would still show where this
+        # env's previous episode left it: an episode would depend on what ran before it. mj_forward
+        # recomputes only derived quantities (no qpos/qvel/act change), so the state is untouched.
+        mujoco.mj_forward(self._sim.env.model, self._sim.env.data)
         return self._obs()
 
     def step(self, action: np.ndarray) -> StepResult:

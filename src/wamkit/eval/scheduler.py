@@ -37,6 +37,21 @@ class EvalError(RuntimeError):
     pass
 
 
+def union_length(intervals: list[tuple[float, float]]) -> float:
+    """Seconds covered by the union of ``(start, end)`` intervals (overlaps counted once)."""
+    total, cur_start, cur_end = 0.0, None, None
+    for start, end in sorted(intervals):
+        if cur_end is None or start > cur_end:
+            if cur_end is not None:
+                total += cur_end - cur_start
+            cur_start, cur_end = start, end
+        else:
+            cur_end = max(cur_end, end)
+    if cur_end is not None:
+        total += cur_end - cur_start
+    return total
+
+
 def layout(num_envs: int, stages: int, workers: int) -> tuple[list[list[tuple[int, int]]], list[int]]:
     """``(stage_slots, slots_per_worker)``: ``stage_slots[s][j] = (worker, local slot)``."""
     per_stage = num_envs // stages
@@ -109,6 +124,8 @@ class Pipeline:
         self.events: list[tuple[int, str, float, float]] = []  # (stage, "sim"|"infer", t0, t1)
         n = len(stage_slots)
         self.stage_infer_s = [0.0] * n  # per stage: summed inference time of its requests
+        # server busy intervals on the run's clock, one per request: (reply - server infer s, reply)
+        self.infer_intervals: list[tuple[float, float]] = []
         self.stage_steps = [0] * n  # per stage: env steps applied (reruns included: real work)
         self._queue: collections.deque[EpisodeSpec] = collections.deque()
         self._qlock = threading.Lock()
@@ -118,7 +135,14 @@ class Pipeline:
 
     @property
     def infer_s(self) -> float:
-        return sum(self.stage_infer_s)
+        """Seconds the server was busy for this run: the union of the requests' busy intervals.
+
+        A request's interval is ``[reply time - its inference seconds, reply time]``. When the server
+        merges the requests of several stages into one model call, they all report that call's time
+        and their intervals (nearly) coincide, so the call counts once, not once per stage; the union
+        lies within the run, so it never exceeds the wall time. ``stage_infer_s`` keeps the per-stage
+        sums (each stage's own wait on the model)."""
+        return union_length(list(self.infer_intervals))
 
     @property
     def env_steps(self) -> int:
@@ -177,6 +201,8 @@ class Pipeline:
             t2 = self.now()
             self.events.append((s, "infer", t1, t2))
             self.stage_infer_s[s] += infer_s
+            # within the request's round trip [t1, t2], even if the server's clock or report is off
+            self.infer_intervals.append((max(t1, t2 - infer_s), t2))
             chunks = np.asarray(chunks)
             if chunks.ndim != 3 or chunks.shape[0] != len(ready):
                 raise EvalError(

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import av
 import numpy as np
 
 from wamkit.constants import image_key
@@ -33,6 +32,8 @@ def write_mp4(frames: list[np.ndarray], path: str | Path, fps: int = 20) -> Path
     h, w = frames[0].shape[:2]
     ph, pw = h + h % 2, w + w % 2  # yuv420p needs even sizes
     tmp = path.with_suffix(".tmp.mp4")
+    import av  # only when a video is written: the evaluator runs without PyAV otherwise
+
     with av.open(str(tmp), mode="w") as container:
         stream = container.add_stream("libx264", rate=fps)
         stream.width, stream.height, stream.pix_fmt = pw, ph, "yuv420p"

@@ -84,13 +84,21 @@ class LossModule(torch.nn.Module):
     adapter's module is a child (``inner``); state dicts are taken from it, so names carry no prefix.
     """
 
-    def __init__(self, adapter):
+    def __init__(self, adapter, autocast_dtype: torch.dtype | None = None):
         super().__init__()
         self.adapter = [adapter]  # a list keeps the adapter out of the module tree
         self.inner = adapter.module
+        self.autocast_dtype = autocast_dtype
 
     def forward(self, batch):
-        return self.adapter[0].sft_loss(batch)
+        if self.autocast_dtype is None:
+            return self.adapter[0].sft_loss(batch)
+        # With bf16 parameters (MixedPrecisionPolicy) every float32 tensor an adapter makes inside its
+        # loss (pixels, noise, time embeddings) would meet bf16 weights; autocast reconciles them the
+        # same way for every model, so adapters need no dtype plumbing of their own.
+        device_type = next(self.inner.parameters()).device.type
+        with torch.autocast(device_type, dtype=self.autocast_dtype):
+            return self.adapter[0].sft_loss(batch)
 
 
 def apply_fsdp(
@@ -141,7 +149,12 @@ def shard_adapter(
     for n, p in module.named_parameters():
         if n not in trained_names:
             p.requires_grad_(False)  # frozen: never in the optimizer, no gradient computed
-    root = apply_fsdp(LossModule(adapter), adapter.blocks(), device, precision)
+    root = apply_fsdp(
+        LossModule(adapter, torch.bfloat16 if precision == "bf16" else None),
+        adapter.blocks(),
+        device,
+        precision,
+    )
     params = dict(module.named_parameters())
     groups = [ParamGroup(g.name, [params[n] for n in names], g.lr_mult, g.weight_decay) for g, names in named]
     trained = {n: params[n] for _, names in named for n in names}

@@ -139,7 +139,9 @@ class JointBlock(nn.Module):
             k = torch.cat([ku, kg], dim=2)
             v = torch.cat([vu, vg], dim=2)
             xg = self.gen.finish(xg, F.scaled_dot_product_attention(qg, k, v))
-        return xu, xg, (ku, vu)
+        # k/v are views of the fused qkv projection; FSDP2 cannot hook a block output that is a view
+        # (an in-place op on it would skip its all-gather), so the cache leaves the block as a copy.
+        return xu, xg, (ku.contiguous(), vu.contiguous())
 
 
 class TinyWAM(nn.Module):
