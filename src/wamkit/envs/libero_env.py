@@ -112,7 +112,9 @@ def _task_map(suite: str) -> list[Any]:
 
 def suite_info(suite: str) -> SuiteInfo:
     tasks = tuple(t.name for t in _task_map(suite))
-    return SuiteInfo(suite, tasks, MAX_STEPS[suite], STATE_DIM, ACTION_DIM, FPS, tuple(CAMERAS), "panda")
+    return SuiteInfo(
+        suite, tasks, MAX_STEPS[suite], STATE_DIM, ACTION_DIM, FPS, ("agentview", "wrist"), "panda"
+    )
 
 
 def expand_tasks(suite: str, tasks: list[str]) -> list[str]:
