@@ -40,8 +40,9 @@ if ! "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
   fi
 fi
 
-# 4. The package, editable, with the test tools.
-"$PIP" install -q -e ".[dev]"
+# 4. The package, editable, with the test tools and the extras the test suite exercises (Cosmos3
+#    through diffusers, Ray). LIBERO has its own step: scripts/setup_libero.sh.
+"$PIP" install -q -e ".[dev,cosmos3,ray]"
 
 # 5. openpi-client (the reference OpenPI client used by the interoperability tests). Its metadata
 #    pins numpy<2, which conflicts with everything else here; its code runs on numpy 2, so it is

@@ -22,9 +22,9 @@ from wamkit.data.stats import compute_stats  # noqa: E402
 from wamkit.data.train import future_key, make_train_dataset  # noqa: E402
 from wamkit.models import ModelIO, build_model  # noqa: E402
 
-FIXTURE = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "libero_tiny"
-if not FIXTURE.is_dir():
-    FIXTURE = Path("/work/shared/fixtures/libero_tiny")
+from .conftest import FIXTURES
+
+FIXTURE = FIXTURES / "libero_tiny"
 IO = ModelIO(("image", "wrist_image"), 64, 8, 10, 16, "libero_rot6d")
 
 

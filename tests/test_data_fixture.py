@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,7 +10,9 @@ import pytest
 from wamkit.constants import ACTION, OBS_STATE
 from wamkit.data import DatasetError, LeRobotDataset
 
-FIXTURE = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "libero_tiny"
+from .conftest import FIXTURES
+
+FIXTURE = FIXTURES / "libero_tiny"
 TRUTH = FIXTURE.with_name("libero_tiny.truth.jsonl")
 CAMS = ["observation.images.image", "observation.images.wrist_image"]
 TOL = 8  # uint8 levels: AV1 at crf 30 on 64 px moves flat colours by a few levels

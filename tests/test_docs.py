@@ -140,6 +140,7 @@ for b in ALL:
 @pytest.mark.parametrize("page", list(RUNNABLE), ids=[p.name for p in RUNNABLE])
 def test_page_commands_run_in_small_form(page: Path, tmp_path: Path):
     shutil.copytree(REPO / "configs", tmp_path / "configs")
+    shutil.copytree(REPO / "tests" / "fixtures", tmp_path / "tests" / "fixtures")
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     for block in RUNNABLE[page]:
         # a block runs as one bash script, so `cmd &`, `SERVER=$!` and `kill $SERVER` work as shown
