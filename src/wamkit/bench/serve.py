@@ -26,7 +26,8 @@ import numpy as np
 
 from wamkit.config import parse_override
 
-DEFAULT_OPTIONS = ["delay_ms=10", "per_obs_ms=0.05"]
+# the delay model's cost when --model delay is given no --option; other models keep their preset
+DELAY_DEFAULTS = ["delay_ms=10", "per_obs_ms=0.05"]
 
 
 def _ints(text: str) -> list[int]:
@@ -47,7 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=None,
         metavar="KEY=VALUE",
-        help=f"model option (default: {DEFAULT_OPTIONS})",
+        help=f"model option, repeatable (default for the delay model: {DELAY_DEFAULTS})",
     )
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda")
     parser.add_argument(
@@ -66,7 +67,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _options(args: argparse.Namespace) -> dict[str, Any]:
-    return dict(parse_override(t) for t in (DEFAULT_OPTIONS if args.option is None else args.option))
+    defaults = DELAY_DEFAULTS if args.model == "delay" else []
+    return dict(parse_override(t) for t in (defaults if args.option is None else args.option))
 
 
 def make_obs(meta_io: dict[str, Any], batch: int | None, seed: int = 0) -> dict[str, Any]:
