@@ -151,6 +151,8 @@ def test_page_commands_run_in_small_form(page: Path, tmp_path: Path):
                 if _wamkit_argv(cmd.removesuffix("&").strip()) is not None
                 else ""
             )
+            if cmd.startswith("make "):  # make targets belong to the checkout, not the scratch folder
+                cmd = f"make -C {shlex.quote(str(REPO))} {cmd[5:]}"
             lines.append(f"{cmd} {small}" if not cmd.endswith("&") else f"{cmd[:-1].strip()} {small} &")
         script = "set -euo pipefail\n" + "\n".join(lines)
         out = subprocess.run(
