@@ -95,23 +95,9 @@ PRESETS: dict[str, dict[str, Any]] = {
         "inverse_dynamics_prob": 0.1,
         "num_steps": 10,
     },
-    # >= 1B parameters, same shapes as base, wider and deeper (head dim 128).
-    "1b": {
-        "width": 2048,
-        "depth": 12,
-        "heads": 16,
-        "image_res": 128,
-        "patch": 16,
-        "stem_channels": [],
-        "text_len": 64,
-        "world_res": 64,
-        "world_patch": 8,
-        "world_weight": 0.1,
-        "forward_dynamics_prob": 0.1,
-        "inverse_dynamics_prob": 0.1,
-        "num_steps": 10,
-    },
 }
+# >= 1B parameters: the same shapes as base, wider and deeper (head dim 128).
+PRESETS["1b"] = {**PRESETS["base"], "width": 2048, "depth": 12, "heads": 16}
 
 
 def resolve_config(preset: str, options: dict[str, Any]) -> TinyConfig:
