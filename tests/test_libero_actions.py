@@ -45,16 +45,6 @@ def test_wrong_width_is_named():
         libero.to_rot6d_action(np.zeros((3, 10)))
 
 
-def test_gripper_conventions():
-    g = np.array([0.0, 0.2, 0.5, 0.8, 1.0])  # model: 1 = open
-    env = libero.model_gripper_to_env(g)  # env: -1 = open, +1 = close
-    assert env.tolist() == [1.0, 1.0, -1.0, -1.0, -1.0]
-    assert libero.env_gripper_to_model(np.array([-1.0, 1.0])).tolist() == [1.0, 0.0]
-    assert np.array_equal(
-        libero.model_gripper_to_env(libero.env_gripper_to_model(np.array([-1.0, 1.0]))), [-1, 1]
-    )
-
-
 def test_relative_absolute_chunks_round_trip():
     rng = np.random.default_rng(3)
     chunk = _actions(16, seed=4)

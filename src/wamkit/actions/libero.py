@@ -1,9 +1,9 @@
-"""LIBERO action math: 7-D env actions, the 10-D rot6d training actions, and gripper conventions.
+"""LIBERO action math: 7-D env actions, the 10-D rot6d training actions, relative <-> absolute chunks.
 
 - env action (..., 7): ``[dx, dy, dz, rx, ry, rz, g_env]``, ``r`` an axis-angle rotation delta,
   ``g_env`` -1 = open, +1 = close (what LIBERO's env takes).
-- training action (..., 10): ``[dx, dy, dz, rot6d(6), g]`` with the same gripper value as stored.
-- model gripper ``g`` in [0, 1], 1 = open (Cosmos3 / OpenVLA), mapped with ``g_env = -sign(2 g - 1)``.
+- training action (..., 10): ``[dx, dy, dz, rot6d(6), g]`` with the same gripper value as stored
+  (a dataset's gripper convention and its map to the env command live in :mod:`wamkit.actions.gripper`).
 
 "Frame-wise relative" actions keep the per-frame deltas; only the rotation is re-encoded.
 """
@@ -43,22 +43,6 @@ def from_rot6d_action(a10) -> np.ndarray:
     """10-D ``[dpos, rot6d, g]`` (..., 10) -> 7-D ``[dpos, axis-angle, g]`` (..., 7)."""
     a10 = _check(a10, ROT6D_ACTION_DIM, "from_rot6d_action")
     return np.concatenate([a10[..., :3], rot6d_to_axis_angle(a10[..., 3:9]), a10[..., 9:]], axis=-1)
-
-
-def model_gripper_to_env(g) -> np.ndarray:
-    """Model gripper in [0, 1] (1 = open) -> env gripper (-1 = open, +1 = close): ``-sign(2g - 1)``.
-
-    The undecided value g = 0.5 maps to -1 (open), so the env always gets -1 or +1.
-    """
-    g = np.asarray(g)
-    out = -np.sign(2.0 * g - 1.0)
-    return np.where(out == 0, -1.0, out).astype(g.dtype if g.dtype.kind == "f" else np.float64)
-
-
-def env_gripper_to_model(g_env) -> np.ndarray:
-    """Env gripper (-1 = open, +1 = close) -> model gripper in [0, 1] (1 = open)."""
-    g_env = np.asarray(g_env)
-    return ((1.0 - np.clip(g_env, -1.0, 1.0)) / 2.0).astype(g_env.dtype if g_env.dtype.kind == "f" else float)
 
 
 def relative_to_absolute(start_pos, start_rot, dpos, drot) -> tuple[np.ndarray, np.ndarray]:

@@ -1,0 +1,143 @@
+"""Artifact file names and crash-safe writes, shared by every stage.
+
+The crash protocol of a whole-file write: write ``<name>.tmp`` beside the target, flush and fsync it,
+``os.replace`` it over the target (atomic on POSIX), then fsync the directory so the rename itself
+survives a power cut. A crash at any point leaves the old file or the new one, never half of either.
+
+The JSONL protocol of a journal: one JSON object per line, each appended, flushed and fsynced before it
+counts. A crash can leave only a torn *last* line; :func:`read_jsonl` drops it (and with ``repair``
+truncates the file back to the last whole line), while a bad line in the middle is an error.
+
+Imports only the standard library, so every stage may use it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Any
+
+log = logging.getLogger(__name__)
+
+# Names of the files that travel between stages (a training checkpoint, a serving directory, an export).
+WEIGHTS_FILE = "model.safetensors"  # the model's weights
+MODEL_FILE = "model.json"  # how to rebuild the model (registry name, preset, options, io)
+STATS_FILE = "stats.json"  # per-feature statistics (wamkit.actions.stats)
+SPEC_FILE = "preprocess.json"  # the preprocessing spec (wamkit.actions.spec)
+CONFIG_FILE = "config.yaml"  # a run's resolved config
+LOSSES_FILE = "losses.jsonl"  # a training run's loss journal
+
+
+def fsync_dir(path: str | os.PathLike) -> None:
+    """Make a rename or a new file in directory ``path`` durable."""
+    fd = os.open(str(path), os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def tmp_path(path: str | os.PathLike) -> Path:
+    """Where a write of ``path`` is staged: ``<name>.tmp`` beside it (``x.mp4`` -> ``x.tmp.mp4``, so
+    tools that look at the suffix still recognise it)."""
+    path = Path(path)
+    if path.suffix in (".mp4", ".safetensors", ".parquet"):
+        return path.with_name(f"{path.stem}.tmp{path.suffix}")
+    return path.with_name(path.name + ".tmp")
+
+
+@contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temp path to write ``path`` through; on success it is fsynced and renamed into place,
+    on an exception it is removed and the old ``path`` is left untouched."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = tmp_path(path)
+    try:
+        yield tmp
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
+    """Write ``data`` to ``path`` all or nothing (see the module docstring)."""
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
+    return Path(path)
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any, indent: int | None = 1, **kw: Any) -> Path:
+    return atomic_write_text(path, json.dumps(obj, indent=indent, **kw) + "\n")
+
+
+def atomic_write_with(path: str | os.PathLike, write: Callable[[Path], Any]) -> Path:
+    """Stage ``write(tmp)`` (a writer that takes a path, e.g. safetensors' ``save_file``), then commit."""
+    with atomic_path(path) as tmp:
+        write(tmp)
+    return Path(path)
+
+
+def append_jsonl(fh: IO[str], obj: Any, **kw: Any) -> None:
+    """Append one record to an open journal and make it durable before returning."""
+    fh.write(json.dumps(obj, **kw) + "\n")
+    fh.flush()
+    os.fsync(fh.fileno())
+
+
+def append_jsonl_path(path: str | os.PathLike, obj: Any, **kw: Any) -> None:
+    """Open, append one durable record, close (for journals written rarely)."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as fh:
+        append_jsonl(fh, obj, **kw)
+
+
+class JournalError(ValueError):
+    """A journal has a bad line that is not the torn last one."""
+
+
+def read_jsonl(path: str | os.PathLike, repair: bool = False) -> list[Any]:
+    """The records of a JSONL journal, dropping a torn last line (and with ``repair`` truncating the file
+    to its last whole line). A missing file has no records; a bad line elsewhere raises JournalError."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    raw = path.read_bytes()
+    lines = raw.split(b"\n")
+    out: list[Any] = []
+    good_end = 0
+    for i, line in enumerate(lines):
+        if not line.strip():
+            good_end += len(line) + (1 if i < len(lines) - 1 else 0)
+            continue
+        try:
+            out.append(json.loads(line))
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            if i == len(lines) - 1:  # no newline after it: a write cut short
+                log.warning("%s: dropping a torn last line (%s)", path, err)
+                break
+            raise JournalError(f"{path}: line {i + 1} is not valid JSON: {err}") from None
+        good_end += len(line) + 1
+    if repair and good_end < len(raw):
+        with open(path, "r+b") as fh:
+            fh.truncate(good_end)
+            fh.flush()
+            os.fsync(fh.fileno())
+    return out
+
+
+def rewrite_jsonl(path: str | os.PathLike, records: list[Any], **kw: Any) -> Path:
+    """Replace a journal's contents with ``records``, atomically."""
+    return atomic_write_text(path, "".join(json.dumps(r, **kw) + "\n" for r in records))
