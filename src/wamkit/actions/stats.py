@@ -181,6 +181,10 @@ class StatsFile:
     def from_json(cls, data: Any, source: str = "stats file") -> StatsFile:
         if not isinstance(data, dict):
             raise StatsError(f"{source}: expected a JSON object at the top level")
+        from wamkit.actions.stats_cosmos import is_cosmos_stats, stats_from_cosmos  # imports this module
+
+        if is_cosmos_stats(data):  # cosmos-framework / RLinf action stats (global / global_raw)
+            return stats_from_cosmos(data, source)
         if data.get("format") != FORMAT:
             raise StatsError(f"{source}: 'format' is {data.get('format')!r}, expected {FORMAT!r}")
         meta, feats = data.get("metadata", {}), data.get("features")

@@ -65,7 +65,7 @@ def build(cfg: ModelConfig, io: ModelIO | None = None, device: Any = None, **_: 
         opts,
         transformer,
         vae,
-        make_scheduler(root, float(opts["flow_shift"])),
+        make_scheduler(root, float(opts["sampling_shift"])),
         load_tokenizer(root),
     )
 

@@ -1,29 +1,32 @@
 """The cosmos3 adapter: NVIDIA Cosmos3 (diffusers ``Cosmos3OmniTransformer``) behind wamkit's protocol.
 
-The LIBERO SFT recipe (see docs/cosmos3_libero.md):
+The LIBERO SFT example, as cosmos-framework builds it (docs/cosmos3_libero.md cites each fact):
 
-- inputs: the two camera views side by side (``io.cameras`` order, left to right) as one frame, put on
-  the pipeline's action canvas (``resolution_tier``) and encoded by the Wan VAE; the task string as
-  the pipeline's structured action caption (``view_point`` framing, ``fps``), Qwen3 chat template.
-  The proprio state is not a model input (Cosmos3 has none).
-- outputs: ``io.chunk`` action tokens of ``io.action_dim`` (10-D ``[dpos, rot6d, g]`` for LIBERO, already
-  quantile-normalised) through the ``domain_name`` row of the action heads, and ``chunk / 4`` future
-  latent frames (the world-model part).
-- trained: the generation tower, time embedder, vae<->llm projections (``proj_in``/``proj_out``) and
-  the action heads (``lr_mult = action_lr_mult``); the understanding tower and the embeddings are frozen.
-- loss: flow matching with ``x_t = (1 - s) x0 + s noise`` and velocity ``noise - x0`` on the action
-  tokens (padding excluded) and the future vision latents, ``s`` logit-normal per sample.
+- video: the current frame and the ``chunk`` = 16 frames after it (``future_frame_offsets`` 1..16, the
+  data stage's ``observation.future_images.<cam>`` [B, 16, H, W, 3]), each frame the cameras side by
+  side (``io.cameras`` order, left to right), put on the pipeline's action canvas (``resolution_tier``)
+  and encoded by the Wan VAE into 5 latent frames; the first is the clean condition.
+- text: the structured JSON action caption (:func:`recipe.action_prompt`): framing sentence plus the
+  view description, the task, ``idle_frame`` "k out of 16" (k from the batch's ``idle_frames`` when the
+  data stage supplies it, else the field is left out as cosmos does), duration, fps, canvas size; no
+  system prompt. In training the caption is dropped (``""``) with probability ``caption_dropout``; at
+  inference ``idle_frame`` is "0 out of 16".
+- actions: ``io.chunk`` tokens of ``io.action_dim`` (10-D ``[dpos, rot6d, g]`` for LIBERO, already
+  normalised, the gripper in the data's own convention) through the ``domain_name`` row of the heads.
+- noise: one sigma per sample for vision and actions, waver-distributed and shifted by ``train_shift``
+  (:func:`recipe.train_sigmas`); ``x_t = (1 - s) x0 + s noise``, velocity target ``noise - x0``.
+- loss: ``action_loss_weight`` x action MSE (padding excluded) + ``vision_loss_weight`` x MSE of the
+  future latent frames.
+- trained: the generation tower, time embedder, vae<->llm projections and the action heads
+  (``lr_mult = action_lr_mult``); the understanding tower and the embeddings are frozen.
 
-Gripper: the model learns the dataset's own gripper value (LIBERO stores the env convention, -1 open /
-+1 close) and ``predict`` returns model space; the codec's ``decode_actions`` gives env values back.
-``wamkit.actions.libero.model_gripper_to_env`` (g in [0, 1], 1 = open) is therefore *not* applied here:
-it is for models trained in the Cosmos/OpenVLA convention, and belongs in the codec if such a model is
-served.
+The proprio state is not a model input (Cosmos3 has none). ``predict`` lives in
+:class:`wamkit.models.cosmos3.inference.Cosmos3Inference`.
 """
 
 from __future__ import annotations
 
-import copy
+import logging
 from typing import Any
 
 import numpy as np
@@ -34,25 +37,35 @@ from PIL import Image
 
 from wamkit.config import ConfigError
 from wamkit.constants import ACTION, ACTION_IS_PAD, TASK, image_key
-from wamkit.models.base import Mode, ModelIO, ParamGroup
+from wamkit.models.base import ModelIO, ParamGroup
+from wamkit.models.cosmos3.inference import Cosmos3Inference
 from wamkit.models.cosmos3.packing import PackedLayout, RequestSegments, install_processor, pack
+from wamkit.models.cosmos3.recipe import action_prompt, train_sigmas
 from wamkit.models.cosmos3.towers import param_role, train_flops
 
-FUTURE_IMAGES = "observation.future_images"
+try:
+    from wamkit.constants import future_image_key
+except ImportError:  # until the shared constant lands in wamkit.constants
+
+    def future_image_key(camera: str) -> str:
+        return f"observation.future_images.{camera}"
+
+
 NUM_TRAIN_TIMESTEPS = 1000  # the model's timestep = sigma * 1000 (then x timestep_scale inside)
+IDLE_FRAMES = "idle_frames"  # optional batch key: int [B], idle frames of each raw action chunk
+log = logging.getLogger(__name__)
 
 
 def _np_images(x: Any) -> np.ndarray:
     return x.detach().cpu().numpy() if torch.is_tensor(x) else np.asarray(x)
 
 
-class Cosmos3Adapter:
+class Cosmos3Adapter(Cosmos3Inference):
     """Cosmos3 through diffusers. ``module`` is the ``Cosmos3OmniTransformer``; the VAE, scheduler and
     tokenizer are frozen helpers, and ``pipe`` is a ``Cosmos3OmniPipeline`` over them whose segment
     builders, tokenizer template and VAE encoding are reused as they are."""
 
     name = "cosmos3"
-    needs_future_frames = True  # the trainer's loader adds observation.future_images.<cam>
 
     def __init__(self, io, preset, pretrained, options, transformer, vae, scheduler, tokenizer):
         self.io: ModelIO = io
@@ -72,6 +85,12 @@ class Cosmos3Adapter:
         self._text: dict[str, dict[str, Any]] = {}
         self._segments: dict[tuple, RequestSegments] = {}
         self._nominal: PackedLayout | None = None
+        # the training clip: the current frame and the chunk frames after it (cosmos' 17-frame window)
+        self.future_frame_offsets: tuple[int, ...] = tuple(range(1, io.chunk + 1))
+        # idle_frame at inference: 0 as cosmos' LIBERO server; None leaves the field out (the prompt
+        # diffusers' pipeline builds)
+        self.inference_idle_frames: int | None = 0
+        self._warned_idle = False
         for name, p in transformer.named_parameters():
             p.requires_grad_(param_role(name) != "frozen")
         if options["gradient_checkpointing"]:
@@ -154,26 +173,42 @@ class Cosmos3Adapter:
         )
         return h, w
 
-    def _text_segment(self, task: str, hw: tuple[int, int]) -> dict[str, Any]:
-        key = (task, hw)
+    def prompt(self, task: str, hw: tuple[int, int], idle_frames: int | None) -> str:
+        """The caption text of one request on a canvas of ``hw`` = (height, width)."""
+        return action_prompt(
+            task,
+            view_point=self.options["view_point"],
+            view_description=self.options["view_description"],
+            num_frames=self.io.chunk + 1,
+            fps=float(self.options["fps"]),
+            height=hw[0],
+            width=hw[1],
+            idle_frames=idle_frames,
+            chunk=self.io.chunk,
+        )
+
+    def _text_segment(self, text: str, hw: tuple[int, int]) -> dict[str, Any]:
+        key = (text, hw)
         if key not in self._text:
+            # no system prompt and no flat templates: cosmos tokenises the JSON caption as it is
             ids, _ = self.pipe.tokenize_prompt(
-                task,
+                text,
                 num_frames=self.io.chunk + 1,
                 height=hw[0],
                 width=hw[1],
                 fps=float(self.options["fps"]),
-                action_mode="policy",
-                action_view_point=self.options["view_point"],
+                use_system_prompt=False,
+                add_resolution_template=False,
+                add_duration_template=False,
             )
             self._text[key] = self.pipe._prepare_text_segment(ids, device="cpu")
         return self._text[key]
 
-    def _layout(self, tasks: list[str], hw, latent_shape, vision_cond, action_cond) -> PackedLayout:
-        """The packed layout of len(tasks) requests; ``latent_shape`` = (C, T, h, w)."""
+    def _layout(self, texts: list[str], hw, latent_shape, vision_cond, action_cond) -> PackedLayout:
+        """The packed layout of len(texts) requests (caption texts); ``latent_shape`` = (C, T, h, w)."""
         reqs = []
-        for task in tasks:
-            text = self._text_segment(task, hw)
+        for caption in texts:
+            text = self._text_segment(caption, hw)
             key = (
                 text["und_len"],
                 float(text["vision_start_temporal_offset"]),
@@ -224,13 +259,39 @@ class Cosmos3Adapter:
         return torch.cat(preds_v).float(), torch.stack(preds_a).float()
 
     # -- protocol: training -----------------------------------------------------------------------
+    def _clips(self, batch: dict[str, Any], views: list[np.ndarray]) -> list[list[np.ndarray]]:
+        """Per sample the ``chunk + 1`` frames (current, then the future frames), views side by side."""
+        keys = [future_image_key(c) for c in self.io.cameras]
+        if keys[0] not in batch:  # no future frames given: the target is a still scene
+            return [[v] * (self.io.chunk + 1) for v in views]
+        fut = [_np_images(batch[k]) for k in keys]
+        want = (len(views), self.io.chunk)
+        for k, f in zip(keys, fut):
+            if f.ndim != 5 or tuple(f.shape[:2]) != want:
+                raise ValueError(
+                    f"{k}: expected uint8 [B, K, H, W, 3] with B, K = {want}, got {list(f.shape)}"
+                )
+        side = np.concatenate(fut, axis=3)  # [B, K, H, n_cams * W, 3]
+        return [[v, *side[i]] for i, v in enumerate(views)]
+
+    def _train_texts(self, batch: dict[str, Any], hw: tuple[int, int]) -> list[str]:
+        """Captions with cosmos' idle-frame field and caption dropout (``""``)."""
+        idle = batch.get(IDLE_FRAMES)
+        if idle is None and not self._warned_idle:
+            log.warning("cosmos3: the batch has no %r; captions leave idle_frame out", IDLE_FRAMES)
+            self._warned_idle = True
+        drop = torch.rand(len(batch[TASK])) < float(self.options["caption_dropout"])
+        texts = []
+        for i, task in enumerate(batch[TASK]):
+            k = None if idle is None else int(idle[i])
+            texts.append("" if drop[i] else self.prompt(task, hw, k))
+        return texts
+
     def sft_loss(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
         b = self.io.check_batch(batch, training=True)
         dev = self.device
         views = self._views(batch)
-        has_future = f"{FUTURE_IMAGES}.{self.io.cameras[0]}" in batch
-        future = self._views(batch, FUTURE_IMAGES) if has_future else views  # no future: a still scene
-        x0_v = self._encode([[cur] + [fut] * self.io.chunk for cur, fut in zip(views, future)])
+        x0_v = self._encode(self._clips(batch, views))
         x0_a = torch.as_tensor(batch[ACTION], device=dev, dtype=torch.float32)
         pad = batch.get(ACTION_IS_PAD)
         keep = (
@@ -239,7 +300,7 @@ class Cosmos3Adapter:
             else (~torch.as_tensor(pad, device=dev)).float()
         )
 
-        sigma = torch.sigmoid(torch.randn(b, device=dev))  # logit-normal(0, 1)
+        sigma = train_sigmas(b, float(self.options["train_shift"]), dev)
         eps_v, eps_a = torch.randn_like(x0_v), torch.randn_like(x0_a)
         s_v = sigma.view(b, 1, 1, 1, 1)
         x_v = (1 - s_v) * x0_v + s_v * eps_v
@@ -247,7 +308,7 @@ class Cosmos3Adapter:
         x_a = (1 - sigma.view(b, 1, 1)) * x0_a + sigma.view(b, 1, 1) * eps_a
 
         hw = self._canvas_hw(views[0])
-        layout = self._layout(list(batch[TASK]), hw, tuple(x0_v.shape[1:]), (0,), ())
+        layout = self._layout(self._train_texts(batch, hw), hw, tuple(x0_v.shape[1:]), (0,), ())
         t = sigma * NUM_TRAIN_TIMESTEPS
         t_v = t.repeat_interleave(torch.tensor(layout.num_noisy_vision_tokens, device=dev))
         t_a = t.repeat_interleave(torch.tensor(layout.num_noisy_action_tokens, device=dev))
@@ -256,101 +317,12 @@ class Cosmos3Adapter:
         loss_v = (v_v[:, :, 1:] - (eps_v - x0_v)[:, :, 1:]).square().mean()
         err_a = (v_a - (eps_a - x0_a)).square().mean(-1)
         loss_a = (err_a * keep).sum() / keep.sum().clamp(min=1.0)
-        loss = loss_a + float(self.options["vision_loss_weight"]) * loss_v
+        w_a, w_v = float(self.options["action_loss_weight"]), float(self.options["vision_loss_weight"])
         return {
-            "loss": loss,
+            "loss": w_a * loss_a + w_v * loss_v,
             "flow_matching_loss_action": loss_a.detach(),
             "flow_matching_loss_vision": loss_v.detach(),
         }
-
-    # -- protocol: inference ----------------------------------------------------------------------
-    @torch.no_grad()
-    def predict(
-        self, batch: dict[str, Any], mode: Mode = "policy", seed: int | None = None, **inputs: Any
-    ) -> dict[str, np.ndarray]:
-        """Model-space action chunks [B, chunk, action_dim] (``policy``, ``inverse_dynamics`` with
-        ``inputs["goal_images"]`` = {image key: uint8 [B, H, W, 3]}), or the predicted frame ``chunk``
-        steps ahead, uint8 [B, H, n_cams * W, 3] (``forward_dynamics`` with ``inputs["actions"]``
-        [B, chunk, action_dim], model space). Request i draws its noise from ``seed + i``: the same
-        request gives the same answer whatever else is in the batch. All B requests share one
-        transformer call per denoising step."""
-        b = self.io.check_batch(batch)
-        seed = 0 if seed is None else int(seed)
-        views = self._views(batch)
-        t_lat = self._latent_frames()
-        act_init = torch.zeros(b, self.io.chunk, self.io.action_dim)
-        if mode == "policy":
-            x0 = self._encode([[v] for v in views])
-            vision_cond, action_cond = (0,), ()
-        elif mode == "inverse_dynamics":
-            goal = inputs.get("goal_images")
-            if not isinstance(goal, dict):
-                raise ValueError("inverse_dynamics needs goal_images={image key: uint8 [B, H, W, 3]}")
-            goals = self._views(goal)
-            x0 = self._encode([[v] + [g] * self.io.chunk for v, g in zip(views, goals)])
-            vision_cond, action_cond = tuple(range(t_lat)), ()
-        elif mode == "forward_dynamics":
-            acts = inputs.get("actions")
-            want = (b, self.io.chunk, self.io.action_dim)
-            if acts is None or tuple(np.shape(acts)) != want:
-                raise ValueError(
-                    f"forward_dynamics needs actions of shape {list(want)}, got {np.shape(acts)}"
-                )
-            act_init = torch.as_tensor(np.asarray(acts), dtype=torch.float32)
-            x0 = self._encode([[v] for v in views])
-            vision_cond, action_cond = (0,), tuple(range(self.io.chunk))
-        else:
-            raise ValueError(
-                f"mode {mode!r} is unknown; expected policy, forward_dynamics or inverse_dynamics"
-            )
-        c, _, h, w = x0.shape[1:]
-        layout = self._layout(
-            list(batch[TASK]), self._canvas_hw(views[0]), (c, t_lat, h, w), vision_cond, action_cond
-        )
-        lat_v, lat_a = self._sample(layout, x0, vision_cond, act_init, action_cond, seed)
-        if mode == "forward_dynamics":
-            return {"frames": self._decode_last_frame(lat_v)}
-        return {"actions": lat_a.cpu().numpy().astype(np.float32)}
-
-    def _sample(self, layout, x0, vision_cond, act_init, action_cond, seed):
-        """UniPC denoising of all requests at once; conditioned frames/tokens are held fixed, as in the
-        pipeline (their velocity is zeroed)."""
-        dev, n, t_lat = self.device, layout.n, self._latent_frames()
-        shape_v = (1, x0.shape[1], t_lat, *x0.shape[3:])
-        noise_v, noise_a = [], []
-        for i in range(n):  # the pipeline's draw order: the vision latents, then the actions
-            g = torch.Generator("cpu").manual_seed(seed + i)
-            noise_v.append(torch.randn(shape_v, generator=g))
-            noise_a.append(torch.randn(act_init.shape[1:], generator=g))
-        cond_v = torch.zeros(t_lat, 1, 1, device=dev)
-        cond_v[list(vision_cond)] = 1.0
-        cond_a = torch.zeros(self.io.chunk, 1, device=dev)
-        cond_a[list(action_cond)] = 1.0
-        lat_v = torch.cat(noise_v).to(dev)
-        t0 = x0.shape[2]  # encoded frames: 1 (policy, forward dynamics) or all (inverse dynamics)
-        lat_v[:, :, :t0] = cond_v[:t0] * x0 + (1 - cond_v[:t0]) * lat_v[:, :, :t0]
-        lat_a = cond_a * act_init.to(dev) + (1 - cond_a) * torch.stack(noise_a).to(dev)
-
-        sch_v = copy.deepcopy(self.scheduler)
-        sch_v.set_timesteps(int(self.options["num_inference_steps"]), device=dev)
-        sch_a = copy.deepcopy(sch_v)
-        noisy_actions = len(action_cond) < self.io.chunk
-        for t in sch_v.timesteps:
-            t_v = t.float().expand(sum(layout.num_noisy_vision_tokens))
-            t_a = t.float().expand(sum(layout.num_noisy_action_tokens))
-            v_v, v_a = self._run(layout, lat_v, t_v, lat_a, t_a)
-            lat_v = sch_v.step(v_v * (1 - cond_v), t, lat_v, return_dict=False)[0]
-            if noisy_actions:
-                lat_a = sch_a.step(v_a * (1 - cond_a), t, lat_a, return_dict=False)[0]
-        return lat_v, lat_a
-
-    def _decode_last_frame(self, lat_v: torch.Tensor) -> np.ndarray:
-        vae = self.vae
-        mean = self.pipe._vae_latents_mean.to(lat_v.device, vae.dtype).view(1, -1, 1, 1, 1)
-        inv_std = self.pipe._vae_latents_inv_std.to(lat_v.device, vae.dtype).view(1, -1, 1, 1, 1)
-        video = vae.decode(lat_v.to(vae.dtype) / inv_std + mean).sample  # [B, 3, F, H, W] in [-1, 1]
-        last = video[:, :, -1].float().clamp(-1, 1)
-        return ((last + 1) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
 
     # -- protocol: accounting ---------------------------------------------------------------------
     def nominal_layout(self) -> PackedLayout:
@@ -369,7 +341,7 @@ class Cosmos3Adapter:
             h, w = max(int(content[2]) // s, 1), max(int(content[3]) // s, 1)
             shape = (self.module.config.latent_channel, self._latent_frames(), h, w)
             task = "put both the alphabet soup and the tomato sauce in the basket"
-            self._nominal = self._layout([task], hw, shape, (0,), ())
+            self._nominal = self._layout([self.prompt(task, hw, 0)], hw, shape, (0,), ())
         return self._nominal
 
     def flops_per_sample(self) -> float:

@@ -5,8 +5,8 @@
   fp32 on the CPU).
 - :func:`load_pretrained`: a diffusers directory on disk -- a pipeline folder (``transformer/``,
   ``vae/``, ``scheduler/``, optional ``text_tokenizer/``) or a bare transformer folder. Nothing is
-  downloaded. The base model's action heads are skipped and re-initialised for our action width
-  unless the folder is a wamkit export (it holds ``wamkit.json``) or ``reinit_action_heads`` says so.
+  downloaded. The action heads it holds are kept (a 64-wide published head is sliced to the model's
+  action width); fresh heads only for a folder without any, or when ``reinit_action_heads=true``.
 - :func:`export_diffusers`: ``Cosmos3OmniPipeline.save_pretrained`` of the adapter's components plus
   ``wamkit.json``; ``Cosmos3OmniTransformer.from_pretrained(dir, subfolder="transformer")`` loads it.
 """
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import math
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,9 @@ from safetensors.torch import load_file
 
 from wamkit.config import ConfigError
 from wamkit.models.cosmos3.presets import PRESETS, check_transformer_config
+from wamkit.models.cosmos3.recipe import sampling_scheduler
+
+log = logging.getLogger(__name__)
 
 WAMKIT_JSON = "wamkit.json"
 ACTION_HEAD_PREFIXES = ("action_proj_in.", "action_proj_out.", "action_modality_embed")
@@ -50,13 +54,9 @@ def load_tokenizer(root: Path | None = None):
     return AutoTokenizer.from_pretrained(str(files))
 
 
-def make_scheduler(root: Path | None, flow_shift: float) -> UniPCMultistepScheduler:
-    """``<root>/scheduler`` when given, else UniPC in flow-matching mode (velocity = noise - x0)."""
-    if root is not None and (root / "scheduler").is_dir():
-        return UniPCMultistepScheduler.from_pretrained(str(root / "scheduler"))
-    return UniPCMultistepScheduler(
-        prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=flow_shift
-    )
+def make_scheduler(root: Path | None, shift: float) -> UniPCMultistepScheduler:
+    """The sampling scheduler: see :func:`wamkit.models.cosmos3.recipe.sampling_scheduler`."""
+    return sampling_scheduler(root, shift)
 
 
 def init_action_heads(transformer: Cosmos3OmniTransformer) -> None:
@@ -182,10 +182,49 @@ def pipeline_root(path: str | Path) -> tuple[Path, Path]:
     )
 
 
+def head_width(sd: dict[str, torch.Tensor], hidden: int) -> int | None:
+    """The action width ``W`` of the action heads in a state dict (``None`` if it holds none).
+
+    diffusers stores ``action_proj_out`` as per-domain rows: ``bias.weight`` [domains, W]."""
+    bias = sd.get("action_proj_out.bias.weight")
+    return None if bias is None else int(bias.shape[1])
+
+
+def slice_heads(sd: dict[str, torch.Tensor], width: int, hidden: int, source: str) -> dict[str, torch.Tensor]:
+    """Action-head tensors of a ``W``-wide checkpoint cut to their first ``width`` channels.
+
+    Exact for a checkpoint trained with zero-padded channels (cosmos pads LIBERO's 10 channels to
+    ``max_action_dim`` = 64 and zeroes them in every input and output): the input projection's extra
+    rows multiply zeros, the output projection's extra columns are discarded. Rows are
+    ``fc.weight`` [domains, in * out] viewed as [domains, in, out]."""
+    wide = head_width(sd, hidden)
+    if wide is None or wide == width:
+        return sd
+    if wide < width:
+        raise ConfigError(
+            f"{source}: the action heads are {wide} wide, narrower than the model's action_dim={width}"
+        )
+    out = dict(sd)
+    w_in = sd["action_proj_in.fc.weight"]
+    out["action_proj_in.fc.weight"] = w_in.view(w_in.shape[0], wide, hidden)[:, :width].reshape(
+        w_in.shape[0], -1
+    )
+    w_out = sd["action_proj_out.fc.weight"]
+    out["action_proj_out.fc.weight"] = w_out.view(w_out.shape[0], hidden, wide)[:, :, :width].reshape(
+        w_out.shape[0], -1
+    )
+    out["action_proj_out.bias.weight"] = sd["action_proj_out.bias.weight"][:, :width]
+    return {k: v.contiguous() for k, v in out.items()}
+
+
 def load_pretrained(
     path: str | Path, action_dim: int, reinit: str | bool, device: torch.device, dtype: torch.dtype
 ) -> tuple[Cosmos3OmniTransformer, AutoencoderKLWan, bool]:
-    """Load a transformer and the VAE next to it from disk; returns ``(transformer, vae, reinitialised)``."""
+    """Load a transformer and the VAE next to it from disk; returns ``(transformer, vae, reinitialised)``.
+
+    Action heads the folder holds are loaded (sliced to ``action_dim`` if wider, see :func:`slice_heads`);
+    they are initialised afresh only when the folder has none (``reinit="auto"``) or when
+    ``reinit=True`` asks for it, and the log says so either way."""
     root, tdir = pipeline_root(path)
     config = dict(Cosmos3OmniTransformer.load_config(str(tdir)))
     if config.get("_class_name") not in (None, "Cosmos3OmniTransformer"):
@@ -193,42 +232,51 @@ def load_pretrained(
             f"{tdir / 'config.json'}: _class_name is {config['_class_name']!r}, not Cosmos3OmniTransformer"
         )
     check_transformer_config(config, str(tdir / "config.json"))
-    if reinit == "auto":
-        reinit = not (root / WAMKIT_JSON).is_file()
     config.update(action_gen=True, action_dim=action_dim)
     tr = _on_meta(config, device, dtype)
+    hidden = int(tr.config.hidden_size)
     files = sorted(tdir.glob("*.safetensors"))
     if not files:
         raise ConfigError(f"model.pretrained: no *.safetensors weights in {tdir}")
     loaded: set[str] = set()
     for f in files:
         sd = load_file(str(f), device=str(device))
-        if reinit:
+        if reinit is True:
             sd = {k: v for k, v in sd.items() if not k.startswith(ACTION_HEAD_PREFIXES)}
-        try:
-            result = tr.load_state_dict(sd, strict=False)
-        except RuntimeError as err:
-            raise ConfigError(
-                f"{f}: weights do not fit the model ({str(err).splitlines()[1] if len(str(err).splitlines()) > 1 else err}); "
-                "if only the action heads differ, set model.options.reinit_action_heads=true"
-            ) from None
-        if result.unexpected_keys:
-            raise ConfigError(
-                f"{f}: unexpected weights {result.unexpected_keys[:5]} for a Cosmos3OmniTransformer"
-            )
+        sd = slice_heads(sd, action_dim, hidden, str(f))
+        _load_part(tr, sd, f)
         loaded |= set(sd)
     missing = [k for k in tr.state_dict() if k not in loaded]
     heads = [k for k in missing if k.startswith(ACTION_HEAD_PREFIXES)]
     if len(heads) != len(missing):
         raise ConfigError(f"{tdir}: weights missing for {[k for k in missing if k not in heads][:5]}")
-    if heads and not reinit:
+    if heads and reinit is False:
         raise ConfigError(
-            f"{tdir}: the folder has no action heads; set model.options.reinit_action_heads=true"
+            f"{tdir}: the folder has no action heads; set model.options.reinit_action_heads=auto or true"
         )
-    if reinit or heads:
+    fresh = bool(heads)
+    if fresh:
         init_action_heads(tr)
+        why = "as asked (reinit_action_heads=true)" if reinit is True else "the folder holds none"
+        log.info("cosmos3: action heads of %s initialised afresh (%d wide): %s", tdir, action_dim, why)
+    else:
+        log.info("cosmos3: action heads loaded from %s (%d channels used)", tdir, action_dim)
     tr.time_embedder.float()
-    return tr, _load_vae(root, device, dtype), bool(reinit or heads)
+    return tr, _load_vae(root, device, dtype), fresh
+
+
+def _load_part(tr: Cosmos3OmniTransformer, sd: dict[str, torch.Tensor], f: Path) -> None:
+    try:
+        result = tr.load_state_dict(sd, strict=False)
+    except RuntimeError as err:
+        lines = str(err).splitlines()
+        raise ConfigError(
+            f"{f}: weights do not fit the model ({lines[1] if len(lines) > 1 else err})"
+        ) from None
+    if result.unexpected_keys:
+        raise ConfigError(
+            f"{f}: unexpected weights {result.unexpected_keys[:5]} for a Cosmos3OmniTransformer"
+        )
 
 
 def export_diffusers(adapter, out_dir: str | Path) -> Path:

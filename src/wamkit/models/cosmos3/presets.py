@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from wamkit.config import ConfigError, _suggest
+from wamkit.models.cosmos3.recipe import LIBERO_VIEW_DESCRIPTION
 
 _NANO = dict(
     head_dim=128,
@@ -74,12 +75,22 @@ OPTIONS: dict[str, Any] = {
     "domain_name": "libero",  # embodiment whose action-head row is used (diffusers' domain table)
     "resolution_tier": 256,  # the pipeline's action canvas tier: 256 | 480 | 704 | 720
     "view_point": "concat_view",  # framing sentence of the action caption (cameras side by side)
+    # appended to the framing sentence: which half of the side-by-side frame is which camera
+    "view_description": LIBERO_VIEW_DESCRIPTION,
     "fps": 20.0,  # dataset frame rate: in the caption and the mRoPE temporal positions
+    "caption_dropout": 0.1,  # training: probability that the whole caption is replaced by ""
+    "train_shift": 3.0,  # training noise levels: waver distribution warped by this shift (256 tier)
     "num_inference_steps": 30,
-    "flow_shift": 3.0,  # UniPC flow shift when no scheduler config comes with model.pretrained
-    "vision_loss_weight": 1.0,  # loss = action loss + weight * vision loss
-    "action_lr_mult": 5.0,  # learning-rate multiplier of the (re-initialised) action heads
-    "reinit_action_heads": "auto",  # auto: re-init unless model.pretrained is a wamkit export | true | false
+    # native flow schedule's shift for sampling, unless model.pretrained's scheduler config is a
+    # native flow schedule with its own flow_shift
+    "sampling_shift": 5.0,
+    "action_loss_weight": 1.0,  # loss = action_loss_weight * action loss + vision_loss_weight * vision loss
+    "vision_loss_weight": 1.0,
+    "action_lr_mult": 5.0,  # learning-rate multiplier of the action heads
+    # auto: keep the heads model.pretrained holds (sliced to io.action_dim), initialise them only when it
+    # has none | true: initialise fresh heads even so (cosmos' recipe from the base model) | false: refuse
+    # a folder without heads
+    "reinit_action_heads": "auto",
     "dtype": "auto",  # auto (fp32 on CPU, bf16 on CUDA) | float32 | bfloat16
     "gradient_checkpointing": False,
     # how packed requests attend inside themselves: "mask" (one masked call per pathway) or "loop"
@@ -108,11 +119,23 @@ def resolve_options(options: dict[str, Any]) -> dict[str, Any]:
     for key, allowed in _CHOICES.items():
         if opts[key] not in allowed:
             raise ConfigError(f"model.options.{key}: {opts[key]!r} is not allowed; expected one of {allowed}")
-    for key in ("fps", "flow_shift", "vision_loss_weight", "action_lr_mult"):
-        v, least = opts[key], 0.0 if key == "vision_loss_weight" else 1e-9
+    for key in (
+        "fps",
+        "train_shift",
+        "sampling_shift",
+        "vision_loss_weight",
+        "action_loss_weight",
+        "action_lr_mult",
+    ):
+        v, least = opts[key], 0.0 if key.endswith("loss_weight") else 1e-9
         if isinstance(v, bool) or not isinstance(v, int | float) or v < least:
             what = "a non-negative" if least == 0.0 else "a positive"
             raise ConfigError(f"model.options.{key}: expected {what} number, got {v!r}")
+    p = opts["caption_dropout"]
+    if isinstance(p, bool) or not isinstance(p, int | float) or not 0.0 <= p <= 1.0:
+        raise ConfigError(f"model.options.caption_dropout: expected a probability in [0, 1], got {p!r}")
+    if not isinstance(opts["view_description"], str):
+        raise ConfigError('model.options.view_description: expected a string ("" for none)')
     steps = opts["num_inference_steps"]
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ConfigError(f"model.options.num_inference_steps: expected an integer >= 1, got {steps!r}")

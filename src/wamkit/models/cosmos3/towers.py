@@ -17,7 +17,6 @@ _GEN_LAYER_PARTS = (
     "self_attn.to_add_out.",
     "self_attn.norm_added_q.",
     "self_attn.norm_added_k.",
-    "self_attn.k_norm_und_for_gen.",
     "mlp_moe_gen.",
     "input_layernorm_moe_gen.",
     "post_attention_layernorm_moe_gen.",
@@ -29,6 +28,9 @@ _UND_LAYER_PARTS = (
     "self_attn.to_out.",
     "self_attn.norm_q.",
     "self_attn.norm_k.",
+    # normalises the understanding keys the generation tokens read: cosmos' trainable set selects by
+    # "moe_gen" in the name, which this (k_norm_und_for_gen) lacks, so it stays frozen
+    "self_attn.k_norm_und_for_gen.",
     "mlp.",
     "input_layernorm.",
     "post_attention_layernorm.",

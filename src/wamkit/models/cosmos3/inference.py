@@ -1,0 +1,153 @@
+"""Cosmos3 inference: policy, forward dynamics and inverse dynamics for a batch of requests.
+
+All B requests share one transformer call per denoising step (see ``packing``). The clip of a request
+has ``chunk + 1`` frames = 1 + chunk/4 latent frames; what is held fixed (conditioned) depends on the
+mode, as in diffusers' ``Cosmos3OmniPipeline``:
+
+==================  ===================================  =================================
+mode                vision (latent frames)               actions
+==================  ===================================  =================================
+policy              frame 0 (the observation)            generated
+forward_dynamics    frame 0                              all ``chunk`` given
+inverse_dynamics    all (the whole observed clip)        generated
+==================  ===================================  =================================
+
+Sampling is UniPC on the adapter's scheduler (the native flow schedule), guidance 1 (no CFG).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import numpy as np
+import torch
+
+from wamkit.constants import TASK, image_key
+from wamkit.models.base import Mode
+
+MODES = ("policy", "forward_dynamics", "inverse_dynamics")
+
+
+def _np(x: Any) -> np.ndarray:
+    return x.detach().cpu().numpy() if torch.is_tensor(x) else np.asarray(x)
+
+
+class Cosmos3Inference:
+    """``predict`` of :class:`~wamkit.models.cosmos3.adapter.Cosmos3Adapter` (a mixin over its helpers)."""
+
+    @torch.no_grad()
+    def predict(
+        self, batch: dict[str, Any], mode: Mode = "policy", seed: int | None = None, **inputs: Any
+    ) -> dict[str, np.ndarray]:
+        """Run B requests. Returns, by mode:
+
+        - ``policy``: ``actions`` float32 [B, chunk, action_dim] (model space); with
+          ``inputs["return_frames"]=True`` also ``video`` (below).
+        - ``forward_dynamics`` (``inputs["actions"]`` [B, chunk, action_dim], model space): ``video``
+          uint8 [B, chunk + 1, h, W', 3] -- the observation then the chunk predicted future frames,
+          cameras side by side at the canvas content size -- and ``frames`` = its last frame.
+        - ``inverse_dynamics``: ``actions``; ``inputs["goal_images"]`` = {image key: the frames after
+          the observation, uint8 [B, chunk, H, W, 3] (the whole clip), or [B, H, W, 3] (one goal
+          frame, held for the whole chunk)}.
+
+        Request i draws its noise from ``seed + i``: a request's answer does not depend on the batch.
+        """
+        b = self.io.check_batch(batch)
+        if mode not in MODES:
+            raise ValueError(f"mode {mode!r} is unknown; expected {', '.join(MODES)}")
+        seed = 0 if seed is None else int(seed)
+        views = self._views(batch)
+        act_init = torch.zeros(b, self.io.chunk, self.io.action_dim)
+        vision_cond, action_cond = (0,), ()
+        if mode == "inverse_dynamics":
+            x0 = self._encode(self._goal_clips(views, inputs.get("goal_images")))
+            vision_cond = tuple(range(self._latent_frames()))
+        else:
+            x0 = self._encode([[v] for v in views])
+        if mode == "forward_dynamics":
+            act_init = self._given_actions(inputs.get("actions"), b)
+            action_cond = tuple(range(self.io.chunk))
+        c, _, h, w = x0.shape[1:]
+        hw = self._canvas_hw(views[0])
+        texts = [self.prompt(t, hw, self.inference_idle_frames) for t in batch[TASK]]
+        layout = self._layout(texts, hw, (c, self._latent_frames(), h, w), vision_cond, action_cond)
+        lat_v, lat_a = self._sample(layout, x0, vision_cond, act_init, action_cond, seed)
+        out: dict[str, np.ndarray] = {}
+        if mode != "forward_dynamics":
+            out["actions"] = lat_a.cpu().numpy().astype(np.float32)
+        if mode == "forward_dynamics" or inputs.get("return_frames"):
+            out["video"] = self._decode(lat_v)
+        if mode == "forward_dynamics":
+            out["frames"] = out["video"][:, -1]
+        return out
+
+    def _goal_clips(self, views: list[np.ndarray], goal: Any) -> list[list[np.ndarray]]:
+        if not isinstance(goal, dict):
+            raise ValueError(
+                "inverse_dynamics needs goal_images={image key: uint8 [B, chunk, H, W, 3] or [B, H, W, 3]}"
+            )
+        cams = [_np(goal[k]) for k in self._image_keys(goal)]
+        if cams[0].ndim == 4:  # one goal frame per camera: held for the whole chunk
+            side = np.concatenate(cams, axis=2)
+            return [[v] + [side[i]] * self.io.chunk for i, v in enumerate(views)]
+        if cams[0].ndim != 5 or cams[0].shape[1] != self.io.chunk:
+            raise ValueError(
+                f"goal_images: expected [B, {self.io.chunk}, H, W, 3] per camera, got {list(cams[0].shape)}"
+            )
+        side = np.concatenate(cams, axis=3)
+        return [[v, *side[i]] for i, v in enumerate(views)]
+
+    def _image_keys(self, goal: dict) -> list[str]:
+        keys = [image_key(c) for c in self.io.cameras]
+        missing = [k for k in keys if k not in goal]
+        if missing:
+            raise ValueError(f"goal_images lacks {', '.join(missing)} (cameras {list(self.io.cameras)})")
+        return keys
+
+    def _given_actions(self, acts: Any, b: int) -> torch.Tensor:
+        want = (b, self.io.chunk, self.io.action_dim)
+        if acts is None or tuple(np.shape(acts)) != want:
+            raise ValueError(f"forward_dynamics needs actions of shape {list(want)}, got {np.shape(acts)}")
+        return torch.as_tensor(_np(acts), dtype=torch.float32)
+
+    def _sample(self, layout, x0, vision_cond, act_init, action_cond, seed):
+        """UniPC denoising of all requests at once; conditioned frames/tokens are held fixed, as in the
+        pipeline (their velocity is zeroed)."""
+        dev, n, t_lat = self.device, layout.n, self._latent_frames()
+        shape_v = (1, x0.shape[1], t_lat, *x0.shape[3:])
+        noise_v, noise_a = [], []
+        for i in range(n):  # the pipeline's draw order: the vision latents, then the actions
+            g = torch.Generator("cpu").manual_seed(seed + i)
+            noise_v.append(torch.randn(shape_v, generator=g))
+            noise_a.append(torch.randn(act_init.shape[1:], generator=g))
+        cond_v = torch.zeros(t_lat, 1, 1, device=dev)
+        cond_v[list(vision_cond)] = 1.0
+        cond_a = torch.zeros(self.io.chunk, 1, device=dev)
+        cond_a[list(action_cond)] = 1.0
+        lat_v = torch.cat(noise_v).to(dev)
+        t0 = x0.shape[2]  # encoded frames: 1 (policy, forward dynamics) or all (inverse dynamics)
+        lat_v[:, :, :t0] = cond_v[:t0] * x0 + (1 - cond_v[:t0]) * lat_v[:, :, :t0]
+        lat_a = cond_a * act_init.to(dev) + (1 - cond_a) * torch.stack(noise_a).to(dev)
+
+        sch_v = copy.deepcopy(self.scheduler)
+        sch_v.set_timesteps(int(self.options["num_inference_steps"]), device=dev)
+        sch_a = copy.deepcopy(sch_v)
+        noisy_actions = len(action_cond) < self.io.chunk
+        for t in sch_v.timesteps:
+            t_v = t.float().expand(sum(layout.num_noisy_vision_tokens))
+            t_a = t.float().expand(sum(layout.num_noisy_action_tokens))
+            v_v, v_a = self._run(layout, lat_v, t_v, lat_a, t_a)
+            lat_v = sch_v.step(v_v * (1 - cond_v), t, lat_v, return_dict=False)[0]
+            if noisy_actions:
+                lat_a = sch_a.step(v_a * (1 - cond_a), t, lat_a, return_dict=False)[0]
+        return lat_v, lat_a
+
+    def _decode(self, lat_v: torch.Tensor) -> np.ndarray:
+        """Latents [B, C, T, h, w] -> uint8 video [B, F, H, W, 3] (F = chunk + 1 frames)."""
+        vae = self.vae
+        mean = self.pipe._vae_latents_mean.to(lat_v.device, vae.dtype).view(1, -1, 1, 1, 1)
+        inv_std = self.pipe._vae_latents_inv_std.to(lat_v.device, vae.dtype).view(1, -1, 1, 1, 1)
+        video = vae.decode(lat_v.to(vae.dtype) / inv_std + mean).sample  # [B, 3, F, H, W] in [-1, 1]
+        video = ((video.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
+        return video.permute(0, 2, 3, 4, 1).cpu().numpy()

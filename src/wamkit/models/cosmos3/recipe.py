@@ -1,0 +1,146 @@
+"""The Cosmos3 LIBERO training example and sampling schedule, as cosmos-framework trains them.
+
+Each piece names the upstream fact it reproduces (file and line in docs/cosmos3_libero.md):
+
+- **Prompt**: the structured JSON action caption of diffusers'
+  ``Cosmos3OmniPipeline._build_action_json_prompt`` (framing, action time and description, duration,
+  fps, canvas resolution, aspect ratio), plus the two fields cosmos training adds for LIBERO: the
+  dataset's view description appended to the framing sentence, and ``idle_frame`` = ``"k out of N."``
+  inside the action entry. No system prompt. In training the whole caption is replaced by ``""`` with
+  probability ``caption_dropout``; at inference ``k`` is 0.
+- **Idle frames**: frames of a raw (un-normalised) ``[dpos(3), rot6d(6), g(1)]`` chunk in a run of at
+  least 3 consecutive frames where the translation, the rotation angle and the gripper change are all
+  below per-frame thresholds (5 mm/s and 1.5 deg/s divided by fps, gripper change 0.01).
+- **Training noise level**: one sigma per sample, shared by vision and action tokens, drawn from the
+  "waver" distribution and warped by the resolution's shift (3 for the 256 tier):
+  ``sigma = shift t / (1 + (shift - 1) t)``.
+- **Sampling**: UniPC on the native flow schedule (``use_flow_sigmas``) at ``flow_shift`` (5 unless the
+  checkpoint's own scheduler config is a native flow schedule with its own shift), no guidance.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from diffusers import Cosmos3OmniPipeline, UniPCMultistepScheduler
+
+# cosmos' LIBERO dataset describes its concat_view layout (image left, wrist camera right) this way.
+LIBERO_VIEW_DESCRIPTION = (
+    "The left half shows the third-person view; the right half shows the wrist-mounted camera."
+)
+WAVER_MODE_S = 1.29  # the "waver" training-time distribution's mode parameter
+IDLE_TRANSLATION_PER_S = 5e-3  # metres per second
+IDLE_ROTATION_PER_S = math.radians(1.5)  # radians per second
+IDLE_GRIPPER_STEP = 1e-2  # change of the gripper value between consecutive frames
+IDLE_MIN_STREAK = 3
+# Keys of a diffusers scheduler config that select a non-native (approximating) sigma schedule.
+_NON_NATIVE_KEYS = ("use_karras_sigmas", "use_exponential_sigmas", "use_beta_sigmas")
+
+
+def action_prompt(
+    description: str,
+    *,
+    view_point: str | None,
+    view_description: str,
+    num_frames: int,
+    fps: float,
+    height: int,
+    width: int,
+    idle_frames: int | None,
+    chunk: int,
+) -> str:
+    """The JSON caption cosmos trains on, as the string that gets tokenised.
+
+    ``height`` x ``width``: the action canvas (after padding); ``num_frames``: the clip length
+    (chunk + 1). ``idle_frames=None`` leaves the ``idle_frame`` field out (cosmos does the same when a
+    sample has no idle count); ``view_description=""`` leaves the framing as diffusers writes it.
+    """
+    base = json.loads(
+        Cosmos3OmniPipeline._build_action_json_prompt(
+            description, view_point=view_point, num_frames=num_frames, fps=fps, height=height, width=width
+        )
+    )
+    framing = base.get("cinematography", {}).get("framing")
+    if framing and view_description:
+        sep = " " if framing.endswith(".") else ". "
+        base["cinematography"]["framing"] = framing + sep + view_description.rstrip()
+    if idle_frames is not None:
+        base["actions"][0]["idle_frame"] = f"{int(idle_frames)} out of {int(chunk)}."
+    return json.dumps(base)
+
+
+def rot6d_angles(rot6d: np.ndarray) -> np.ndarray:
+    """Geodesic angle (radians) from the identity of rotations given as rot6d [T, 6] (two columns)."""
+    c0, c1 = rot6d[:, 0:3], rot6d[:, 3:6]
+    b1 = c0 / np.maximum(np.linalg.norm(c0, axis=1, keepdims=True), 1e-12)
+    c1 = c1 - np.sum(b1 * c1, axis=1, keepdims=True) * b1
+    b2 = c1 / np.maximum(np.linalg.norm(c1, axis=1, keepdims=True), 1e-12)
+    b3 = np.cross(b1, b2)
+    trace = b1[:, 0] + b2[:, 1] + b3[:, 2]
+    return np.arccos(np.clip((trace - 1.0) / 2.0, -1.0, 1.0))
+
+
+def _in_streaks(flags: np.ndarray, min_len: int) -> np.ndarray:
+    """``flags`` kept only where they belong to a run of at least ``min_len`` consecutive True."""
+    out = np.zeros_like(flags)
+    start = None
+    for i, f in enumerate(list(flags) + [False]):
+        if f and start is None:
+            start = i
+        elif not f and start is not None:
+            if i - start >= min_len:
+                out[start:i] = True
+            start = None
+    return out
+
+
+def count_idle_frames(raw_chunk: np.ndarray, fps: float) -> int:
+    """Idle frames of one raw 10-D chunk ``[dpos(3), rot6d(6), g(1)]`` [T, 10] recorded at ``fps``."""
+    a = np.asarray(raw_chunk, np.float64)
+    if a.ndim != 2 or a.shape[1] != 10:
+        raise ValueError(f"count_idle_frames: expected a [T, 10] chunk, got {list(a.shape)}")
+    idle = np.linalg.norm(a[:, 0:3], axis=1) < IDLE_TRANSLATION_PER_S / fps
+    idle &= rot6d_angles(a[:, 3:9]) < IDLE_ROTATION_PER_S / fps
+    g = a[:, 9]
+    idle &= np.abs(np.diff(g, prepend=g[:1])) < IDLE_GRIPPER_STEP
+    return int(_in_streaks(idle, IDLE_MIN_STREAK).sum())
+
+
+def shift_sigmas(t: torch.Tensor, shift: float) -> torch.Tensor:
+    """The flow-matching time shift ``shift t / (1 + (shift - 1) t)`` (t, sigma in [0, 1])."""
+    return shift * t / (1 + (shift - 1) * t)
+
+
+def train_sigmas(n: int, shift: float, device: Any = "cpu", generator: torch.Generator | None = None):
+    """``n`` training noise levels: waver-distributed ``t`` (from uniform ``u``), then shifted."""
+    u = torch.rand((n,), generator=generator)
+    t = 1.0 - u - WAVER_MODE_S * (torch.cos(torch.pi / 2.0 * u) ** 2 - 1 + u)
+    return shift_sigmas(t, shift).to(device)
+
+
+def _scheduler_config(root: Path | None) -> dict[str, Any]:
+    path = None if root is None else root / "scheduler" / "scheduler_config.json"
+    return json.loads(path.read_text()) if path is not None and path.is_file() else {}
+
+
+def is_native_flow(config: dict[str, Any]) -> bool:
+    """True when a scheduler config is the native shifted flow schedule (not an approximation)."""
+    return bool(config.get("use_flow_sigmas")) and not any(config.get(k) for k in _NON_NATIVE_KEYS)
+
+
+def sampling_scheduler(root: Path | None, default_shift: float) -> UniPCMultistepScheduler:
+    """UniPC on the native flow schedule. ``<root>/scheduler`` supplies its settings (solver order,
+    train timesteps, ...) where it exists; its ``flow_shift`` is used only if it already is a native
+    flow schedule, else ``default_shift``. A Karras approximation of the flow schedule (what
+    NVIDIA's converter writes) is replaced by the schedule it approximates."""
+    cfg = _scheduler_config(root)
+    shift = float(cfg["flow_shift"]) if is_native_flow(cfg) and "flow_shift" in cfg else default_shift
+    cfg = {k: v for k, v in cfg.items() if not k.startswith("_") and k not in ("sigma_max", "sigma_min")}
+    cfg.update({k: False for k in _NON_NATIVE_KEYS})
+    cfg.update(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=shift)
+    return UniPCMultistepScheduler.from_config(cfg)
