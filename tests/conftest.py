@@ -25,3 +25,11 @@ def libero_tiny() -> Path:
     if not root.is_dir():
         pytest.fail(f"fixture {root} is missing (expected ../shared/fixtures or tests/fixtures)")
     return root
+
+
+def spec_of(stats, io, **data):
+    """The preprocessing spec training would build for ``io`` from ``stats`` and ``data.*`` settings."""
+    from wamkit.config import DataConfig, RunConfig
+    from wamkit.train.data_setup import build_spec
+
+    return build_spec(RunConfig(data=DataConfig(chunk=io.chunk, **data)), io, stats)

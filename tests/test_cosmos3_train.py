@@ -14,13 +14,13 @@ import torch.multiprocessing as mp
 
 pytest.importorskip("diffusers", reason="cosmos3 needs the wamkit[cosmos3] extra")
 
-from wamkit.actions.codec import ActionCodec  # noqa: E402
-from wamkit.config import DataConfig, ModelConfig  # noqa: E402
-from wamkit.constants import ACTION, ACTION_IS_PAD  # noqa: E402
+from wamkit.config import DataConfig, ModelConfig, RunConfig  # noqa: E402
+from wamkit.constants import ACTION, ACTION_IS_PAD, future_image_key  # noqa: E402
 from wamkit.data.loader import collate  # noqa: E402
+from wamkit.data.sft_dataset import make_train_dataset  # noqa: E402
 from wamkit.data.stats import compute_stats  # noqa: E402
-from wamkit.data.train import future_key, make_train_dataset  # noqa: E402
 from wamkit.models import ModelIO, build_model  # noqa: E402
+from wamkit.train.data_setup import build_spec  # noqa: E402
 
 from .conftest import FIXTURES
 
@@ -29,16 +29,16 @@ IO = ModelIO(("image", "wrist_image"), 64, 8, 10, 16, "libero_rot6d")
 
 
 def fixture_batch(indices: list[int]) -> dict:
-    codec = ActionCodec(compute_stats(FIXTURE, "libero_rot6d", 16))
     cfg = DataConfig(root=str(FIXTURE), chunk=16, representation="libero_rot6d")
-    ds = make_train_dataset(cfg, IO, codec, future_frames=True)
+    spec = build_spec(RunConfig(data=cfg), IO, compute_stats(FIXTURE, "libero_rot6d", 16))
+    ds = make_train_dataset(cfg, spec, tuple(range(1, 17)))  # current frame + 16 real future frames
     return collate([ds[i] for i in indices])
 
 
 def test_sft_steps_lower_the_loss_on_the_libero_fixture():
     torch.set_num_threads(2)
     batch = fixture_batch([0, 90])  # frames of the first and last episodes (two tasks)
-    assert batch[ACTION].shape == (2, 16, 10) and future_key("image") in batch and batch[ACTION_IS_PAD].any()
+    assert batch[ACTION].shape == (2, 16, 10) and future_image_key("image") in batch and batch[ACTION_IS_PAD].any()
     torch.manual_seed(0)
     adapter = build_model(ModelConfig(name="cosmos3", preset="tiny"), IO)
     groups = adapter.param_groups()

@@ -8,14 +8,15 @@ import numpy as np
 import pytest
 import torch
 
-from wamkit.actions.codec import ActionCodec
-from wamkit.actions.stats import StatsError
+from wamkit.actions.spec import SpecError
 from wamkit.config import DataConfig
 from wamkit.constants import ACTION, OBS_STATE
 from wamkit.data import compute_stats, make_train_dataset, make_train_loader
 from wamkit.data.loader import SampleStream
 from wamkit.data.synthetic import pattern_action, pattern_frame, pattern_state, write_pattern_dataset
 from wamkit.models.base import ModelIO
+
+from .conftest import spec_of
 
 CHUNK = 4
 IO = ModelIO(cameras=("front", "wrist"), image_size=32, state_dim=8, action_dim=7, chunk=CHUNK)
@@ -32,7 +33,7 @@ def suites(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def codec(suites):
-    return ActionCodec(compute_stats(suites / "suite_a", "raw", chunk=CHUNK))
+    return spec_of(compute_stats(suites / "suite_a", "raw", chunk=CHUNK), IO)
 
 
 def cfg(root, **kw) -> DataConfig:
@@ -41,7 +42,7 @@ def cfg(root, **kw) -> DataConfig:
 
 
 def test_sample_format_values_and_future_frames(suites, codec):
-    ds = make_train_dataset(cfg(suites), IO, codec, future_frames=True)
+    ds = make_train_dataset(cfg(suites), codec, future_offsets=(CHUNK,))
     assert len(ds) == 20
     item = ds[7]  # suite_a episode 0, frame 7 of 9: chunk runs 2 past the end
     want = np.stack([pattern_action(0, min(f, 8), 7) for f in range(7, 7 + CHUNK)])
@@ -50,7 +51,8 @@ def test_sample_format_values_and_future_frames(suites, codec):
     assert np.allclose(item[OBS_STATE].numpy(), codec.encode_state(pattern_state(0, 7, 8)))
     assert item["observation.images.front"].shape == (32, 32, 3)
     assert item["observation.images.front"].dtype == torch.uint8
-    future = item["observation.future_images.wrist"].numpy().astype(int)  # clamped to frame 8
+    future = item["observation.future_images.wrist"].numpy().astype(int)  # [K=1, ...] clamped to frame 8
+    assert future.shape == (1, 32, 32, 3)
     assert abs(np.median(future[..., 0]) - pattern_frame(0, 8, 1, (64, 64))[40, 0, 0]) <= 6
     assert abs(np.median(future[..., 1]) - 60) <= 6
     other = ds[15]  # suite_b episode 0 frame 0 (pattern 50)
@@ -61,16 +63,16 @@ def test_sample_format_values_and_future_frames(suites, codec):
 
 
 def test_fps_mismatch_and_bad_cameras_are_refused(suites, codec):
-    with pytest.raises(StatsError, match="fps=20 but this run has fps=10"):
-        make_train_dataset(cfg(suites, suites=["slow"]), IO, codec)
+    with pytest.raises(SpecError, match="slow: recorded at 10 fps but the preprocessing spec .* 20 fps"):
+        make_train_dataset(cfg(suites, suites=["slow"]), codec)
     with pytest.raises(Exception, match="has no camera 'side'"):
-        make_train_dataset(cfg(suites, cameras=["image", "side"]), IO, codec)
+        make_train_dataset(cfg(suites, cameras=["image", "side"]), codec)
 
 
 def test_auto_detected_suites_warn(suites, codec, caplog):
     # root holds suite_a, suite_b (20 fps) and slow (10 fps): found, warned about, and refused
-    with caplog.at_level(logging.WARNING), pytest.raises(StatsError, match="slow"):
-        make_train_dataset(cfg(suites, suites=[]), IO, codec)
+    with caplog.at_level(logging.WARNING), pytest.raises(SpecError, match="slow"):
+        make_train_dataset(cfg(suites, suites=[]), codec)
     assert "auto-detected suites ['slow', 'suite_a', 'suite_b']" in caplog.text
     assert "libero_spatial" in caplog.text  # fewer suites than a full LIBERO layout
 
@@ -90,7 +92,7 @@ def key(batch) -> list[tuple]:
 
 
 def test_resume_is_exact_with_workers_across_epochs(suites, codec):
-    ds = make_train_dataset(cfg(suites), IO, codec)
+    ds = make_train_dataset(cfg(suites), codec)
     run = make_train_loader(ds, 6, seed=1, num_workers=2)
     seen = [key(next(run)) for _ in range(8)]  # 48 samples: more than two epochs of 20
     flat = [s for b in seen for s in b]
@@ -109,7 +111,7 @@ def test_resume_is_exact_with_workers_across_epochs(suites, codec):
 
 
 def test_ranks_split_the_global_batch(suites, codec):
-    ds = make_train_dataset(cfg(suites), IO, codec)
+    ds = make_train_dataset(cfg(suites), codec)
     whole = make_train_loader(ds, 8, seed=5, num_workers=0)
     r0 = make_train_loader(ds, 4, seed=5, num_workers=0, rank=0, world_size=2)
     r1 = make_train_loader(ds, 4, seed=5, num_workers=0, rank=1, world_size=2)

@@ -60,7 +60,9 @@ def test_demo_runs_every_stage_and_skips_finished_ones(first_run):
     # the outputs a user is pointed at exist and hold what they claim
     assert (out / "data" / "meta" / "info.json").is_file()
     assert json.loads((out / "stats.json").read_text())["metadata"]["fps"] == 80
-    assert {"model.safetensors", "model.json", "stats.json"} <= {p.name for p in (out / "serve").iterdir()}
+    assert {"model.safetensors", "model.json", "preprocess.json"} <= {
+        p.name for p in (out / "serve").iterdir()
+    }
     summary = json.loads((out / "eval" / "summary.json").read_text())
     assert summary["all"]["episodes"] == 2
     assert list((out / "eval" / "videos").rglob("*.mp4"))

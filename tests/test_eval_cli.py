@@ -13,16 +13,16 @@ import pytest
 from wamkit.config import ModelConfig
 from wamkit.models import build_model
 from wamkit.models.pretrained import save_pretrained
-from wamkit.serve.loading import identity_stats
+from wamkit.serve.loading import identity_spec
 
 
 @pytest.fixture(scope="module")
 def serve_dir(tmp_path_factory):
-    """A serving directory of the delay benchmark model (weights, model.json, identity stats)."""
+    """A serving directory of the delay benchmark model (weights, model.json, identity spec)."""
     out = tmp_path_factory.mktemp("serve")
     adapter = build_model(ModelConfig(name="delay", preset="metaworld", options={"delay_ms": 2.0}))
     save_pretrained(adapter, out)
-    identity_stats(adapter.io).save(out / "stats.json")
+    identity_spec(adapter.io).save(out / "preprocess.json")
     return out
 
 

@@ -4,6 +4,7 @@ atomic. The model is the registry's ``tiny``, trained here for a few steps on sy
 from __future__ import annotations
 
 import argparse
+import json
 
 import pytest
 import torch
@@ -53,7 +54,9 @@ def test_convert_cli_writes_a_verified_serving_dir_that_loads(run_dir, tmp_path,
     ref = _reference(run_dir / "checkpoints" / "step_000004", tmp_path)["model"]
     got = load_file(out / "model.safetensors")
     assert set(got) == set(ref) and all(torch.equal(got[k], ref[k]) for k in ref)
-    assert (out / "stats.json").read_bytes() == (run_dir / "stats.json").read_bytes()
+    assert json.loads((out / "preprocess.json").read_text()) == json.loads(
+        (run_dir / "preprocess.json").read_text()
+    )
     adapter = load_pretrained(out)
     assert adapter.name == "tiny" and adapter.io.image_size == 64
     assert not out.with_name("serve.tmp").exists()

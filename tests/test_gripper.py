@@ -58,6 +58,8 @@ def test_detect_range_and_polarity():
     assert name == "open_1" and "assuming" in why
 
 
-def test_detect_refuses_out_of_range():
-    with pytest.raises(GripperError, match=r"outside \[-1, 1\]"):
-        detect_gripper(np.array([0.0, 2.0]))
+def test_detect_passes_unknown_channels_through():
+    name, why = detect_gripper(np.array([0.0, 2.0]))
+    assert name == "env" and "passed through unchanged" in why
+    with pytest.raises(GripperError, match="no gripper values"):
+        detect_gripper(np.array([]))

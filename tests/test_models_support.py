@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from wamkit.constants import ACTION, ACTION_IS_PAD, OBS_STATE, TASK, image_key
-from wamkit.models.base import ModelIO, future_image_key
+from wamkit.constants import ACTION, ACTION_IS_PAD, OBS_STATE, TASK, future_image_key, image_key
+from wamkit.models.base import ModelIO
+from wamkit.models.synthetic import synthetic_batch
 
 
 @pytest.fixture
@@ -21,19 +22,9 @@ def one_thread():
 
 
 def random_batch(io: ModelIO, b: int, seed: int = 0, future: bool = True) -> dict:
-    """A training batch of the documented format with random content."""
-    g = torch.Generator().manual_seed(seed)
-    batch = {
-        OBS_STATE: torch.randn(b, io.state_dim, generator=g),
-        ACTION: torch.randn(b, io.chunk, io.action_dim, generator=g),
-        ACTION_IS_PAD: torch.zeros(b, io.chunk, dtype=torch.bool),
-        TASK: [f"task {i % 3}" for i in range(b)],
-    }
-    shape = (b, io.image_size, io.image_size, 3)
-    for cam in io.cameras:
-        batch[image_key(cam)] = torch.randint(0, 256, shape, dtype=torch.uint8, generator=g)
-        if future:
-            batch[future_image_key(cam)] = torch.randint(0, 256, shape, dtype=torch.uint8, generator=g)
+    """A training batch of the documented format with random content (one future frame per camera)."""
+    batch = synthetic_batch(io, b, 1 if future else 0, seed=seed)
+    batch[TASK] = [f"task {i % 3}" for i in range(b)]
     return batch
 
 
@@ -97,7 +88,7 @@ def chunk_samples(episodes: list[dict], chunk: int, task: str, camera: str = "co
             sts.append((e["state"][t] - mean) / std)
     return {
         image_key(camera): torch.from_numpy(np.stack(imgs)),
-        future_image_key(camera): torch.from_numpy(np.stack(futs)),
+        future_image_key(camera): torch.from_numpy(np.stack(futs))[:, None],  # one frame: [B, 1, H, W, 3]
         OBS_STATE: torch.from_numpy(np.stack(sts).astype(np.float32)),
         ACTION: torch.from_numpy(np.stack(acts)),
         ACTION_IS_PAD: torch.from_numpy(np.stack(pads)),

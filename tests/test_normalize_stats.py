@@ -9,8 +9,11 @@ import pytest
 import torch
 
 from wamkit.actions import normalize
-from wamkit.actions.codec import ActionCodec
+from wamkit.actions.spec import SpecError
 from wamkit.actions.stats import FeatureStats, StatsAccumulator, StatsError, StatsFile
+from wamkit.models.base import ModelIO
+
+from .conftest import spec_of
 
 
 @pytest.fixture
@@ -142,13 +145,16 @@ def test_codec_libero_round_trip():
             "action": FeatureStats.from_array(to_rot6d_action(a7)),
             "observation.state": FeatureStats.from_array(a7),
         },
-        metadata={"representation": "libero_rot6d", "fps": 20},
+        metadata={"representation": "libero_rot6d", "fps": 20, "gripper": "env"},
     )
-    codec = ActionCodec(stats)
+    io = ModelIO(
+        cameras=("image",), image_size=8, state_dim=7, action_dim=10, chunk=16, representation="libero_rot6d"
+    )
+    codec = spec_of(stats, io)
     encoded = codec.encode_actions(a7.reshape(25, 16, 7))
     assert encoded.shape == (25, 16, 10) and encoded.dtype == np.float32
     decoded = codec.decode_actions(encoded)
     assert decoded.shape == (25, 16, 7)
     assert np.max(np.abs(decoded.reshape(400, 7) - a7)) < 1e-4  # float32 model space
-    with pytest.raises(StatsError, match="representation"):
-        ActionCodec(StatsFile(features=stats.features, metadata={"fps": 20}))
+    with pytest.raises(SpecError, match="metadata has no 'representation'"):
+        spec_of(StatsFile(features=stats.features, metadata={"fps": 20, "gripper": "env"}), io)

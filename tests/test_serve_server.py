@@ -19,9 +19,11 @@ from wamkit.models import build_model
 from wamkit.models.pretrained import save_pretrained
 from wamkit.serve.client import PolicyClient, ServerError
 from wamkit.serve.codec import packb, unpackb
-from wamkit.serve.loading import codec_from_stats, load_served, random_init
+from wamkit.serve.loading import load_served, random_init
 from wamkit.serve.policy import ServedPolicy
 from wamkit.serve.server import start_server_in_thread
+
+from .conftest import spec_of
 
 STATE_Q = (-2.0, 3.0)  # q01, q99 of every state dim
 ACT_Q01, ACT_Q99 = np.array([-0.5, 0.0, 1.0, -1.0]), np.array([0.5, 2.0, 3.0, 1.0])
@@ -40,8 +42,12 @@ def metaworld_stats() -> StatsFile:
             "action": feat(ACT_Q01, ACT_Q99),
             "observation.state": feat([STATE_Q[0]] * 39, [STATE_Q[1]] * 39),
         },
-        metadata={"representation": "raw", "chunk": 16, "action_dim": 4, "fps": 10},
+        metadata={"representation": "raw", "chunk": 16, "action_dim": 4, "fps": 10, "gripper": "env"},
     )
+
+
+def metaworld_spec(io):
+    return spec_of(metaworld_stats(), io)
 
 
 def expected_actions(state: np.ndarray, image: np.ndarray, offset: float = 0.0) -> np.ndarray:
@@ -65,7 +71,7 @@ def obs(seed: int, size: int = 128) -> dict:
 @pytest.fixture(scope="module")
 def policy() -> ServedPolicy:
     adapter = build_model(ModelConfig(name="delay", preset="small"))
-    return ServedPolicy(adapter, codec_from_stats(metaworld_stats()))
+    return ServedPolicy(adapter, metaworld_spec(adapter.io))
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +98,7 @@ def test_openpi_client_reads_metadata_and_gets_env_ready_actions(server):
 
 
 def test_raw_actions_flag_returns_model_output(policy):
-    raw = ServedPolicy(policy.adapter, policy.codec, raw_actions=True)
+    raw = ServedPolicy(policy.adapter, policy.spec, raw_actions=True)
     with start_server_in_thread(raw) as srv, PolicyClient(srv.url) as client:
         assert client.metadata["action_space"]["raw"] is True
         o = obs(7)
@@ -249,7 +255,7 @@ def _export(root) -> np.ndarray:
     with torch.no_grad():
         adapter.module.offset.fill_(0.25)
     save_pretrained(adapter, root)
-    metaworld_stats().save(root / "stats.json")
+    metaworld_spec(adapter.io).save(root / "preprocess.json")
     o = obs(4)
     return expected_actions(o["observation.state"], o["observation.images.corner"], offset=0.25)
 
@@ -282,7 +288,14 @@ def test_serve_cli_starts_and_answers(tmp_path):
 
 def test_serving_directory_missing_file_is_named(tmp_path):
     (tmp_path / "model.json").write_text("{}")
-    with pytest.raises(ValueError, match="lacks model.safetensors, stats.json"):
+    with pytest.raises(ValueError, match="lacks model.safetensors, preprocess.json"):
+        load_served(tmp_path, "cpu")
+
+
+def test_serving_directory_from_before_the_spec_is_refused_with_the_fix(tmp_path):
+    _export(tmp_path)
+    (tmp_path / "preprocess.json").rename(tmp_path / "stats.json")
+    with pytest.raises(ValueError, match=r"exported before the preprocessing spec.*wamkit convert"):
         load_served(tmp_path, "cpu")
 
 

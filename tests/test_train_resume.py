@@ -110,7 +110,9 @@ def test_two_process_fsdp2_checkpoints_shard_resume_exactly_and_export(tmp_path)
     assert set(exported) == set(ref)
     for k, v in ref.items():
         assert torch.equal(exported[k], v), k
-    assert json.loads((serve / "stats.json").read_text()) == json.loads((step6 / "stats.json").read_text())
+    assert json.loads((serve / "preprocess.json").read_text()) == json.loads(
+        (step6 / "preprocess.json").read_text()
+    )
 
     # resume under 2 processes from step 3: the same losses as the uninterrupted run
     want = read_losses(run)

@@ -41,6 +41,7 @@ class ToyAdapter:
     """Implements the ModelAdapter protocol; the loss draws torch noise so RNG state matters."""
 
     name = "toy"
+    future_frame_offsets: tuple[int, ...] = ()
 
     def __init__(self, io: ModelIO = IO, width: int = 32, depth: int = 2):
         self.io, self.width, self.depth = io, width, depth
@@ -124,15 +125,11 @@ TINY_IO = ModelIO(cameras=("corner",), image_size=64, state_dim=6, action_dim=3,
 
 
 def toy_data(cfg, rank, world, run_dir: Path, io: ModelIO = IO):
-    from wamkit.actions.stats import FeatureStats, StatsFile
+    from wamkit.serve.loading import identity_spec
 
-    stats = StatsFile(
-        {OBS_STATE: FeatureStats.from_array(np.random.default_rng(0).standard_normal((50, io.state_dim)))},
-        {"representation": "raw"},
-    )
-    path = run_dir / "stats.json"
+    path = run_dir / "preprocess.json"
     if rank == 0:
-        stats.save(path)
+        identity_spec(io).save(path)
     return io, path, lambda future: ToyLoader(cfg.train.micro_batch, cfg.data.seed, rank, world, io)
 
 

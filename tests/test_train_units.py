@@ -144,6 +144,6 @@ def test_runs_prints_each_scalar_from_the_event_files(tmp_path, capsys):
     assert (int(count), int(last_step)) == (4, 4) and math.isclose(
         float(last), losses[-1]["loss"], rel_tol=1e-5
     )
-    for name in ("config.yaml", "train.log", "stats.json"):
+    for name in ("config.yaml", "train.log", "preprocess.json"):
         assert (run / name).is_file(), name
     assert os.listdir(run / "tb")

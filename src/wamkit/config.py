@@ -68,6 +68,10 @@ class DataConfig:
     stats: str = ""  # stats file; empty: <root>/meta/wamkit_stats.json, computed if missing
     normalization: Literal["quantile", "mean_std", "min_max", "none"] = "quantile"
     clip: bool = False  # clip normalised actions to [-1, 1]
+    # the data's gripper convention (env | open_1 | close_1); empty: the stats file's (detected by
+    # `wamkit stats`). The model learns the data's values; the served model maps them to env commands.
+    gripper: Literal["", "env", "open_1", "close_1"] = ""
+    resize: Literal["bilinear_antialias", "nearest"] = "bilinear_antialias"  # image resize kernel
     num_workers: int = 2
     seed: int = 0
 

@@ -24,3 +24,13 @@ def camera_of(key: str) -> str | None:
     """The camera name of an image feature key, or None if ``key`` is not one."""
     prefix = OBS_IMAGES + "."
     return key[len(prefix) :] if key.startswith(prefix) else None
+
+
+# World-model targets: f"{FUTURE_IMAGES}.{camera}" holds uint8 [K, H, W, 3] per sample (B, K, ... batched):
+# the frames at the offsets a model declares in ``future_frame_offsets`` after the current one.
+FUTURE_IMAGES = "observation.future_images"
+
+
+def future_image_key(camera: str) -> str:
+    """The batch key of one camera's future frames, e.g. ``observation.future_images.corner``."""
+    return f"{FUTURE_IMAGES}.{camera}"

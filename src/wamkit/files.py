@@ -31,6 +31,14 @@ SPEC_FILE = "preprocess.json"  # the preprocessing spec (wamkit.actions.spec)
 CONFIG_FILE = "config.yaml"  # a run's resolved config
 LOSSES_FILE = "losses.jsonl"  # a training run's loss journal
 
+MODEL_FORMAT = "wamkit-model"  # the header of model.json
+MODEL_FORMAT_VERSION = 1
+
+
+def model_json(config: dict[str, Any]) -> dict[str, Any]:
+    """The contents of ``model.json`` for an adapter's ``config_dict()``: the header, then the config."""
+    return {"format": MODEL_FORMAT, "version": MODEL_FORMAT_VERSION, **config}
+
 
 def fsync_dir(path: str | os.PathLike) -> None:
     """Make a rename or a new file in directory ``path`` durable."""

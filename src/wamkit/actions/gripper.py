@@ -105,7 +105,8 @@ def detect_gripper(actions_gripper, finger_width=None) -> tuple[str, str]:
     Range decides between ``env`` (values below 0 occur) and the [0, 1] conventions; among those, the
     polarity against ``finger_width`` (e.g. LIBERO's state[6] - state[7]) decides when it is clear
     (|correlation| >= 0.1), otherwise ``open_1`` (the one published [0, 1] convention) is assumed and
-    the evidence says so. Raises GripperError for values outside [-1, 1].
+    the evidence says so. A last channel with values outside [-1, 1] is no gripper encoding known here:
+    it is passed through unchanged (``env``), and the evidence says that too.
     """
     g = np.asarray(actions_gripper, np.float64).ravel()
     if g.size == 0:
@@ -113,7 +114,7 @@ def detect_gripper(actions_gripper, finger_width=None) -> tuple[str, str]:
     lo, hi = float(g.min()), float(g.max())
     span = f"gripper actions range over [{lo:.3g}, {hi:.3g}]"
     if lo < -1.0 - 1e-6 or hi > 1.0 + 1e-6:
-        raise GripperError(f"{span}: outside [-1, 1], which fits no known gripper convention")
+        return "env", f"{span}: outside [-1, 1], not a known gripper encoding; passed through unchanged"
     if lo < -1e-6:
         return "env", f"{span}: negative values, so the env command itself (-1 open, +1 close)"
     corr = _polarity(g, finger_width) if finger_width is not None else None

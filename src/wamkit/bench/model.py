@@ -11,14 +11,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import time
-from typing import Any
 
 import torch
 
 from wamkit.config import ModelConfig, parse_override
-from wamkit.constants import ACTION, ACTION_IS_PAD, OBS_STATE, TASK, image_key
 from wamkit.models import ModelIO, build_model
-from wamkit.models.base import future_image_key
+from wamkit.models.synthetic import synthetic_batch
 
 H200_BF16_PEAK_TFLOPS = 989.0
 
@@ -34,22 +32,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--image-size", type=int, default=128, help="camera image size of the inputs")
     parser.add_argument("--threads", type=int, default=0, help="CPU intra-op threads (0: torch's default)")
     parser.add_argument("--peak-tflops", type=float, default=H200_BF16_PEAK_TFLOPS, help="GPU bf16 peak")
-
-
-def synthetic_batch(io: ModelIO, b: int, device: str, seed: int = 0) -> dict[str, Any]:
-    """A training batch of ``io``'s shapes with random content (future frames included)."""
-    g = torch.Generator().manual_seed(seed)
-    shape = (b, io.image_size, io.image_size, 3)
-    batch: dict[str, Any] = {
-        OBS_STATE: torch.randn(b, io.state_dim, generator=g),
-        ACTION: torch.randn(b, io.chunk, io.action_dim, generator=g).clamp(-1, 1),
-        ACTION_IS_PAD: torch.zeros(b, io.chunk, dtype=torch.bool),
-        TASK: ["push the puck to the goal"] * b,
-    }
-    for cam in io.cameras:
-        batch[image_key(cam)] = torch.randint(0, 256, shape, dtype=torch.uint8, generator=g)
-        batch[future_image_key(cam)] = torch.randint(0, 256, shape, dtype=torch.uint8, generator=g)
-    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
 
 def _timed(fn, steps: int, warmup: int, device: torch.device) -> float:
@@ -97,7 +79,7 @@ def main(args: argparse.Namespace) -> int:
     print(header + ("  MFU" if bf16 else ""))
     rows = []
     for b in batches:
-        batch = synthetic_batch(io, b, str(device), seed=b)
+        batch = synthetic_batch(io, b, len(adapter.future_frame_offsets), device, seed=b)
 
         def train_step(batch=batch) -> None:
             with autocast():

@@ -19,27 +19,9 @@ import time
 
 import torch
 
-from wamkit.constants import ACTION, ACTION_IS_PAD, OBS_STATE, TASK, image_key
-from wamkit.models.base import ModelIO, future_image_key
+from wamkit.models.synthetic import synthetic_batch
 
 H200_BF16_PEAK = 989e12
-
-
-def synthetic_batch(io: ModelIO, batch: int, device: torch.device, seed: int = 0) -> dict:
-    """Random inputs shaped like the data pipeline's batches for ``io`` (see models/base.py)."""
-    g = torch.Generator().manual_seed(seed)
-    out = {
-        OBS_STATE: torch.randn(batch, io.state_dim, generator=g),
-        ACTION: torch.randn(batch, io.chunk, io.action_dim, generator=g).clamp(-1, 1),
-        ACTION_IS_PAD: torch.zeros(batch, io.chunk, dtype=torch.bool),
-        TASK: ["pick up the block"] * batch,
-    }
-    shape = (batch, io.image_size, io.image_size, 3)
-    for cam in io.cameras:
-        out[image_key(cam)] = torch.randint(0, 256, shape, dtype=torch.uint8, generator=g)
-        # the world-model target; models that predict no frames ignore it
-        out[future_image_key(cam)] = torch.randint(0, 256, shape, dtype=torch.uint8, generator=g)
-    return {k: v.to(device) if torch.is_tensor(v) else v for k, v in out.items()}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -74,7 +56,7 @@ def _measure_bare(cfg, device: torch.device, bf16: bool, args: argparse.Namespac
     torch.manual_seed(0)
     bare = build_model(cfg, None)
     bare.module.to(device)
-    batch = synthetic_batch(bare.io, args.micro_batch, device)
+    batch = synthetic_batch(bare.io, args.micro_batch, len(bare.future_frame_offsets), device)
 
     def step():
         with torch.autocast(device.type, torch.bfloat16, enabled=bf16):
@@ -83,7 +65,8 @@ def _measure_bare(cfg, device: torch.device, bf16: bool, args: argparse.Namespac
             p.grad = None
 
     t = _timed(step, args.steps, args.warmup, device)
-    return t, bare.flops_per_sample(), sum(p.numel() for p in bare.module.parameters()), bare.io
+    n_params = sum(p.numel() for p in bare.module.parameters())
+    return t, bare.flops_per_sample(), n_params, bare.io, len(bare.future_frame_offsets)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -97,8 +80,8 @@ def main(args: argparse.Namespace) -> int:
     info = init_distributed(args.device)
     device, bf16 = info.device, args.precision == "bf16"
     try:
-        t_bare, flops, n_params, io = _measure_bare(cfg, device, bf16, args)
-        batch = synthetic_batch(io, args.micro_batch, device)
+        t_bare, flops, n_params, io, future = _measure_bare(cfg, device, bf16, args)
+        batch = synthetic_batch(io, args.micro_batch, future, device)
         if device.type == "cuda":
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(device)

@@ -9,12 +9,11 @@
 from wamkit.data.dataset import LeRobotDataset
 from wamkit.data.loader import TrainLoader, collate, make_train_loader
 from wamkit.data.meta import DatasetError, DatasetMeta
+from wamkit.data.sft_dataset import TrainDataset, make_train_dataset, suite_roots
 from wamkit.data.stats import compute_stats
-from wamkit.data.train import FUTURE_IMAGES, TrainDataset, make_train_dataset, suite_roots
 from wamkit.data.writer import LeRobotDatasetWriter
 
 __all__ = [
-    "FUTURE_IMAGES",
     "DatasetError",
     "DatasetMeta",
     "LeRobotDataset",

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from wamkit.actions.codec import REPRESENTATIONS, to_representation
+from wamkit.actions.gripper import GripperError, detect_gripper, get_convention
+from wamkit.actions.representations import RepresentationError, get_representation
 from wamkit.actions.stats import StatsAccumulator, StatsFile
 from wamkit.constants import ACTION, EPISODE_INDEX, OBS_STATE
 from wamkit.data.meta import DatasetError, DatasetMeta, column_to_numpy, read_parquet
@@ -27,10 +28,26 @@ def chunk_windows(actions: np.ndarray, chunk: int) -> np.ndarray:
     return actions[starts[starts < L]]
 
 
-def compute_stats(root: str | Path, representation: str = "raw", chunk: int = 16, seed: int = 0) -> StatsFile:
-    """The stats file of the dataset at ``root`` (see the module docstring for what is counted)."""
-    if representation not in REPRESENTATIONS:
-        raise DatasetError(f"representation {representation!r} is unknown; expected one of {REPRESENTATIONS}")
+def compute_stats(
+    root: str | Path,
+    representation: str = "raw",
+    chunk: int = 16,
+    seed: int = 0,
+    gripper: str | None = None,
+    finger_dims: tuple[int, int] | None = None,
+) -> StatsFile:
+    """The stats file of the dataset at ``root`` (see the module docstring for what is counted).
+
+    The metadata records the gripper convention of the last action channel: ``gripper`` if given,
+    else detected from the actions' range and, with ``finger_dims`` (two state dims holding the finger
+    positions, e.g. LIBERO's ``(6, 7)``), from which value precedes the fingers opening.
+    """
+    try:
+        rep = get_representation(representation)
+        if gripper is not None:
+            get_convention(gripper)
+    except (RepresentationError, GripperError) as err:
+        raise DatasetError(str(err)) from None
     if chunk < 1:
         raise DatasetError(f"chunk: expected a positive integer, got {chunk}")
     meta = DatasetMeta(root)
@@ -43,6 +60,8 @@ def compute_stats(root: str | Path, representation: str = "raw", chunk: int = 16
     for ep, info in meta.episodes.items():
         files.setdefault(info.data_file, []).append(ep)
     act_acc = state_acc = None
+    grip_acc: list[np.ndarray] = []
+    width_acc: list[np.ndarray] = []
     for data_file, eps in sorted(files.items()):
         path = meta.data_path(*data_file)
         table = read_parquet(path, columns=[ACTION, OBS_STATE, EPISODE_INDEX])
@@ -58,7 +77,7 @@ def compute_stats(root: str | Path, representation: str = "raw", chunk: int = 16
                     f"{path}: has {len(rows)} rows of episode {ep}; meta/episodes says {meta.episodes[ep].length}"
                 )
             try:
-                a = to_representation(chunk_windows(action[rows].astype(np.float64), chunk), representation)
+                a = rep.to_model(chunk_windows(action[rows].astype(np.float64), chunk))
             except ValueError as err:
                 raise DatasetError(
                     f"{path}: action cannot be converted to {representation!r}: {err}"
@@ -68,26 +87,31 @@ def compute_stats(root: str | Path, representation: str = "raw", chunk: int = 16
                 state_acc = StatsAccumulator(state.shape[-1], seed=seed + 1)
             act_acc.update(a)
             state_acc.update(state[rows])  # type: ignore[union-attr]
+            grip_acc.append(action[rows, -1])
+            if finger_dims is not None:
+                width_acc.append(state[rows, finger_dims[0]] - state[rows, finger_dims[1]])
     if act_acc is None or state_acc is None:
         raise DatasetError(f"{meta.root}: no frames to compute statistics on")
+    if gripper is None:
+        try:
+            widths = np.concatenate(width_acc) if width_acc else None
+            gripper, evidence = detect_gripper(np.concatenate(grip_acc), widths)
+        except GripperError as err:
+            raise DatasetError(f"{meta.root}: {err}; pass the convention explicitly (--gripper)") from None
+    else:
+        evidence = "given explicitly"
     names = meta.features[ACTION].get("names")
     metadata = {
         "representation": representation,
         "fps": meta.fps,
         "chunk": chunk,
         "action_dim": act_acc.dim,
-        "feature_names": {ACTION: _action_names(names, representation, act_acc.dim)},
+        "feature_names": {ACTION: rep.model_names(names if isinstance(names, list) else None, act_acc.dim)},
+        "gripper": gripper,
+        "gripper_evidence": evidence,
         "source": str(meta.root),
     }
     render_quality = (meta.info.get("wamkit") or {}).get("render_quality")
     if render_quality is not None:
         metadata["render_quality"] = render_quality
     return StatsFile(features={ACTION: act_acc.result(), OBS_STATE: state_acc.result()}, metadata=metadata)
-
-
-def _action_names(names, representation: str, dim: int) -> list[str]:
-    if representation == "libero_rot6d":
-        return ["dx", "dy", "dz", *[f"rot6d_{i}" for i in range(6)], "gripper"]
-    if isinstance(names, list) and len(names) == dim and all(isinstance(n, str) for n in names):
-        return names
-    return [f"a{i}" for i in range(dim)]

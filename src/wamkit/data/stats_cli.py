@@ -8,7 +8,8 @@ import logging
 import sys
 from pathlib import Path
 
-from wamkit.actions.codec import REPRESENTATIONS
+from wamkit.actions import representations
+from wamkit.actions.gripper import CONVENTIONS
 from wamkit.actions.stats import TINY_RANGE, StatsError
 from wamkit.data.meta import DatasetError
 from wamkit.data.stats import compute_stats
@@ -18,17 +19,25 @@ log = logging.getLogger("wamkit.stats")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("root", help="a LeRobot v3 dataset folder")
-    parser.add_argument("--representation", choices=REPRESENTATIONS, default="raw",
+    parser.add_argument("--representation", choices=representations.names(), default="raw",
                         help="training representation of the actions (default: raw)")  # fmt: skip
     parser.add_argument("--chunk", type=int, default=16, help="action chunk length in frames (default: 16)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the quantile reservoir (default: 0)")
+    parser.add_argument("--gripper", choices=list(CONVENTIONS), default=None,
+                        help="the data's gripper convention (default: detected from the actions)")  # fmt: skip
+    parser.add_argument("--finger-dims", default="",
+                        help="two state dims holding the finger positions, e.g. 6,7 for LIBERO: lets the "
+                             "detection tell which gripper value means open")  # fmt: skip
     parser.add_argument("--out", default="", help="output file (default: ROOT/meta/wamkit_stats.json)")
 
 
 def main(args: argparse.Namespace) -> int:
     try:
-        stats = compute_stats(args.root, args.representation, args.chunk, args.seed)
-    except (DatasetError, StatsError) as err:
+        fingers = tuple(int(d) for d in args.finger_dims.split(",")) if args.finger_dims else None
+        if fingers is not None and len(fingers) != 2:
+            raise DatasetError(f"--finger-dims: expected two state dims like 6,7, got {args.finger_dims!r}")
+        stats = compute_stats(args.root, args.representation, args.chunk, args.seed, args.gripper, fingers)
+    except (DatasetError, StatsError, ValueError) as err:
         print(f"wamkit stats: {err}", file=sys.stderr)
         return 1
     out = Path(args.out) if args.out else Path(args.root) / "meta" / "wamkit_stats.json"
@@ -37,6 +46,7 @@ def main(args: argparse.Namespace) -> int:
     print(
         f"wrote {out}: {meta['representation']}, fps {meta['fps']}, chunk {meta['chunk']}, action_dim {meta['action_dim']}"
     )
+    print(f"  gripper convention: {meta['gripper']} ({meta['gripper_evidence']})")
     for name, feat in stats.features.items():
         print(f"  {name}: {feat.dim} dims over {feat.count} samples")
         tiny = feat.tiny_dims()

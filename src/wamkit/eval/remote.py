@@ -7,6 +7,11 @@ A stage's request holds its B observations with a leading batch axis: ``observat
 uint8 [B, H, W, 3] for each camera the server asks for (its metadata ``inputs.image_keys``; all
 rendered cameras if it does not say), ``observation.state`` float32 [B, state_dim] and ``prompt`` a list
 of B strings. The reply's ``actions`` are env-ready chunks [B, H, action_dim].
+
+A wamkit server also sends its preprocessing spec (metadata ``preprocess``: fps, state and action
+widths, cameras; see :mod:`wamkit.actions.spec`). When the env's suite is known, a spec that does not
+fit it (a model trained on 10 FPS data evaluated at 20, a 4-D MetaWorld model on LIBERO) is refused
+before any episode runs. Other servers send no spec and are taken as they are.
 """
 
 from __future__ import annotations
@@ -20,6 +25,21 @@ from wamkit.config import ConfigError
 from wamkit.constants import OBS_STATE, TASK, image_key
 
 
+def check_spec_fits(spec: dict[str, Any], suite: Any, url: str) -> None:
+    """Refuse a served model whose preprocessing spec does not fit the env's suite (a SuiteInfo)."""
+    wants = {"fps": suite.fps, "state_dim": suite.state_dim, "env_action_dim": suite.action_dim}
+    diff = [
+        f"{k}: model {spec.get(k)!r}, env {v!r}"
+        for k, v in wants.items()
+        if spec.get(k) is not None and spec.get(k) != v
+    ]
+    if diff:
+        raise ConfigError(
+            f"the model served at {url} was trained on data that does not fit suite {suite.suite!r} "
+            f"({'; '.join(diff)}); evaluate it on the suite its data came from"
+        )
+
+
 class RemotePolicy:
     """One connection (one pipeline stage): ``policy(obs_list) -> (actions [B, H, D], infer seconds)``.
 
@@ -27,11 +47,13 @@ class RemotePolicy:
     model's time, without queueing), else the round trip as the client saw it.
     """
 
-    def __init__(self, url: str, cameras: list[str]):
+    def __init__(self, url: str, cameras: list[str], suite: Any = None):
         from wamkit.serve.client import PolicyClient
 
         self.client = PolicyClient(url)
         meta = getattr(self.client, "metadata", None) or {}
+        if suite is not None and isinstance(meta.get("preprocess"), dict):
+            check_spec_fits(meta["preprocess"], suite, url)
         wanted = (meta.get("inputs") or {}).get("image_keys")
         rendered = [image_key(c) for c in cameras]
         if wanted:

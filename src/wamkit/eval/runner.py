@@ -115,7 +115,10 @@ def run_eval(
     env_cfg, ecfg = cfg.env, cfg.eval
     check_eval_config(ecfg)
     episodes = plan_episodes(env_cfg, ecfg)
-    make_policy = policy_factory or (lambda url, e: RemotePolicy(url, list(e.cameras)))
+    from wamkit.envs import suite_info
+
+    info = suite_info(env_cfg.suite)
+    make_policy = policy_factory or (lambda url, e: RemotePolicy(url, list(e.cameras), info))
     out = Path(ecfg.out_dir)
     plan = plan_record(env_cfg, ecfg, server_identity(ecfg))
     with Journal(out, plan, resume=resume or ecfg.resume) as journal:

@@ -1,7 +1,8 @@
 """Checkpoint conversions, each verified before it is reported done.
 
 - :func:`checkpoint_to_serving`: a DCP training checkpoint (sharded, any world size) -> a *serving
-  directory* = ``save_pretrained`` output (``model.safetensors`` + ``model.json``) + ``stats.json``.
+  directory* = ``save_pretrained`` output (``model.safetensors`` + ``model.json``) + ``preprocess.json``
+  (the preprocessing spec training ran, stats inside).
   The DCP is read by one process with no process group (DCP reshards on load), so a checkpoint of N
   GPUs converts on a laptop. ``ema=True`` takes the EMA of the trained weights instead of the weights.
 - :func:`serving_to_dcp`: a serving directory -> a model-only DCP directory (the warm-start direction,
@@ -15,7 +16,6 @@ Every output is written to ``<out>.tmp``, verified (reloaded and compared bit fo
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -27,13 +27,13 @@ from typing import Any
 import torch
 import torch.distributed.checkpoint as dcp
 
-from wamkit.actions.stats import StatsFile
-from wamkit.config import ModelConfig
+from wamkit.actions.spec import PreprocessSpec, SpecError
+from wamkit.actions.stats import StatsError, StatsFile
+from wamkit.config import ConfigError, ModelConfig
+from wamkit.files import CONFIG_FILE, MODEL_FILE, SPEC_FILE, STATS_FILE, atomic_write_json
 from wamkit.models.base import ModelAdapter, ModelIO
 
 log = logging.getLogger(__name__)
-
-STATS = "stats.json"
 
 
 class ConversionError(RuntimeError):
@@ -114,38 +114,71 @@ def _fresh_tmp(out: Path) -> Path:
     return tmp
 
 
+def checkpoint_spec(ckpt: Path, io: ModelIO) -> PreprocessSpec:
+    """The checkpoint's ``preprocess.json``; for a checkpoint from before the spec existed, the spec is
+    rebuilt from the ``config.yaml`` and ``stats.json`` that run saved beside it (what training used)."""
+    if (ckpt / SPEC_FILE).is_file():
+        return PreprocessSpec.load(ckpt / SPEC_FILE)
+    if not ((ckpt / CONFIG_FILE).is_file() and (ckpt / STATS_FILE).is_file()):
+        raise ConversionError(
+            f"{ckpt}: no {SPEC_FILE} (nor the {CONFIG_FILE} + {STATS_FILE} to rebuild it from)"
+        )
+    from wamkit.config import load_config
+    from wamkit.train.data_setup import build_spec
+
+    log.warning(
+        "%s predates %s: rebuilding it from the run's %s and %s", ckpt, SPEC_FILE, CONFIG_FILE, STATS_FILE
+    )
+    stats = StatsFile.load(ckpt / STATS_FILE)
+    if "gripper" not in stats.metadata:  # every stats file before gripper conventions held env commands
+        stats.metadata["gripper"] = "env"
+    return build_spec(load_config(ckpt / CONFIG_FILE), io, stats)
+
+
 def checkpoint_to_serving(
     ckpt_dir: str | os.PathLike, out_dir: str | os.PathLike, ema: bool = False, overwrite: bool = False
 ) -> Path:
-    """DCP checkpoint -> serving directory; verified (weights reload bit-identical, stats parse)."""
+    """DCP checkpoint -> serving directory; verified (weights reload bit-identical, the spec reads back
+    equal and fits the model)."""
     from wamkit.models.pretrained import load_pretrained, save_pretrained
 
     ckpt, out = Path(ckpt_dir), Path(out_dir)
     adapter = load_checkpoint_weights(ckpt, ema=ema)
-    stats_src = ckpt / STATS
-    StatsFile.load(stats_src)  # refuse to ship a serving dir with a broken stats file
+    try:
+        spec = checkpoint_spec(ckpt, adapter.io)
+        spec.check_model(adapter.io, where=f"{ckpt / SPEC_FILE}")
+    except (SpecError, StatsError, ConfigError) as err:
+        raise ConversionError(str(err)) from None
     tmp = _fresh_tmp(out)
     save_pretrained(adapter, tmp)
-    shutil.copyfile(stats_src, tmp / STATS)
+    spec.save(tmp / SPEC_FILE)
     written = {k: v.detach().clone() for k, v in adapter.module.state_dict().items()}
     _verify_same(written, load_pretrained(tmp).module.state_dict(), tmp)
-    StatsFile.load(tmp / STATS)
-    (tmp / "source.json").write_text(json.dumps({"checkpoint": str(ckpt.resolve()), "ema": ema}))
+    _verify_spec(spec, tmp)
+    atomic_write_json(tmp / "source.json", {"checkpoint": str(ckpt.resolve()), "ema": ema})
     return _commit(tmp, out, overwrite)
 
 
+def _verify_spec(spec: PreprocessSpec, where: Path) -> None:
+    back = PreprocessSpec.load(where / SPEC_FILE)
+    if back.to_json() != spec.to_json():
+        raise ConversionError(f"{where / SPEC_FILE}: the preprocessing spec differs after reload")
+
+
 def serving_to_dcp(serve_dir: str | os.PathLike, out_dir: str | os.PathLike, overwrite: bool = False) -> Path:
-    """Serving directory -> model-only DCP (``{"model": ...}``) with model.json and stats.json; verified."""
-    from wamkit.models.pretrained import CONFIG, load_pretrained
+    """Serving directory -> model-only DCP (``{"model": ...}``) with model.json and preprocess.json;
+    verified."""
+    from wamkit.models.pretrained import load_pretrained
 
     src, out = Path(serve_dir), Path(out_dir)
     state = {k: v.detach().clone() for k, v in load_pretrained(src).module.state_dict().items()}
     tmp = _fresh_tmp(out)
     with _single_process():
         dcp.save({"model": state}, checkpoint_id=str(tmp), no_dist=True)
-    shutil.copyfile(src / CONFIG, tmp / CONFIG)
-    if (src / STATS).is_file():
-        shutil.copyfile(src / STATS, tmp / STATS)
+    shutil.copyfile(src / MODEL_FILE, tmp / MODEL_FILE)
+    spec = PreprocessSpec.load(src / SPEC_FILE)
+    spec.save(tmp / SPEC_FILE)
+    _verify_spec(spec, tmp)
     back = {"model": {k: torch.empty_like(v) for k, v in state.items()}}
     with _single_process():
         dcp.load(back, checkpoint_id=str(tmp), no_dist=True)
@@ -169,6 +202,9 @@ def serving_to_extra(
             f"model '{adapter.name}' has no export_extra(out_dir): no other format to write"
         )
     out = Path(out_dir)
+    spec = PreprocessSpec.load(Path(serve_dir) / SPEC_FILE)
     tmp = _fresh_tmp(out)
     hook(tmp)
+    spec.save(tmp / SPEC_FILE)  # the export carries the transforms its model needs, like every artifact
+    _verify_spec(spec, tmp)
     return _commit(tmp, out, overwrite)

@@ -8,12 +8,13 @@ Batch format (what the data pipeline produces and ``sft_loss`` / ``predict`` con
 - ``action``: float32 [B, chunk, action_dim], normalised, in ``io.representation`` (training only);
 - ``action_is_pad``: bool [B, chunk], True where the chunk ran past the episode end (training only);
 - ``task``: list of B strings;
-- optional ``observation.future_images.<cam>``: uint8 [B, H, W, 3], the frame ``chunk`` steps ahead
-  (the world-model target; training only, models that predict frames use it).
+- optional ``observation.future_images.<cam>``: uint8 [B, K, H, W, 3], the frames at the model's
+  ``future_frame_offsets`` after the current one, clamped to the episode's last frame (world-model
+  targets; training only, for models that declare offsets).
 
 ``predict`` returns model-space action chunks: float32 numpy [B, chunk, action_dim], still normalised;
-turning them into env-ready actions is :class:`wamkit.actions.codec.ActionCodec`'s job, shared by the
-server and the trainer's checks.
+turning them into env-ready actions is :class:`wamkit.actions.spec.PreprocessSpec`'s job, the same
+object the training dataset ran.
 """
 
 from __future__ import annotations
@@ -28,13 +29,6 @@ from wamkit.constants import ACTION, OBS_STATE, TASK, image_key
 
 Mode = Literal["policy", "forward_dynamics", "inverse_dynamics"]
 
-FUTURE_IMAGES = "observation.future_images"  # world-model targets are f"{FUTURE_IMAGES}.{camera}"
-
-
-def future_image_key(camera: str) -> str:
-    """The batch key of one camera's future frame, e.g. ``observation.future_images.corner``."""
-    return f"{FUTURE_IMAGES}.{camera}"
-
 
 @dataclass(frozen=True)
 class ModelIO:
@@ -45,7 +39,7 @@ class ModelIO:
     state_dim: int = 39
     action_dim: int = 4
     chunk: int = 16
-    representation: str = "raw"  # "raw" | "libero_rot6d" (see wamkit.actions.codec)
+    representation: str = "raw"  # "raw" | "libero_rot6d" (see wamkit.actions.representations)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -110,8 +104,9 @@ class ModelAdapter(Protocol):
     name: str
     io: ModelIO
     module: torch.nn.Module
-    # True when sft_loss needs ``observation.future_images.<cam>`` (the world loss, dynamics modes)
-    needs_future_frames: bool
+    # Frame offsets after the current one whose images sft_loss needs as
+    # ``observation.future_images.<cam>`` (world loss, dynamics modes); () for none.
+    future_frame_offsets: tuple[int, ...]
 
     def param_groups(self) -> list[ParamGroup]: ...
 

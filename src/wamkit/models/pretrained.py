@@ -16,13 +16,18 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from wamkit.config import ModelConfig
+from wamkit.files import (
+    MODEL_FILE,
+    MODEL_FORMAT,
+    WEIGHTS_FILE,
+    atomic_write_json,
+    atomic_write_with,
+    model_json,
+)
 from wamkit.models.base import ModelAdapter, ModelIO
 from wamkit.models.registry import build_model
 
-WEIGHTS = "model.safetensors"
-CONFIG = "model.json"
-FORMAT = "wamkit-model"
-VERSION = 1
+WEIGHTS, CONFIG, FORMAT = WEIGHTS_FILE, MODEL_FILE, MODEL_FORMAT
 
 
 def save_pretrained(adapter: ModelAdapter, out_dir: str | Path) -> Path:
@@ -30,11 +35,8 @@ def save_pretrained(adapter: ModelAdapter, out_dir: str | Path) -> Path:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in adapter.module.state_dict().items()}
-    save_file(tensors, str(out / (WEIGHTS + ".tmp")), metadata={"format": "pt"})
-    (out / (WEIGHTS + ".tmp")).replace(out / WEIGHTS)
-    meta = {"format": FORMAT, "version": VERSION, **adapter.config_dict()}
-    (out / (CONFIG + ".tmp")).write_text(json.dumps(meta, indent=2, sort_keys=True))
-    (out / (CONFIG + ".tmp")).replace(out / CONFIG)
+    atomic_write_with(out / WEIGHTS, lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}))
+    atomic_write_json(out / CONFIG, model_json(adapter.config_dict()), indent=2, sort_keys=True)
     return out
 
 

@@ -38,9 +38,10 @@ from typing import Any
 import av
 import numpy as np
 
+from wamkit.actions.images import resize_images
 from wamkit.constants import OBS_STATE, image_key
 from wamkit.serve.cli import add_model_arguments, build_policy, resolve_config
-from wamkit.serve.policy import FD_ACTIONS, GOAL_IMAGE, MODES, RequestError, ServedPolicy, resize_images
+from wamkit.serve.policy import FD_ACTIONS, GOAL_IMAGE, MODES, RequestError, ServedPolicy
 
 FIELDS = (
     "model_mode",
@@ -99,14 +100,14 @@ def resolve_sample(path: Path, policy: ServedPolicy) -> dict[str, Any]:
     unknown = sorted(set(raw) - set(FIELDS))
     if unknown:
         raise bad(unknown[0], f"unknown (valid fields: {', '.join(FIELDS)})")
-    io, meta = policy.io, policy.codec.stats.metadata
+    io, meta = policy.io, policy.spec.stats.metadata
     s = {
         "model_mode": raw.get("model_mode", "policy"),
         "name": raw.get("name", path.stem),
         "prompt": raw.get("prompt", ""),
         "vision_path": raw.get("vision_path"),
         "action_path": raw.get("action_path"),
-        "state": raw.get("state", policy.codec.stats[OBS_STATE].mean),
+        "state": raw.get("state", policy.spec.stats[OBS_STATE].mean),
         "domain_name": raw.get("domain_name", meta.get("domain_name", "")),
         "action_chunk_size": raw.get("action_chunk_size", io.chunk),
         "fps": raw.get("fps", meta.get("fps", 10)),

@@ -1,13 +1,14 @@
 """Build a :class:`ServedPolicy` from a serving directory or from a registered model with random weights.
 
 A serving directory (written by ``wamkit convert``) holds ``model.safetensors`` + ``model.json`` (from
-``save_pretrained``) and ``stats.json`` (a :class:`~wamkit.actions.StatsFile`). The stats metadata may
-carry ``normalization`` (default ``quantile``) and ``clip`` (default false): the settings training used.
+``save_pretrained``) and ``preprocess.json``: the :class:`~wamkit.actions.spec.PreprocessSpec` training
+ran (stats, normalisation, clipping, gripper convention, resize, cameras). It is used as written;
+nothing here fills in a default. A directory without it predates the spec and is refused.
 
-With random init there are no stats, so the server uses *identity stats*: every feature gets
-q01 = -1, q99 = +1 (mean 0, std 1, min -1, max +1), which makes quantile normalisation the identity.
-State goes to the model unchanged and actions come back in the model's own scale (for ``libero_rot6d``
-the rot6d -> axis-angle conversion still runs), which is what a throughput benchmark needs.
+With random init there is no data, so the server uses :meth:`PreprocessSpec.identity`: stats under
+which quantile normalisation is the identity. State goes to the model unchanged and actions come back in
+the model's own scale (for ``libero_rot6d`` the rot6d -> axis-angle conversion still runs), which is
+what a throughput benchmark needs.
 """
 
 from __future__ import annotations
@@ -16,57 +17,31 @@ import logging
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from wamkit.actions.codec import ActionCodec
-from wamkit.actions.stats import FeatureStats, StatsFile
+from wamkit.actions.spec import PreprocessSpec, SpecError
 from wamkit.config import ConfigError, ModelConfig
-from wamkit.constants import ACTION, OBS_STATE
+from wamkit.device import resolve_device as _resolve
+from wamkit.files import MODEL_FILE, SPEC_FILE, STATS_FILE, WEIGHTS_FILE
 from wamkit.models import ModelIO, build_model
 from wamkit.serve.policy import ServedPolicy
 
 log = logging.getLogger(__name__)
-SERVING_FILES = ("model.safetensors", "model.json", "stats.json")
+SERVING_FILES = (WEIGHTS_FILE, MODEL_FILE, SPEC_FILE)
 
 
 def resolve_device(device: str) -> str:
-    """``auto`` -> ``cuda`` when a GPU is visible, else ``cpu``."""
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"serve.device: '{device}' asked for, but no CUDA device is visible")
-    return device
+    """``serve.device`` as a torch device string (see :mod:`wamkit.device`)."""
+    return str(_resolve(device, "serve.device"))
 
 
-def identity_stats(io: ModelIO) -> StatsFile:
-    """Stats under which quantile normalisation is the identity, for a model served without a dataset."""
-
-    def unit(dim: int) -> FeatureStats:
-        return FeatureStats(
-            mean=[0.0] * dim,
-            std=[1.0] * dim,
-            min=[-1.0] * dim,
-            max=[1.0] * dim,
-            q01=[-1.0] * dim,
-            q99=[1.0] * dim,
-            count=1,
-        )
-
-    meta = {
-        "representation": io.representation,
-        "chunk": io.chunk,
-        "action_dim": io.action_dim,
-        "identity": True,
-    }
-    return StatsFile(features={ACTION: unit(io.action_dim), OBS_STATE: unit(io.state_dim)}, metadata=meta)
-
-
-def codec_from_stats(stats: StatsFile) -> ActionCodec:
-    """The codec training used: normalisation kind and clipping come from the stats metadata."""
-    return ActionCodec(
-        stats,
-        normalization=stats.metadata.get("normalization", "quantile"),
-        clip=bool(stats.metadata.get("clip", False)),
+def identity_spec(io: ModelIO) -> PreprocessSpec:
+    """The spec of a model served without a dataset (see the module docstring)."""
+    return PreprocessSpec.identity(
+        representation=io.representation,
+        cameras=io.cameras,
+        image_size=io.image_size,
+        state_dim=io.state_dim,
+        action_dim=io.action_dim,
+        chunk=io.chunk,
     )
 
 
@@ -76,6 +51,13 @@ def load_served(export_dir: str | Path, device: str = "auto", raw_actions: bool 
     if not root.is_dir():
         raise ConfigError(f"serving directory {root} does not exist")
     missing = [f for f in SERVING_FILES if not (root / f).is_file()]
+    if missing == [SPEC_FILE] and (root / STATS_FILE).is_file():
+        raise ConfigError(
+            f"serving directory {root} has {STATS_FILE} but no {SPEC_FILE}: it was exported before the "
+            "preprocessing spec existed. Re-export it from its training checkpoint with "
+            f"`wamkit convert <run_dir>/checkpoints/step_N {root}.new` (an old checkpoint's spec is rebuilt "
+            "from the config.yaml and stats.json its run saved)"
+        )
     if missing:
         raise ConfigError(
             f"serving directory {root} lacks {', '.join(missing)} (expected {', '.join(SERVING_FILES)}; "
@@ -85,8 +67,11 @@ def load_served(export_dir: str | Path, device: str = "auto", raw_actions: bool 
 
     dev = resolve_device(device)
     adapter = load_pretrained(root, device=dev)
-    stats = StatsFile.load(root / "stats.json")
-    policy = ServedPolicy(adapter, codec_from_stats(stats), raw_actions=raw_actions, source=str(root))
+    try:
+        spec = PreprocessSpec.load(root / SPEC_FILE)
+        policy = ServedPolicy(adapter, spec, raw_actions=raw_actions, source=str(root))
+    except SpecError as err:
+        raise ConfigError(str(err)) from None
     log.info("loaded %s from %s on %s", adapter.name, root, dev)
     return policy
 
@@ -105,7 +90,6 @@ def random_init(
     )
     adapter.module.to(dev)
     adapter.module.eval()
-    stats = identity_stats(adapter.io)
     return ServedPolicy(
-        adapter, codec_from_stats(stats), raw_actions=raw_actions, source=f"random-init {name}/{preset}"
+        adapter, identity_spec(adapter.io), raw_actions=raw_actions, source=f"random-init {name}/{preset}"
     )

@@ -2,15 +2,15 @@
 
 :class:`ServedPolicy` turns one decoded request (an observation dict, single or batched) into a
 model-space :class:`Request`, runs a list of requests as one ``predict`` call and splits the results
-back. It applies the very :class:`~wamkit.actions.codec.ActionCodec` training uses: ``encode_state``
-on the incoming state and ``decode_actions`` on the model output (unless ``raw_actions``), so clients
-get env-ready actions.
+back. It applies the very :class:`~wamkit.actions.spec.PreprocessSpec` training ran: ``resize_images`` on
+the images, ``encode_state`` on the incoming state and ``decode_actions`` on the model output (unless
+``raw_actions``), so clients get env-ready actions (gripper -1 = open, +1 = close).
 
 Request keys (one observation; a batched request puts a leading batch axis B on every array and
 sends ``prompt`` as a list of B strings):
 
 - ``observation.images.<cam>``: uint8 [H, W, 3], one per camera the model declares. Any H x W is
-  accepted and resized (bilinear, antialiased; the aspect ratio is not kept) to ``io.image_size``;
+  accepted and resized by the spec's method (the aspect ratio is not kept) to ``io.image_size``;
 - ``observation.state``: numbers [state_dim], raw env units (the server normalises them);
 - ``prompt`` (or ``task``): the instruction;
 - OpenPI LIBERO keys are accepted too: ``observation/image`` and ``observation/wrist_image`` map to
@@ -18,7 +18,7 @@ sends ``prompt`` as a list of B strings):
 - optional ``mode`` (``policy`` | ``inverse_dynamics`` | ``forward_dynamics``) and ``seed`` (int);
 - ``inverse_dynamics`` also takes ``goal_image``, the goal frame of the first camera (same form as
   the observation images),
-  ``forward_dynamics`` takes ``actions`` [chunk, D_env] env actions (model space with ``raw_actions``).
+  ``forward_dynamics`` takes ``actions`` [chunk, D_env] env commands (model space with ``raw_actions``).
 
 Replies: ``{"actions": float32 [chunk, D_env]}`` (``[B, chunk, D_env]`` when batched), or
 ``{"frames": uint8 [H, W, 3]}`` for ``forward_dynamics``.
@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from wamkit.actions.codec import ActionCodec, from_representation
+from wamkit.actions.spec import PreprocessSpec
 from wamkit.constants import OBS_STATE, TASK, image_key
 
 MODES = ("policy", "inverse_dynamics", "forward_dynamics")
@@ -69,18 +69,6 @@ class Request:
         return (self.mode,) if self.seed is None else (self.mode, self.seed, id(self))
 
 
-def resize_images(img: np.ndarray, size: int) -> np.ndarray:
-    """uint8 [n, H, W, 3] -> uint8 [n, size, size, 3] (bilinear, antialiased); unchanged if it fits."""
-    if img.shape[1] == size and img.shape[2] == size:
-        return img
-    # uint8 in and out: torch's uint8 antialiased kernel is ~100x faster than a float round trip on CPU
-    x = torch.from_numpy(np.array(img)).permute(0, 3, 1, 2)  # a copy: wire arrays are read-only
-    x = torch.nn.functional.interpolate(
-        x, size=(size, size), mode="bilinear", antialias=True, align_corners=False
-    )
-    return x.permute(0, 2, 3, 1).contiguous().numpy()
-
-
 def _numeric(value: Any, key: str) -> np.ndarray:
     arr = np.asarray(value) if isinstance(value, list | tuple | int | float) else value
     if not isinstance(arr, np.ndarray) or arr.dtype.kind not in "biuf":
@@ -89,27 +77,17 @@ def _numeric(value: Any, key: str) -> np.ndarray:
 
 
 class ServedPolicy:
-    """A model adapter plus its action codec, as the server and ``wamkit infer`` run it."""
+    """A model adapter plus the preprocessing spec it was trained with, as the server and ``wamkit
+    infer`` run it. A spec that does not fit the model is refused here, at start."""
 
-    def __init__(self, adapter: Any, codec: ActionCodec, raw_actions: bool = False, source: str = ""):
+    def __init__(self, adapter: Any, spec: PreprocessSpec, raw_actions: bool = False, source: str = ""):
         self.adapter = adapter
         self.io = adapter.io
-        self.codec = codec
+        self.spec = spec
         self.raw_actions = raw_actions
         self.source = source
-        codec.stats[OBS_STATE]  # noqa: B018 -- fail at start, not at the first request, if missing
-        if codec.stats["action"].dim != self.io.action_dim:
-            raise ValueError(
-                f"stats file: 'action' has {codec.stats['action'].dim} dims but the model's action_dim is "
-                f"{self.io.action_dim} (representation {self.io.representation})"
-            )
-        if codec.representation != self.io.representation:
-            raise ValueError(
-                f"stats file: representation {codec.representation!r} but the model uses {self.io.representation!r}"
-            )
-        with np.errstate(invalid="ignore", divide="ignore"):  # only the shape matters here
-            probe = from_representation(np.zeros((1, self.io.action_dim)), self.io.representation)
-        self.env_action_dim = int(probe.shape[-1])
+        spec.check_model(self.io, where=f"preprocessing spec of {source or adapter.name}")
+        self.env_action_dim = spec.env_action_dim
 
     def metadata(self, **extra: Any) -> dict[str, Any]:
         """What a client needs to know, sent on connect (plain msgpack types only)."""
@@ -133,7 +111,9 @@ class ServedPolicy:
                 "dim": io.action_dim if self.raw_actions else self.env_action_dim,
                 "representation": io.representation,
                 "raw": self.raw_actions,
+                "gripper": "model space" if self.raw_actions else "env command: -1 open, +1 close",
             },
+            "preprocess": self.spec.summary(),
             "chunk": io.chunk,
             "action_horizon": io.chunk,
             "modes": list(MODES),
@@ -213,7 +193,7 @@ class ServedPolicy:
                 raise RequestError(f"{pkey}: expected a string, got {type(prompt).__name__}")
             tasks = [prompt]
 
-        batch: dict[str, Any] = {OBS_STATE: self.codec.encode_state(state.reshape(n, -1)), TASK: tasks}
+        batch: dict[str, Any] = {OBS_STATE: self.spec.encode_state(state.reshape(n, -1)), TASK: tasks}
         for cam in self.io.cameras:
             batch[image_key(cam)] = self._images(got, image_key(cam), n, batched)
         inputs: dict[str, Any] = {}
@@ -244,7 +224,7 @@ class ServedPolicy:
             raise RequestError(f"{key}: batch axis is {img.shape[0]} but {OBS_STATE} has {n}")
         if min(img.shape[1:3]) == 0 or max(img.shape[1:3]) > 4096:
             raise RequestError(f"{key}: image size {img.shape[1]}x{img.shape[2]} is outside 1..4096")
-        return resize_images(img, self.io.image_size)
+        return self.spec.resize_images(img)
 
     def _fd_actions(self, got: dict, n: int, batched: bool) -> np.ndarray:
         if FD_ACTIONS not in got:
@@ -257,7 +237,9 @@ class ServedPolicy:
                 f"{FD_ACTIONS}: expected finite numbers of shape {list(want)}, got {list(acts.shape)}"
             )
         acts = acts.reshape(n, self.io.chunk, dim)
-        return np.asarray(acts, np.float32) if self.raw_actions else self.codec.encode_actions(acts)
+        if self.raw_actions:
+            return np.asarray(acts, np.float32)
+        return self.spec.encode_actions(self.spec.env_to_stored(acts))
 
     # -- running -----------------------------------------------------------------------------------
     def run(self, requests: list[Request]) -> list[dict[str, np.ndarray]]:
@@ -279,7 +261,7 @@ class ServedPolicy:
         else:
             name, result = "actions", np.asarray(out["actions"], np.float32)
             if not self.raw_actions:
-                result = self.codec.decode_actions(result)
+                result = self.spec.decode_actions(result)
         replies, start = [], 0
         for r in requests:
             part = np.ascontiguousarray(result[start : start + r.n])

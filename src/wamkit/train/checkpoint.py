@@ -6,7 +6,8 @@ A checkpoint is a directory ``run_dir/checkpoints/step_000100/`` holding:
   (resharding on load is DCP's job, so a checkpoint loads under another world size);
 - ``rank_00000.pt`` ...: per-rank state that cannot be sharded: RNG states (python, numpy, torch, CUDA)
   and the data-loader position;
-- ``model.json`` (the adapter's ``config_dict()``), ``stats.json``, ``config.yaml``: what export needs;
+- ``model.json`` (the adapter's ``config_dict()``), ``preprocess.json`` (the preprocessing spec, stats
+  inside) and ``config.yaml``: what export needs;
 - ``meta.json``: step and world size, written last. It is the marker of completeness.
 
 Writes go to ``.tmp_step_000100/``; every file is fsynced, then the directory is renamed into place. A
@@ -32,8 +33,6 @@ import torch.distributed.checkpoint as dcp
 log = logging.getLogger(__name__)
 
 MARKER = "meta.json"
-MODEL_JSON = "model.json"
-STATS_JSON = "stats.json"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
 

@@ -16,6 +16,7 @@ import torch.distributed as dist
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from wamkit.config import ConfigError
+from wamkit.device import resolve_device
 from wamkit.models.base import ParamGroup
 
 log = logging.getLogger(__name__)
@@ -41,15 +42,12 @@ def _free_port() -> int:
 
 
 def pick_device(name: str, local_rank: int) -> torch.device:
-    """``auto`` picks the local rank's GPU when CUDA is available, else the CPU."""
-    if name not in ("auto", "cpu", "cuda"):
-        raise ConfigError(f"train.device: {name!r} is not allowed; expected auto, cpu or cuda")
-    if name == "cuda" or (name == "auto" and torch.cuda.is_available()):
-        if not torch.cuda.is_available():
-            raise ConfigError("train.device=cuda but torch sees no CUDA device")
-        torch.cuda.set_device(local_rank)
-        return torch.device("cuda", local_rank)
-    return torch.device("cpu")
+    """``train.device`` for this process (see :mod:`wamkit.device`); a GPU becomes the current one."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    device = resolve_device(name, "train.device", local_rank, world)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    return device
 
 
 def init_distributed(device_name: str = "auto") -> DistInfo:

@@ -26,6 +26,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.distributed.tensor import DTensor
 
 from wamkit.config import ConfigError, RunConfig, save_config, to_dict
+from wamkit.files import CONFIG_FILE, MODEL_FILE, SPEC_FILE, model_json
 from wamkit.log import setup_logging
 from wamkit.models.base import ModelAdapter, ModelIO
 from wamkit.train import checkpoint as ckpt
@@ -36,8 +37,8 @@ from wamkit.train.optim import PowerEMA, build_optimizer, lr_factor, set_lr
 log = logging.getLogger(__name__)
 
 AdapterFn = Callable[[RunConfig, ModelIO], ModelAdapter]
-# (cfg, rank, world, run_dir) -> (io, stats_path, make_loader(future_frames) -> loader)
-DataFn = Callable[[RunConfig, int, int, Path], tuple[ModelIO, Path, Callable[[bool], Any]]]
+# (cfg, rank, world, run_dir) -> (io, spec_path, make_loader(future_frame_offsets) -> loader)
+DataFn = Callable[[RunConfig, int, int, Path], tuple[ModelIO, Path, Callable[[tuple[int, ...]], Any]]]
 
 
 class NonFiniteLoss(RuntimeError):
@@ -61,7 +62,7 @@ def _default_adapter(cfg: RunConfig, io: ModelIO) -> ModelAdapter:
 
 
 def _default_data(cfg: RunConfig, rank: int, world: int, run_dir: Path):
-    from wamkit.train.data import build_data
+    from wamkit.train.data_setup import build_data
 
     return build_data(cfg, rank, world, run_dir)
 
@@ -87,13 +88,13 @@ class _Loop:
         if info.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             setup_logging("info", str(self.run_dir / "train.log"))
-            save_config(cfg, self.run_dir / "config.yaml")
+            save_config(cfg, self.run_dir / CONFIG_FILE)
             ckpt.clean_stale(self.ckpt_root)
         else:
             logging.getLogger().setLevel(logging.WARNING)  # one voice: rank 0's
         dist.barrier()
 
-        io, self.stats_path, make_loader = data_fn(cfg, info.rank, info.world_size, self.run_dir)
+        io, self.spec_path, make_loader = data_fn(cfg, info.rank, info.world_size, self.run_dir)
         _seed_all(t.seed)  # the same initial weights on every rank: each keeps its shard of them
         self.adapter = adapter_fn(cfg, io)
         module = self.adapter.module
@@ -101,7 +102,7 @@ class _Loop:
         self.trainable = list(trained.values())
         self.optimizer = build_optimizer(groups, t.lr, t.weight_decay, t.betas)
         self.ema = PowerEMA(trained, t.ema_power) if t.ema else None
-        self.loader = make_loader(bool(getattr(self.adapter, "needs_future_frames", False)))
+        self.loader = make_loader(tuple(self.adapter.future_frame_offsets))
         _seed_all(t.seed + 1_000_003 * (info.rank + 1))  # per-rank noise in the loss
         self.step = 0
         self.n_params = sum(p.numel() for p in module.parameters())
@@ -149,11 +150,9 @@ class _Loop:
         t0 = time.perf_counter()
         files = {
             # the format of wamkit.models.pretrained, so export rebuilds the model the same way
-            ckpt.MODEL_JSON: json.dumps(
-                {"format": "wamkit-model", "version": 1, **self.adapter.config_dict()}
-            ),
-            ckpt.STATS_JSON: self.stats_path.read_text(),
-            "config.yaml": yaml.safe_dump(to_dict(self.cfg), sort_keys=False),
+            MODEL_FILE: json.dumps(model_json(self.adapter.config_dict())),
+            SPEC_FILE: self.spec_path.read_text(),
+            CONFIG_FILE: yaml.safe_dump(to_dict(self.cfg), sort_keys=False),
         }
         rank_state = {"rng": ckpt.rng_state(self.info.device), "loader": self.loader.state_dict()}
         path = ckpt.save_checkpoint(

@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 
 from wamkit.config import ConfigError
-from wamkit.constants import ACTION, ACTION_IS_PAD, OBS_STATE, TASK, image_key
-from wamkit.models.base import Mode, ModelIO, ParamGroup, future_image_key
+from wamkit.constants import ACTION, ACTION_IS_PAD, OBS_STATE, TASK, future_image_key, image_key
+from wamkit.models.base import Mode, ModelIO, ParamGroup
 from wamkit.models.text import encode_texts
 from wamkit.models.tiny.config import TinyConfig
 from wamkit.models.tiny.network import TinyWAM, patchify, to_unit_range, unpatchify
@@ -69,9 +69,9 @@ class TinyAdapter:
         return self.module.action_pos.device
 
     @property
-    def needs_future_frames(self) -> bool:
-        """Whether training batches must carry the future frames (the world loss or dynamics modes)."""
-        return self.cfg.uses_frames
+    def future_frame_offsets(self) -> tuple[int, ...]:
+        """The one future frame this model predicts, ``chunk`` steps ahead, when it has frame tokens."""
+        return (self.io.chunk,) if self.cfg.uses_frames else ()
 
     def blocks(self) -> list[torch.nn.Module]:
         return list(self.module.blocks)
@@ -200,7 +200,7 @@ class TinyAdapter:
                     f"batch lacks {key} (the frame {self.io.chunk} steps ahead), which this model predicts; "
                     "provide it or build the model with model.options.world_weight=0"
                 )
-            x_frm = self._frame_latent(batch[key], key)
+            x_frm = self._frame_latent(batch[key][:, 0], key)  # [B, K=1, H, W, 3] -> [B, H, W, 3]
             t_frm = torch.where(is_id, torch.zeros_like(t), t)
             eps_frm = torch.randn_like(x_frm)
             gen["frames"] = (1 - t_frm)[:, None, None] * x_frm + t_frm[:, None, None] * eps_frm

@@ -1,10 +1,11 @@
-"""The training dataset: per-sample batches in the format of :mod:`wamkit.models.base`.
+"""The SFT dataset: per-sample batches in the format of :mod:`wamkit.models.base`.
 
-``make_train_dataset(data_cfg, io, codec)`` reads one v3 dataset, or a folder of several (one per
-suite), and yields dicts with camera images (uint8 [H, W, 3], resized to ``io.image_size``), the
-normalised state, the encoded action chunk [chunk, D], ``action_is_pad`` and the task string; with
-``future_frames=True`` also ``observation.future_images.<cam>``, the frame ``chunk`` steps ahead
-(clamped to the episode's last frame). Every sub-dataset's fps must equal the stats file's.
+``make_train_dataset(data_cfg, spec)`` reads one v3 dataset, or a folder of several (one per suite),
+and yields dicts with camera images (uint8 [H, W, 3], resized by the spec), the normalised state, the
+encoded action chunk [chunk, D], ``action_is_pad`` and the task string; with ``future_offsets`` also
+``observation.future_images.<cam>``, uint8 [K, H, W, 3]: the frames at those offsets after the current
+one (clamped to the episode's last frame). Every transform is the :class:`PreprocessSpec`'s own, the
+very object the server runs. Every sub-dataset's fps must equal the spec's.
 """
 
 from __future__ import annotations
@@ -16,23 +17,16 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
-from wamkit.actions.codec import ActionCodec
-from wamkit.actions.stats import StatsError
+from wamkit.actions.spec import PreprocessSpec, SpecError
 from wamkit.config import ConfigError, DataConfig
-from wamkit.constants import ACTION, ACTION_IS_PAD, OBS_STATE, TASK, image_key
+from wamkit.constants import ACTION, ACTION_IS_PAD, OBS_STATE, TASK, future_image_key, image_key
 from wamkit.data.dataset import LeRobotDataset
 from wamkit.data.meta import INFO, DatasetError, DatasetMeta
 
 log = logging.getLogger(__name__)
 
-FUTURE_IMAGES = "observation.future_images"
 LIBERO_SUITES = ("libero_spatial", "libero_object", "libero_goal", "libero_10")
-
-
-def future_key(camera: str) -> str:
-    return f"{FUTURE_IMAGES}.{camera}"
 
 
 def suite_roots(cfg: DataConfig) -> dict[str, Path]:
@@ -71,69 +65,61 @@ class TrainDataset(torch.utils.data.Dataset):
     """Samples of several suites, concatenated; ``suite_sizes`` and ``weights`` drive the sampler."""
 
     def __init__(self, suites: dict[str, LeRobotDataset], weights: list[float], cameras: dict[str, str],
-                 io, codec: ActionCodec, future_frames: bool):  # fmt: skip
+                 spec: PreprocessSpec, future_offsets: tuple[int, ...]):  # fmt: skip
         self.suites = suites
         self.names = list(suites)
         self.suite_sizes = [len(d) for d in suites.values()]
         self.offsets = np.cumsum([0, *self.suite_sizes]).tolist()
         self.weights = weights
         self.cameras = cameras  # model camera name -> dataset feature key
-        self.io, self.codec, self.future_frames = io, codec, future_frames
+        self.spec, self.future_offsets = spec, tuple(future_offsets)
 
     def __len__(self) -> int:
         return self.offsets[-1]
-
-    def _resize(self, img: torch.Tensor) -> torch.Tensor:
-        size = self.io.image_size
-        if img.shape[-3:-1] == (size, size):
-            return img
-        x = img.movedim(-1, -3).float()
-        x = F.interpolate(x.reshape(-1, *x.shape[-3:]), size=(size, size), mode="bilinear", antialias=True)
-        x = x.reshape(*img.shape[:-3], 3, size, size).movedim(-3, -1)
-        return x.round().clamp(0, 255).to(torch.uint8)
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         s = bisect.bisect_right(self.offsets, i) - 1
         raw = self.suites[self.names[s]][i - self.offsets[s]]
         out: dict[str, Any] = {
-            OBS_STATE: torch.from_numpy(self.codec.encode_state(raw[OBS_STATE].numpy())),
-            ACTION: torch.from_numpy(self.codec.encode_actions(raw[ACTION].numpy())),
+            OBS_STATE: torch.from_numpy(self.spec.encode_state(raw[OBS_STATE].numpy())),
+            ACTION: torch.from_numpy(self.spec.encode_actions(raw[ACTION].numpy())),
             ACTION_IS_PAD: raw[f"{ACTION}_is_pad"],
             TASK: raw[TASK],
         }
         for cam, key in self.cameras.items():
             frames = raw[key]
-            if self.future_frames:  # frames = [now, now + chunk]
-                out[image_key(cam)] = self._resize(frames[0])
-                out[future_key(cam)] = self._resize(frames[1])
+            if self.future_offsets:  # frames = [now, now + offsets[0], now + offsets[1], ...]
+                out[image_key(cam)] = self.spec.resize_images(frames[0])
+                out[future_image_key(cam)] = self.spec.resize_images(frames[1:])
             else:
-                out[image_key(cam)] = self._resize(frames)
+                out[image_key(cam)] = self.spec.resize_images(frames)
         return out
 
 
 def make_train_dataset(
-    data_cfg: DataConfig, io, codec: ActionCodec, future_frames: bool = False
+    data_cfg: DataConfig, spec: PreprocessSpec, future_offsets: tuple[int, ...] = ()
 ) -> TrainDataset:
-    """The map-style training dataset for ``data_cfg`` and the model's ``io`` (see the module docstring)."""
-    if codec.representation != io.representation:
-        raise StatsError(
-            f"stats file representation {codec.representation!r} but the model trains on {io.representation!r}"
-        )
+    """The map-style training dataset for ``data_cfg`` under ``spec`` (see the module docstring)."""
     roots = suite_roots(data_cfg)
-    chunk = data_cfg.chunk
-    if chunk != io.chunk:
-        raise ConfigError(f"data.chunk: {chunk} but the model's action chunk is {io.chunk}")
-    # data.cameras[i] is the dataset camera that feeds the model's camera io.cameras[i]
-    wanted = list(data_cfg.cameras) or list(io.cameras)
-    if len(wanted) != len(io.cameras):
+    chunk = spec.chunk
+    if data_cfg.chunk != chunk:
+        raise ConfigError(f"data.chunk: {data_cfg.chunk} but the preprocessing spec's chunk is {chunk}")
+    if any(int(k) < 1 for k in future_offsets):
+        raise ValueError(f"future frame offsets must be positive, got {list(future_offsets)}")
+    # data.cameras[i] is the dataset camera that feeds the model's camera spec.cameras[i]
+    wanted = list(data_cfg.cameras) or list(spec.cameras)
+    if len(wanted) != len(spec.cameras):
         raise ConfigError(
-            f"data.cameras: {wanted} must name one dataset camera per model camera {list(io.cameras)}"
+            f"data.cameras: {wanted} must name one dataset camera per model camera {list(spec.cameras)}"
         )
     suites: dict[str, LeRobotDataset] = {}
     cameras: dict[str, str] = {}
     for name, root in roots.items():
         meta = DatasetMeta(root)
-        codec.stats.check(source=f"stats file (for dataset {root})", fps=meta.fps)
+        if spec.fps is not None and meta.fps != spec.fps:
+            raise SpecError(
+                f"{root}: recorded at {meta.fps} fps but the preprocessing spec (its stats) is for {spec.fps} fps"
+            )
         keys = []
         for cam in wanted:
             key = cam if cam in meta.camera_keys else image_key(cam)
@@ -142,14 +128,14 @@ def make_train_dataset(
                     f"{root}: has no camera '{cam}' (cameras: {meta.camera_keys}); set data.cameras"
                 )
             keys.append(key)
-        cameras = dict(zip(io.cameras, keys))
+        cameras = dict(zip(spec.cameras, keys))
         delta: dict[str, list[float]] = {ACTION: [k / meta.fps for k in range(chunk)]}
-        if future_frames:
-            delta.update({k: [0.0, chunk / meta.fps] for k in keys})
+        if future_offsets:
+            delta.update({k: [0.0, *(o / meta.fps for o in future_offsets)] for k in keys})
         suites[name] = LeRobotDataset(root, delta_timestamps=delta, cameras=keys)
     weights = list(data_cfg.suite_weights) or [float(len(d)) for d in suites.values()]
     if any(w < 0 for w in weights) or sum(weights) <= 0:
         raise ConfigError(
             f"data.suite_weights: expected non-negative weights with a positive sum, got {weights}"
         )
-    return TrainDataset(suites, weights, cameras, io, codec, future_frames)
+    return TrainDataset(suites, weights, cameras, spec, tuple(int(k) for k in future_offsets))

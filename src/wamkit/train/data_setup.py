@@ -1,7 +1,9 @@
-"""The trainer's view of the data stage: ModelIO, stats file and a resumable loader from a dataset.
+"""The trainer's view of the data stage: ModelIO, the preprocessing spec and a resumable loader.
 
 The ModelIO comes from the dataset (cameras, image size, state dim; action dim after the
-representation change), the chunk and representation from ``data.*``.
+representation change), the chunk and representation from ``data.*``. The spec (stats, normalisation,
+clipping, gripper convention, resize, camera order) is built once here, written to
+``<run_dir>/preprocess.json`` and from there into every checkpoint; the loader runs that very object.
 """
 
 from __future__ import annotations
@@ -11,13 +13,14 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch.distributed as dist
 
-from wamkit.actions.codec import ActionCodec, to_representation
+from wamkit.actions.representations import get_representation
+from wamkit.actions.spec import PreprocessSpec
 from wamkit.actions.stats import StatsFile
 from wamkit.config import ConfigError, RunConfig
-from wamkit.constants import ACTION, OBS_STATE, camera_of
+from wamkit.constants import ACTION, OBS_STATE, camera_of, image_key
+from wamkit.files import SPEC_FILE, STATS_FILE
 from wamkit.models.base import ModelIO
 
 log = logging.getLogger(__name__)
@@ -41,9 +44,12 @@ def io_from_dataset(cfg: RunConfig, features: dict[str, Any], source: str) -> Mo
     for key in (OBS_STATE, ACTION):
         if key not in features:
             raise ConfigError(f"{source}: no '{key}' feature")
-    size = int(features[f"observation.images.{cams[0]}"]["shape"][0])
+    size = int(features[image_key(cams[0])]["shape"][0])
     raw_dim = int(features[ACTION]["shape"][0])
-    action_dim = to_representation(np.zeros((1, raw_dim)), cfg.data.representation).shape[-1]
+    try:
+        action_dim = get_representation(cfg.data.representation).model_dim(raw_dim)
+    except ValueError as err:
+        raise ConfigError(f"data.representation: {err} ({source})") from None
     return ModelIO(
         cameras=tuple(cams),
         image_size=size,
@@ -59,7 +65,7 @@ def resolve_stats(cfg: RunConfig, run_dir: Path, fps: float, is_main: bool) -> P
     ``meta/wamkit_stats.json``, else computed now (rank 0; the other ranks wait)."""
     from wamkit.data import compute_stats
 
-    out = run_dir / "stats.json"
+    out = run_dir / STATS_FILE
     given = Path(cfg.data.stats) if cfg.data.stats else Path(cfg.data.root) / "meta" / "wamkit_stats.json"
     if is_main:
         if given.is_file():
@@ -77,11 +83,26 @@ def resolve_stats(cfg: RunConfig, run_dir: Path, fps: float, is_main: bool) -> P
     return out
 
 
-def build_data(cfg: RunConfig, rank: int, world_size: int, run_dir: Path):
-    """Return ``(io, stats_path, loader, make_loader)`` from ``wamkit.data``.
+def build_spec(cfg: RunConfig, io: ModelIO, stats: StatsFile) -> PreprocessSpec:
+    """The preprocessing spec of this run: ``data.*`` settings, the stats, the model's camera order."""
+    return PreprocessSpec.create(
+        stats,
+        normalization=cfg.data.normalization,
+        clip=cfg.data.clip,
+        image_size=io.image_size,
+        resize=cfg.data.resize,
+        cameras=io.cameras,
+        camera_sources=[image_key(c) for c in (cfg.data.cameras or io.cameras)],
+        chunk=cfg.data.chunk,
+        gripper=cfg.data.gripper or None,
+    )
 
-    ``make_loader(future_frames)`` builds the loader; it is separate because whether a model wants
-    future frames is known only once the model is built from ``io``.
+
+def build_data(cfg: RunConfig, rank: int, world_size: int, run_dir: Path):
+    """Return ``(io, spec_path, make_loader)`` from ``wamkit.data``.
+
+    ``make_loader(future_offsets)`` builds the loader; it is separate because which future frames a
+    model wants is known only once the model is built from ``io``.
     """
     from wamkit.data import LeRobotDataset, make_train_dataset, make_train_loader
 
@@ -89,12 +110,15 @@ def build_data(cfg: RunConfig, rank: int, world_size: int, run_dir: Path):
     ds = LeRobotDataset(root)
     io = io_from_dataset(cfg, ds.features, str(root / "meta" / "info.json"))
     stats_path = resolve_stats(cfg, run_dir, ds.fps, rank == 0)
-    codec = ActionCodec(StatsFile.load(stats_path), cfg.data.normalization, cfg.data.clip)
+    spec = build_spec(cfg, io, StatsFile.load(stats_path))
+    spec_path = run_dir / SPEC_FILE
+    if rank == 0:
+        spec.save(spec_path)
 
-    def make_loader(future_frames: bool):
-        dataset = make_train_dataset(cfg.data, io, codec, future_frames=future_frames)
+    def make_loader(future_offsets: tuple[int, ...]):
+        dataset = make_train_dataset(cfg.data, spec, future_offsets)
         return make_train_loader(
             dataset, cfg.train.micro_batch, cfg.data.seed, cfg.data.num_workers, rank, world_size
         )
 
-    return io, stats_path, make_loader
+    return io, spec_path, make_loader

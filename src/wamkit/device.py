@@ -1,0 +1,30 @@
+"""One device resolver for every stage (train, serve, infer, bench): the same names mean the same thing.
+
+Names: ``auto`` (a GPU when one is visible, else the CPU), ``cpu``, ``cuda`` (the process's GPU: under
+torchrun the local rank's), ``cuda:N`` (GPU N; with several processes on one host each would need its
+own, so a multi-process run refuses it).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from wamkit.config import ConfigError
+
+
+def resolve_device(name: str, key: str = "device", local_rank: int = 0, processes: int = 1) -> torch.device:
+    """The torch device ``name`` means here; ``key`` names the setting in errors."""
+    kind, _, index = name.partition(":")
+    if kind not in ("auto", "cpu", "cuda") or (index and (kind != "cuda" or not index.isdigit())):
+        raise ConfigError(f"{key}: {name!r} is not one of auto, cpu, cuda, cuda:N")
+    if kind == "cpu" or (kind == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ConfigError(f"{key}: {name!r} asked for, but no CUDA device is visible")
+    if index:
+        if processes > 1:
+            raise ConfigError(f"{key}: {name!r} names one GPU, but {processes} processes run; use cuda")
+        if int(index) >= torch.cuda.device_count():
+            raise ConfigError(f"{key}: {name!r} but {torch.cuda.device_count()} CUDA device(s) are visible")
+        return torch.device("cuda", int(index))
+    return torch.device("cuda", local_rank)
