@@ -23,6 +23,12 @@ class ConfigError(ValueError):
     """A configuration value or key is invalid. The message names the dotted key."""
 
 
+def _positive(section: Any, name: str, key: str) -> None:
+    value = getattr(section, key)
+    if value <= 0:
+        raise ConfigError(f"{name}.{key}: expected a positive integer, got {value}")
+
+
 # --------------------------------------------------------------------------------------------------
 # Stage sections
 # --------------------------------------------------------------------------------------------------
@@ -40,8 +46,16 @@ class EnvConfig:
     image_size: int = 128
     # "fast" turns off shadows, reflections and MSAA (about 10x cheaper on CPU). Recorded in datasets
     # and checked at eval: a model trained on one look must be evaluated on the same look.
-    render_quality: Literal["default", "fast"] = "fast"
+    # "auto": the suite's protocol look (LIBERO: default, as its published data; MetaWorld: fast).
+    render_quality: Literal["auto", "default", "fast"] = "auto"
     max_steps: int = 0  # 0: the suite's own limit
+    # How episode seeds reach the simulator (docs/libero.md). openpi / openvla: the task's env is seeded
+    # once (7 / 0) and trial t starts from the random state t earlier resets leave; per_trial: trial t is
+    # seeded with eval.seed + t. "auto": LIBERO openpi, MetaWorld per_trial.
+    seed_rule: Literal["auto", "openpi", "openvla", "per_trial"] = "auto"
+    # LIBERO: rebuild the simulator at every reset, as openpi's client does (seconds per reset); false
+    # reuses it and clears what it keeps (tested identical, see docs/libero.md).
+    hard_reset: bool = False
 
 
 @dataclass
@@ -111,6 +125,16 @@ class TrainConfig:
     device: str = "auto"  # auto | cpu | cuda
     resume: str = ""  # "" (fresh), "auto" (newest complete checkpoint) or a checkpoint path
 
+    def __post_init__(self) -> None:
+        for key in ("max_steps", "micro_batch", "global_batch", "save_interval", "log_interval"):
+            _positive(self, "train", key)
+        if self.global_batch % self.micro_batch:
+            raise ConfigError(
+                f"train.global_batch={self.global_batch} is not a multiple of train.micro_batch={self.micro_batch}"
+            )
+        if self.precision == "bf16" and self.device == "cpu":
+            raise ConfigError("train.precision=bf16 needs a CUDA device; use train.precision=fp32 on the CPU")
+
 
 @dataclass
 class ServeConfig:
@@ -132,8 +156,8 @@ class EvalConfig:
     out_dir: str = "runs/eval"
     server_url: str = ""  # ws://host:port; empty: start a local server from serve_dir
     serve_dir: str = ""
-    trials: int = 10  # per task
-    seed: int = 1000  # trial t uses seed + t; keep it apart from the collection seeds
+    trials: int = 0  # per task; 0: the suite's protocol (LIBERO 50, MetaWorld 10)
+    seed: int = 1000  # env.seed_rule=per_trial: trial t uses seed + t; keep it apart from collection seeds
     num_envs: int = 4
     pipeline_stages: int = 2  # 0: auto (measured on a warm-up)
     executor: Literal["local", "ray"] = "local"
@@ -142,6 +166,26 @@ class EvalConfig:
     videos: int = 2  # episodes recorded as mp4 per task
     resume: bool = False
     watchdog_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        for key in ("num_envs", "workers", "replan_interval"):
+            _positive(self, "eval", key)
+        if self.pipeline_stages < 0:
+            raise ConfigError(
+                f"eval.pipeline_stages: expected >= 1, or 0 for auto, got {self.pipeline_stages}"
+            )
+        if self.pipeline_stages and self.num_envs % self.pipeline_stages:
+            raise ConfigError(
+                f"eval.num_envs={self.num_envs} is not divisible by eval.pipeline_stages={self.pipeline_stages}: "
+                "every stage needs the same number of envs (no env is silently dropped); "
+                f"try eval.num_envs={self.pipeline_stages * max(1, round(self.num_envs / self.pipeline_stages))}"
+            )
+        if self.watchdog_s <= 0:
+            raise ConfigError(
+                f"eval.watchdog_s: expected a positive number of seconds, got {self.watchdog_s}"
+            )
+        if self.videos < 0:
+            raise ConfigError(f"eval.videos: expected >= 0 episodes per task, got {self.videos}")
 
 
 @dataclass

@@ -272,12 +272,9 @@ def train(cfg: RunConfig, adapter_fn: AdapterFn | None = None, data_fn: DataFn |
     ``adapter_fn(cfg, io)`` and ``data_fn(cfg, rank, world, run_dir)`` default to the registry model and
     ``wamkit.data``; tests and users with their own data pass their own.
     """
-    for key in ("max_steps", "micro_batch", "global_batch", "save_interval", "log_interval"):
-        if getattr(cfg.train, key) <= 0:
-            raise ConfigError(f"train.{key}: expected a positive integer, got {getattr(cfg.train, key)}")
-    info = init_distributed(cfg.train.device)
+    info = init_distributed(cfg.train.device)  # ranges were checked by TrainConfig.__post_init__
     try:
-        if cfg.train.precision == "bf16" and info.device.type != "cuda":
+        if cfg.train.precision == "bf16" and info.device.type != "cuda":  # device=auto on a CPU machine
             raise ConfigError("train.precision=bf16 needs a CUDA device; use train.precision=fp32 on the CPU")
         loop = _Loop(cfg, info, adapter_fn or _default_adapter, data_fn or _default_data)
         loop.run()
