@@ -78,6 +78,8 @@ class Cosmos3Adapter(Cosmos3Inference):
             vae=vae,
             scheduler=scheduler,
             enable_safety_checker=False,
+            default_use_system_prompt=False,  # cosmos trains the action captions without one
+            use_native_flow_schedule=True,  # the sigma grid cosmos samples with (recipe.native_sigmas)
         )
         self.pipe.set_progress_bar_config(disable=True)
         self.domain_id = _EMBODIMENT_TO_DOMAIN_ID[options["domain_name"]]

@@ -25,6 +25,7 @@ import torch
 
 from wamkit.constants import TASK, image_key
 from wamkit.models.base import Mode
+from wamkit.models.cosmos3.recipe import native_sigmas
 
 MODES = ("policy", "forward_dynamics", "inverse_dynamics")
 
@@ -131,7 +132,8 @@ class Cosmos3Inference:
         lat_a = cond_a * act_init.to(dev) + (1 - cond_a) * torch.stack(noise_a).to(dev)
 
         sch_v = copy.deepcopy(self.scheduler)
-        sch_v.set_timesteps(int(self.options["num_inference_steps"]), device=dev)
+        steps = int(self.options["num_inference_steps"])
+        sch_v.set_timesteps(steps, device=dev, sigmas=native_sigmas(sch_v, steps))
         sch_a = copy.deepcopy(sch_v)
         noisy_actions = len(action_cond) < self.io.chunk
         for t in sch_v.timesteps:

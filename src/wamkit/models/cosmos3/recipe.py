@@ -14,8 +14,8 @@ Each piece names the upstream fact it reproduces (file and line in docs/cosmos3_
 - **Training noise level**: one sigma per sample, shared by vision and action tokens, drawn from the
   "waver" distribution and warped by the resolution's shift (3 for the 256 tier):
   ``sigma = shift t / (1 + (shift - 1) t)``.
-- **Sampling**: UniPC on the native flow schedule (``use_flow_sigmas``) at ``flow_shift`` (5 unless the
-  checkpoint's own scheduler config is a native flow schedule with its own shift), no guidance.
+- **Sampling**: UniPC on the native flow schedule (:func:`native_sigmas`, then ``flow_shift``: 5 unless
+  the checkpoint's own scheduler config is a native flow schedule with its own shift), no guidance.
 """
 
 from __future__ import annotations
@@ -121,6 +121,14 @@ def train_sigmas(n: int, shift: float, device: Any = "cpu", generator: torch.Gen
     u = torch.rand((n,), generator=generator)
     t = 1.0 - u - WAVER_MODE_S * (torch.cos(torch.pi / 2.0 * u) ** 2 - 1 + u)
     return shift_sigmas(t, shift).to(device)
+
+
+def native_sigmas(scheduler: UniPCMultistepScheduler, steps: int) -> np.ndarray:
+    """The native flow grid before the shift: ``steps`` sigmas linear from ``1 - 1/N`` towards 0 (N the
+    train timesteps), as cosmos' FlowUniPC and diffusers' ``use_native_flow_schedule`` pipeline set
+    them; ``set_timesteps(sigmas=...)`` then applies ``flow_shift``."""
+    n = int(scheduler.config.num_train_timesteps)
+    return np.linspace(1.0 - 1.0 / n, 0.0, steps + 1)[:-1]
 
 
 def _scheduler_config(root: Path | None) -> dict[str, Any]:
