@@ -41,7 +41,13 @@ def samples(tmp_path):
         },
         "c": {"model_mode": "inverse_dynamics", "vision_path": "clip.mp4", "name": "inverse"},
         "bad_chunk": {"vision_path": "start.png", "action_chunk_size": 8},
-        "bad_field": {"vision_path": "start.png", "colour": "red"},
+        "extra_fields": {
+            "vision_path": "start.png",
+            "colour": "red",
+            "view_point": "ego_view",
+            "model_mode": "wam",
+        },
+        "bad_url": {"vision_path": "https://example.com/clip.mp4"},
         "bad_vision": {"vision_path": "missing.png"},
         "bad_inverse": {"model_mode": "inverse_dynamics", "vision_path": "start.png"},
     }
@@ -68,29 +74,27 @@ def test_infer_writes_outputs_and_reports_invalid_samples(samples, tmp_path, cap
     )
     printed = capsys.readouterr().out
     assert rc == 1
-    assert "3 sample(s) written" in printed and "4 invalid" in printed
+    assert "4 sample(s) written" in printed and "4 invalid" in printed
+    assert "extra_fields.json: fields recorded but not used: colour, view_point" in printed
     for needle in [
         "bad_chunk.json: field 'action_chunk_size'",
-        "bad_field.json: field 'colour': unknown",
+        "bad_url.json: field 'vision_path': https://example.com/clip.mp4 is a URL",
         "bad_vision.json: field 'vision_path': cannot read",
         "bad_inverse.json: field 'vision_path': inverse_dynamics needs a video",
     ]:
         assert needle in printed, printed
 
     args = json.loads((out / "a" / "sample_args.json").read_text())
-    assert set(args) >= {
-        "model_mode",
-        "name",
-        "prompt",
-        "vision_path",
-        "domain_name",
-        "action_chunk_size",
-        "fps",
-        "image_size",
-        "seed",
-    }
-    assert args["action_chunk_size"] == 16 and args["image_size"] == 128 and args["model_mode"] == "policy"
-    actions = np.asarray(json.loads((out / "a" / "sample_outputs.json").read_text())["actions"])
+    assert set(args) >= {"model_mode", "name", "prompt", "vision_path", "domain_name", "action_chunk_size"}
+    assert (
+        args["action_chunk_size"] == 16 and args["model_mode"] == "wam" and args["wamkit"]["mode"] == "policy"
+    )
+    extra = json.loads((out / "extra_fields" / "sample_args.json").read_text())
+    assert extra["colour"] == "red" and extra["wamkit"]["unused_fields"] == ["colour", "view_point"]
+    result = json.loads((out / "a" / "sample_outputs.json").read_text())
+    assert result["status"] == "success" and result["args"]["name"] == "a"
+    assert result["outputs"][0]["files"] == [str(out / "a" / "vision.mp4")]
+    actions = np.asarray(result["outputs"][0]["content"]["action"])
     # identity stats: the delay model's formula with state 0.1 and a uniform image of value 60
     t = np.arange(16)[:, None]
     np.testing.assert_allclose(actions, np.tanh(0.1 + 0.1 * t + 0.5 * 60 / 255) * np.ones((1, 4)), atol=2e-3)
@@ -98,10 +102,41 @@ def test_infer_writes_outputs_and_reports_invalid_samples(samples, tmp_path, cap
     frames = read_frames(out / "b" / "vision.mp4")
     assert frames.shape == (2, 128, 128, 3)
     assert abs(frames[0].mean() - 20) < 4 and abs(frames[1].mean() - 25) < 4  # first frame + 10 x mean action
-    assert not (out / "a" / "vision.mp4").exists()
-    inv = np.asarray(json.loads((out / "inverse" / "sample_outputs.json").read_text())["actions"])
+    assert read_frames(out / "a" / "vision.mp4").shape == (1, 128, 128, 3)  # vision.mp4 in every mode
+    inv = np.asarray(
+        json.loads((out / "inverse" / "sample_outputs.json").read_text())["outputs"][0]["content"]["action"]
+    )
     assert inv.shape == (16, 4)
     np.testing.assert_allclose(inv[0], np.tanh(0.5 * 20 / 255) + 220 / 255, atol=2e-2)  # goal = last frame
+    assert read_frames(out / "inverse" / "vision.mp4").shape[0] == 3  # the observed clip
+
+
+def test_infer_cosmos3_reads_a_cosmos_sample_as_it_is(tmp_path, capsys):
+    """A cosmos-framework sample file (LIBERO concat_view clip) through the tiny cosmos3: one image per
+    camera, the predicted future frames in vision.mp4, inverse dynamics on the whole clip."""
+    pytest.importorskip("diffusers")
+    d = tmp_path / "s"
+    d.mkdir()
+    rng = np.random.default_rng(0)
+    left = rng.integers(0, 100, (17, 64, 64, 3), dtype=np.uint8)
+    right = rng.integers(150, 256, (17, 64, 64, 3), dtype=np.uint8)
+    write_video(d / "clip.mp4", np.concatenate([left, right], axis=2), 20)
+    common = {"action_chunk_size": 16, "domain_name": "libero", "fps": 20, "image_size": 64,
+              "view_point": "concat_view", "extra": {"golden_mse_max": 0.05}, "seed": 0,
+              "prompt": "put the bowl on the plate", "vision_path": "clip.mp4"}  # fmt: skip
+    (d / "policy.json").write_text(json.dumps({**common, "model_mode": "wam", "name": "p"}))
+    (d / "inverse.json").write_text(json.dumps({**common, "model_mode": "inverse_dynamics", "name": "i"}))
+    out = tmp_path / "out"
+    argv = ["infer", "-i", str(d / "*.json"), "-o", str(out), "--model", "cosmos3", "--preset", "tiny"]
+    argv += ["--random-init", "--device", "cpu", "--option", "num_inference_steps=2"]
+    assert wamkit(argv) == 0, capsys.readouterr().out
+    video = read_frames(out / "p" / "vision.mp4")
+    assert video.shape[0] == 17 and video.shape[2] == 2 * video.shape[1]  # observation + 16 predicted
+    result = json.loads((out / "p" / "sample_outputs.json").read_text())
+    assert np.asarray(result["outputs"][0]["content"]["action"]).shape[0] == 16
+    assert result["args"]["wamkit"]["unused_fields"] == ["extra", "image_size", "view_point"]
+    inv = json.loads((out / "i" / "sample_outputs.json").read_text())
+    assert np.isfinite(np.asarray(inv["outputs"][0]["content"]["action"])).all()
 
 
 def test_infer_without_matching_files(tmp_path, capsys):

@@ -84,9 +84,12 @@ class Cosmos3Inference:
         return out
 
     def _goal_clips(self, views: list[np.ndarray], goal: Any) -> list[list[np.ndarray]]:
+        if not isinstance(goal, dict) and len(self.io.cameras) == 1 and goal is not None:
+            goal = {image_key(self.io.cameras[0]): goal}  # one camera: the array is its goal
         if not isinstance(goal, dict):
             raise ValueError(
-                "inverse_dynamics needs goal_images={image key: uint8 [B, chunk, H, W, 3] or [B, H, W, 3]}"
+                "inverse_dynamics needs every camera's goal: goal_images={image key: uint8 "
+                "[B, chunk, H, W, 3] or [B, H, W, 3]}"
             )
         cams = [_np(goal[k]) for k in self._image_keys(goal)]
         if cams[0].ndim == 4:  # one goal frame per camera: held for the whole chunk
