@@ -99,3 +99,54 @@ def test_stats_command_writes_file_and_reports_tiny_dims(tmp_path, libero_tiny):
 def test_unknown_representation_is_refused(libero_tiny):
     with pytest.raises(DatasetError, match="representation 'quat'"):
         compute_stats(libero_tiny, "quat")
+
+
+def _gripper_dataset(root, open_value: float, close_value: float):
+    """LIBERO-shaped frames whose gripper alternates open/close; the fingers follow one step later."""
+    from wamkit.data.writer import LeRobotDatasetWriter
+
+    features = {
+        "observation.images.image": {"dtype": "image", "shape": [8, 8, 3], "names": None},
+        OBS_STATE: {"dtype": "float32", "shape": [8], "names": None},
+        ACTION: {"dtype": "float32", "shape": [7], "names": None},
+    }
+    writer = LeRobotDatasetWriter.create(root, 20, features, robot_type="test")
+    width = 0.04
+    for t in range(60):
+        closing = (t // 10) % 2 == 1
+        action = np.zeros(7, np.float32)
+        action[6] = close_value if closing else open_value
+        state = np.zeros(8, np.float32)
+        state[6], state[7] = width, -width
+        writer.add_frame({"observation.images.image": np.zeros((8, 8, 3), np.uint8), OBS_STATE: state,
+                          ACTION: action, "task": "grip"})  # fmt: skip
+        width = float(np.clip(width + (-0.004 if closing else 0.004), 0.0, 0.04))
+    writer.save_episode()
+    writer.finalize()
+    return root
+
+
+@pytest.mark.parametrize(
+    "open_value,close_value,want", [(1.0, 0.0, "open_1"), (0.0, 1.0, "close_1"), (-1.0, 1.0, "env")]
+)
+def test_gripper_convention_is_detected_and_recorded(tmp_path, open_value, close_value, want):
+    root = _gripper_dataset(tmp_path / "d", open_value, close_value)
+    stats = compute_stats(root, "libero_rot6d", chunk=4, finger_dims=(6, 7))
+    assert stats.metadata["gripper"] == want, stats.metadata["gripper_evidence"]
+    forced = compute_stats(root, "libero_rot6d", chunk=4, gripper="close_1")
+    assert (forced.metadata["gripper"], forced.metadata["gripper_evidence"]) == (
+        "close_1",
+        "given explicitly",
+    )
+
+
+def test_stats_command_reports_the_gripper_convention(tmp_path, libero_tiny):
+    out = tmp_path / "stats.json"
+    cmd = [sys.executable, "-m", "wamkit", "stats", str(libero_tiny), "--representation", "libero_rot6d",
+           "--finger-dims", "6,7", "--out", str(out)]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "gripper convention: env (gripper actions range over [-1, 1]: negative values" in proc.stdout
+    assert StatsFile.load(out).metadata["gripper"] == "env"
+    bad = subprocess.run([*cmd[:-2], "--finger-dims", "6"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 1 and "--finger-dims: expected two state dims" in bad.stderr

@@ -31,7 +31,7 @@ FLAGS = {
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     """What to run: a serving directory, or ``--model/--preset --random-init`` (shared with ``infer``)."""
     parser.add_argument(
-        "export_dir", nargs="?", help="serving directory (model.safetensors, model.json, stats.json)"
+        "export_dir", nargs="?", help="serving directory (model.safetensors, model.json, preprocess.json)"
     )
     parser.add_argument("--model", help="registered model name, with --random-init (default: model.name)")
     parser.add_argument(
