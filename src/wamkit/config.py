@@ -338,9 +338,6 @@ def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] 
 
 def save_config(cfg: Any, path: str | Path) -> Path:
     """Write the resolved config as YAML (every field, defaults included) next to a run's outputs."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
-    tmp.replace(path)
-    return path
+    from wamkit.files import atomic_write_text
+
+    return atomic_write_text(path, yaml.safe_dump(to_dict(cfg), sort_keys=False))

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from wamkit.config import RunConfig, load_config, save_config
+from wamkit.files import atomic_write_json
 
 log = logging.getLogger("wamkit.demo")
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "demo.yaml"
@@ -49,10 +49,7 @@ def _stage(out: Path, name: str, fresh: bool, fn: Callable[[], dict[str, Any]]) 
     t0 = time.perf_counter()
     result = fn()
     result["seconds"] = round(time.perf_counter() - t0, 1)
-    marker.parent.mkdir(parents=True, exist_ok=True)
-    tmp = marker.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, indent=1, default=str))
-    os.replace(tmp, marker)
+    atomic_write_json(marker, result, default=str)
     print(f"[demo] {name}: done in {result['seconds']:.0f} s", flush=True)
     return result
 

@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from wamkit.files import atomic_write_json
+
 FORMAT = "wamkit-stats/1"
 STAT_KEYS = ("mean", "std", "min", "max", "q01", "q99")
 TINY_RANGE = 1e-4  # q99 - q01 below this amplifies errors after quantile normalisation
@@ -170,12 +172,7 @@ class StatsFile:
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write atomically (a crash mid-write leaves the old file, never half a file)."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(self.to_json(), indent=1))
-        os.replace(tmp, path)
-        return path
+        return atomic_write_json(path, self.to_json())
 
     @classmethod
     def from_json(cls, data: Any, source: str = "stats file") -> StatsFile:

@@ -20,6 +20,7 @@ import av
 import numpy as np
 
 from wamkit.data.meta import DatasetError
+from wamkit.files import fsync_dir, tmp_path
 
 # How far ahead of the last decoded frame we keep decoding rather than seek (in frames): reading in
 # order continues the decoder; anything further seeks (cheap with lerobot's 2-frame GOPs).
@@ -138,7 +139,7 @@ class VideoEncoder:
                 f"{path}: video frames must have even height and width for yuv420p, got {height}x{width}"
             )
         self.path = Path(path)
-        self.tmp = self.path.with_name(self.path.stem + ".tmp.mp4")
+        self.tmp = tmp_path(self.path)
         self.tmp.parent.mkdir(parents=True, exist_ok=True)
         self.shape = (height, width, 3)
         self.container = av.open(str(self.tmp), mode="w")
@@ -164,7 +165,10 @@ class VideoEncoder:
         """Flush, close and move the file into place; returns its path."""
         self.container.mux(self.stream.encode(None))
         self.container.close()
+        with open(self.tmp, "rb") as fh:  # the crash protocol of wamkit.files: fsync, rename, fsync dir
+            os.fsync(fh.fileno())
         os.replace(self.tmp, self.path)
+        fsync_dir(self.path.parent)
         return self.path
 
     def abort(self) -> None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +27,7 @@ from wamkit.constants import EPISODE_INDEX, FRAME_INDEX, INDEX, TASK, TASK_INDEX
 from wamkit.data import episode_stats as es
 from wamkit.data.meta import CODEBASE_VERSION, EPISODES_DIR, INFO, PARTIAL, TASKS, DatasetError, read_parquet
 from wamkit.data.video import VideoEncoder
+from wamkit.files import atomic_write_bytes, atomic_write_with
 
 CHUNKS_SIZE = 1000
 DATA_PATH = "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
@@ -51,17 +51,11 @@ _IMAGE_STATS_STRIDE = 4  # every 4th pixel row/column feeds the camera stats
 
 
 def _atomic_write(path: Path, data: bytes | str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data.encode() if isinstance(data, str) else data)
-    os.replace(tmp, path)
+    atomic_write_bytes(path, data.encode() if isinstance(data, str) else data)
 
 
 def _write_table(path: Path, table: pa.Table) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    pq.write_table(table, tmp)
-    os.replace(tmp, path)
+    atomic_write_with(path, lambda tmp: pq.write_table(table, tmp))
 
 
 def _check_features(features: dict[str, Any]) -> dict[str, Any]:

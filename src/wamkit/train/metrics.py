@@ -6,14 +6,15 @@ keeps them on the device in between, so logging never stalls the GPU each step).
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
 
-LOSSES_JSONL = "losses.jsonl"
+from wamkit.files import LOSSES_FILE, append_jsonl, read_jsonl, rewrite_jsonl
+
+LOSSES_JSONL = LOSSES_FILE
 
 
 def truncate_losses(run_dir: str | os.PathLike, last_step: int) -> None:
@@ -22,25 +23,15 @@ def truncate_losses(run_dir: str | os.PathLike, last_step: int) -> None:
     A line cut short by a kill is dropped, so the file again reads as one uninterrupted run.
     """
     path = Path(run_dir) / LOSSES_JSONL
-    if not path.is_file():
-        return
-    keep = []
-    for line in path.read_text().splitlines():
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if rec.get("step", last_step + 1) <= last_step:
-            keep.append(line + "\n")
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(keep))
-    os.replace(tmp, path)
+    if path.is_file():
+        keep = [r for r in read_jsonl(path) if r.get("step", last_step + 1) <= last_step]
+        rewrite_jsonl(path, keep)
 
 
 def read_losses(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
     """The per-step records of a run: ``[{"step": 1, "loss": ..., <named parts>...}, ...]``."""
     path = Path(run_dir) / LOSSES_JSONL
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return read_jsonl(path)
 
 
 class RunLogger:
@@ -61,12 +52,10 @@ class RunLogger:
         if not self.enabled:
             return
         for rec in records:
-            self.jsonl.write(json.dumps(rec) + "\n")
+            append_jsonl(self.jsonl, rec)
             for k, v in rec.items():
                 if k != "step":
                     self.tb.add_scalar(f"train/{k}", v, rec["step"])
-        self.jsonl.flush()
-        os.fsync(self.jsonl.fileno())
         if records:
             self.bar.update(len(records))
             self.bar.set_postfix(loss=f"{records[-1]['loss']:.4f}")
