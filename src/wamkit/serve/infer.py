@@ -72,13 +72,15 @@ def _model_inputs(policy, s: dict[str, Any]) -> tuple[dict[str, Any], dict[str, 
     if s["mode"] == "policy":
         inputs["return_frames"] = True
     elif s["mode"] == "forward_dynamics":
-        acts = s["actions"]
-        if acts.shape != (io.chunk, spec.env_action_dim):
+        acts, raw = s["actions"], bool(getattr(policy, "raw_actions", False))
+        dim = io.action_dim if raw else spec.env_action_dim
+        if acts.shape != (io.chunk, dim):
+            what = "model-space actions (--raw-actions)" if raw else "env actions"
             raise SampleError(
-                f"sample '{s['name']}': field 'action_path': expected env actions "
-                f"[{io.chunk}, {spec.env_action_dim}], got {list(acts.shape)}"
+                f"sample '{s['name']}': field 'action_path': expected {what} [{io.chunk}, {dim}], got {list(acts.shape)}"
             )
-        inputs["actions"] = torch.from_numpy(spec.encode_actions(spec.env_to_stored(acts[None])))
+        model = acts[None].astype(np.float32) if raw else spec.encode_actions(spec.env_to_stored(acts[None]))
+        inputs["actions"] = torch.from_numpy(np.ascontiguousarray(model, np.float32))
     else:
         inputs["goal_images"] = _goal(policy, s)
     return batch, inputs
@@ -113,7 +115,10 @@ def run_sample(policy, s: dict[str, Any], out: Path) -> dict[str, Any]:
     observed = _side_by_side(s["views"])
     content: dict[str, Any] = {}
     if "actions" in reply:
-        content["action"] = policy.spec.decode_actions(np.asarray(reply["actions"], np.float32))[0].tolist()
+        acts = np.asarray(reply["actions"], np.float32)
+        content["action"] = (
+            acts if getattr(policy, "raw_actions", False) else policy.spec.decode_actions(acts)
+        )[0].tolist()
     if "video" in reply:
         video = np.asarray(reply["video"], np.uint8)[0]
     elif "frames" in reply:  # a model that predicts one frame: the observation, then it
