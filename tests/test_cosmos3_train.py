@@ -18,7 +18,7 @@ from wamkit.config import DataConfig, ModelConfig, RunConfig  # noqa: E402
 from wamkit.constants import ACTION, ACTION_IS_PAD, future_image_key  # noqa: E402
 from wamkit.data.loader import collate  # noqa: E402
 from wamkit.data.sft_dataset import make_train_dataset  # noqa: E402
-from wamkit.data.stats import compute_stats  # noqa: E402
+from wamkit.data.dataset_stats import compute_stats  # noqa: E402
 from wamkit.models import ModelIO, build_model  # noqa: E402
 from wamkit.train.data_setup import build_spec  # noqa: E402
 

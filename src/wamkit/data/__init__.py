@@ -10,7 +10,7 @@ from wamkit.data.dataset import LeRobotDataset
 from wamkit.data.loader import TrainLoader, collate, make_train_loader
 from wamkit.data.meta import DatasetError, DatasetMeta
 from wamkit.data.sft_dataset import TrainDataset, make_train_dataset, suite_roots
-from wamkit.data.stats import compute_stats
+from wamkit.data.dataset_stats import compute_stats
 from wamkit.data.writer import LeRobotDatasetWriter
 
 __all__ = [

@@ -12,7 +12,7 @@ from wamkit.actions import representations
 from wamkit.actions.gripper import CONVENTIONS
 from wamkit.actions.stats import TINY_RANGE, StatsError
 from wamkit.data.meta import DatasetError
-from wamkit.data.stats import compute_stats
+from wamkit.data.dataset_stats import compute_stats
 
 log = logging.getLogger("wamkit.stats")
 

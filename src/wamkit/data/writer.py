@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from wamkit.constants import EPISODE_INDEX, FRAME_INDEX, INDEX, TASK, TASK_INDEX, TIMESTAMP
-from wamkit.data import episode_stats as es
+from wamkit.data import lerobot_stats as es
 from wamkit.data.meta import CODEBASE_VERSION, EPISODES_DIR, INFO, PARTIAL, TASKS, DatasetError, read_parquet
 from wamkit.data.video import VideoEncoder
 from wamkit.files import atomic_write_bytes, atomic_write_with
