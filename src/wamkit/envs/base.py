@@ -13,6 +13,7 @@ that name alone. Observations use the dataset key names (:mod:`wamkit.constants`
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -21,6 +22,12 @@ import numpy as np
 from wamkit.config import ConfigError, EnvConfig
 
 RENDER_QUALITIES = ("default", "fast")
+# Seed rules (docs/libero.md): the base seed of the rules that seed a task's env once and reset it for
+# trials 0, 1, 2, ... in order (openpi's LIBERO client seeds 7, OpenVLA's 0); ``per_trial`` seeds trial
+# t with ``eval.seed + t`` right before its reset.
+SEQUENTIAL_SEEDS = {"openpi": 7, "openvla": 0}
+SEED_RULES = (*SEQUENTIAL_SEEDS, "per_trial")
+STACK = ("mujoco", "robosuite", "libero", "metaworld")
 
 Obs = dict[str, Any]
 StepResult = tuple[Obs, float, bool, bool, dict[str, Any]]
@@ -67,6 +74,41 @@ class SuiteInfo:
         return d
 
 
+@dataclass(frozen=True)
+class SuiteProtocol:
+    """What a suite's evaluation protocol fixes, and so what ``auto`` config values resolve to:
+    the render look, the seed rule and the trials per task."""
+
+    render_quality: str
+    seed_rule: str
+    trials: int
+
+
+def episode_seed(seed_rule: str, base_seed: int, trial: int) -> int:
+    """The seed of trial ``trial``: the rule's fixed seed (``openpi`` 7, ``openvla`` 0: every trial of
+    a task carries it, the trial index says how many resets came before), or ``base_seed + trial``."""
+    if seed_rule in SEQUENTIAL_SEEDS:
+        return SEQUENTIAL_SEEDS[seed_rule]
+    if seed_rule == "per_trial":
+        return base_seed + trial
+    raise ConfigError(f"env.seed_rule: {seed_rule!r} is not one of {SEED_RULES} (resolve 'auto' first)")
+
+
+def stack_versions() -> dict[str, str | None]:
+    """Installed versions of the simulator stack (None: not installed) and the GL backend: a change of
+    any of them can change what an episode looks like (see the drift pins)."""
+    from importlib import metadata
+
+    out: dict[str, str | None] = {}
+    for name in STACK:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    out["MUJOCO_GL"] = os.environ.get("MUJOCO_GL")
+    return out
+
+
 @runtime_checkable
 class Env(Protocol):
     """One simulator instance; ``reset`` may switch it to any task of its suite."""
@@ -88,8 +130,12 @@ class Env(Protocol):
 
 def check_env_config(cfg: EnvConfig) -> None:
     """Raise :class:`ConfigError` naming the ``env.*`` key that is out of range."""
-    if cfg.render_quality not in RENDER_QUALITIES:
-        raise ConfigError(f"env.render_quality: {cfg.render_quality!r} is not one of {RENDER_QUALITIES}")
+    if cfg.render_quality not in ("auto", *RENDER_QUALITIES):
+        raise ConfigError(
+            f"env.render_quality: {cfg.render_quality!r} is not one of {('auto', *RENDER_QUALITIES)}"
+        )
+    if cfg.seed_rule not in ("auto", *SEED_RULES):
+        raise ConfigError(f"env.seed_rule: {cfg.seed_rule!r} is not one of {('auto', *SEED_RULES)}")
     if cfg.image_size < 8 or cfg.image_size > 2048:
         raise ConfigError(f"env.image_size: expected 8..2048 pixels, got {cfg.image_size}")
     if not cfg.cameras:
@@ -99,7 +145,11 @@ def check_env_config(cfg: EnvConfig) -> None:
 
 
 def render_info(cfg: EnvConfig) -> dict[str, Any]:
-    """What a dataset records about how its images were made (``extra_info`` of the writer)."""
+    """What a dataset records about how its images were made (``extra_info`` of the writer); ``auto``
+    values are recorded as what they resolve to."""
+    from wamkit.envs.suites import resolve_env_config
+
+    cfg = resolve_env_config(cfg)
     return {"suite": cfg.suite, "render_quality": cfg.render_quality, "cameras": list(cfg.cameras)}
 
 
@@ -117,6 +167,9 @@ def check_render_quality(dataset_info: dict[str, Any], env_cfg: EnvConfig) -> No
     recorded = extra.get("render_quality", dataset_info.get("render_quality"))
     if recorded is None:
         return
+    from wamkit.envs.suites import resolve_env_config
+
+    env_cfg = resolve_env_config(env_cfg)
     if recorded != env_cfg.render_quality:
         raise ValueError(
             f"render quality mismatch: the dataset was rendered with render_quality={recorded!r} but "

@@ -24,7 +24,7 @@ import numpy as np
 
 from wamkit.config import ConfigError, EnvConfig
 from wamkit.constants import OBS_STATE, TASK, image_key
-from wamkit.envs.base import EpisodeSpec, Obs, StepResult, SuiteInfo
+from wamkit.envs.base import EpisodeSpec, Obs, StepResult, SuiteInfo, SuiteProtocol
 from wamkit.envs.render import CameraRenderer
 
 SUITE = "metaworld"
@@ -32,6 +32,9 @@ MAX_STEPS = 500
 FPS = 80
 STATE_DIM = 39
 ACTION_DIM = 4
+# MetaWorld's placement comes from the episode's seed, so each trial is seeded; the fast look is what
+# `wamkit collect` records by default (a model is evaluated on the look it was trained on).
+PROTOCOL = SuiteProtocol(render_quality="fast", seed_rule="per_trial", trials=10)
 CAMERAS = ("corner", "corner2", "corner3", "corner4", "topview", "behindGripper", "gripperPOV")
 
 MT10 = (
@@ -154,6 +157,9 @@ class MetaWorldEnv:
     suite = SUITE
 
     def __init__(self, cfg: EnvConfig) -> None:
+        from wamkit.envs.suites import resolve_env_config
+
+        cfg = resolve_env_config(cfg)
         for cam in cfg.cameras:
             if cam not in CAMERAS:
                 raise ConfigError(

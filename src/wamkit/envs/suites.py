@@ -4,9 +4,10 @@ MetaWorld user never imports LIBERO (an optional extra)."""
 from __future__ import annotations
 
 import importlib
+from dataclasses import replace
 
 from wamkit.config import ConfigError, EnvConfig, _suggest
-from wamkit.envs.base import Env, SuiteInfo, check_env_config
+from wamkit.envs.base import Env, SuiteInfo, SuiteProtocol, check_env_config
 
 LIBERO_SUITES = ("libero_spatial", "libero_object", "libero_goal", "libero_10", "libero_90")
 _BACKENDS = {"metaworld": "wamkit.envs.metaworld_env", **{s: "wamkit.envs.libero_env" for s in LIBERO_SUITES}}
@@ -36,8 +37,29 @@ def expand_tasks(suite: str, tasks: list[str]) -> list[str]:
     return mod.expand_tasks(suite, tasks) if suite in LIBERO_SUITES else mod.expand_tasks(tasks)
 
 
-def make_env(env_cfg: EnvConfig) -> Env:
-    """Build one env of ``env_cfg.suite``. Creates no GL context (that happens on the first render)."""
+def protocol(suite: str) -> SuiteProtocol:
+    """The suite's protocol defaults (render look, seed rule, trials per task); see docs/libero.md."""
+    return _backend(suite).PROTOCOL
+
+
+def resolve_env_config(env_cfg: EnvConfig) -> EnvConfig:
+    """A copy of ``env_cfg`` with ``auto`` values replaced by the suite's protocol; a seed rule the suite
+    cannot honour raises :class:`ConfigError` naming ``env.seed_rule``."""
     check_env_config(env_cfg)
+    proto = protocol(env_cfg.suite)
+    quality = proto.render_quality if env_cfg.render_quality == "auto" else env_cfg.render_quality
+    rule = proto.seed_rule if env_cfg.seed_rule == "auto" else env_cfg.seed_rule
+    if rule != "per_trial" and env_cfg.suite not in LIBERO_SUITES:
+        raise ConfigError(
+            f"env.seed_rule: {rule} seeds a task once and relies on stored initial states (LIBERO); "
+            f"{env_cfg.suite} draws each episode's placement from its seed: use per_trial"
+        )
+    return replace(env_cfg, render_quality=quality, seed_rule=rule)
+
+
+def make_env(env_cfg: EnvConfig) -> Env:
+    """Build one env of ``env_cfg.suite`` (``auto`` settings resolved by the suite's protocol). Creates
+    no GL context (that happens on the first render)."""
+    env_cfg = resolve_env_config(env_cfg)
     mod = _backend(env_cfg.suite)
     return mod.make(env_cfg) if env_cfg.suite in LIBERO_SUITES else mod.MetaWorldEnv(env_cfg)
