@@ -38,7 +38,11 @@ def fixture_batch(indices: list[int]) -> dict:
 def test_sft_steps_lower_the_loss_on_the_libero_fixture():
     torch.set_num_threads(2)
     batch = fixture_batch([0, 90])  # frames of the first and last episodes (two tasks)
-    assert batch[ACTION].shape == (2, 16, 10) and future_image_key("image") in batch and batch[ACTION_IS_PAD].any()
+    assert (
+        batch[ACTION].shape == (2, 16, 10)
+        and future_image_key("image") in batch
+        and batch[ACTION_IS_PAD].any()
+    )
     torch.manual_seed(0)
     adapter = build_model(ModelConfig(name="cosmos3", preset="tiny"), IO)
     groups = adapter.param_groups()
