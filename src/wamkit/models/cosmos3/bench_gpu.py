@@ -143,7 +143,9 @@ def step_time(ad, batch) -> tuple[float, tuple[float, int]]:
     x0 = ad._encode([[v] for v in views])
     c, _, h, w = x0.shape[1:]
     t_lat = ad._latent_frames()
-    layout = ad._layout(list(batch["task"]), ad._canvas_hw(views[0]), (c, t_lat, h, w), (0,), ())
+    hw = ad._canvas_hw(views[0])
+    texts = [ad.prompt(t, hw, 0) for t in batch["task"]]  # the captions predict() sends
+    layout = ad._layout(texts, hw, (c, t_lat, h, w), (0,), ())
     n = layout.n
     dev = ad.device
     lat_v = torch.randn(n, c, t_lat, h, w, device=dev)
