@@ -45,11 +45,18 @@ def test_libero_smoke_eval(tmp_path):
         )
         summary = run_eval(cfg, progress=False)
     records = list(read_journal(tmp_path / "episodes.jsonl").values())
-    assert sorted((r["trial"], r["seed"]) for r in records) == [(0, 1000), (1, 1001)]
+    # openpi's seed rule: every trial carries the task env's seed 7 (trial t: after t earlier resets)
+    assert sorted((r["trial"], r["seed"]) for r in records) == [(0, 7), (1, 7)]
     task = records[0]["task"]
     assert task.startswith("pick_up_the_black_bowl") and all(r["task"] == task for r in records)
     for r in records:  # random actions do not solve the task: each episode runs to max_steps
         assert (r["length"], r["success_once"], r["failure"]) == (12, False, "max_steps")
     assert summary["suites"]["libero_spatial"]["all"]["episodes"] == 2
-    assert json.loads((tmp_path / "plan.json").read_text())["tasks"] == [task]
-    assert (tmp_path / "videos" / task / "trial0_seed1000.mp4").stat().st_size > 0
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert plan["tasks"] == [task]
+    # the protocol is recorded: seed rule, the look (LIBERO's default), the simulator stack
+    assert (plan["seed_rule"], plan["seed"], plan["render_quality"]) == ("openpi", 7, "default")
+    for stack in (plan["stack"], summary["stack"], summary["plan"]["stack"]):
+        assert (stack["libero"], stack["robosuite"], stack["mujoco"]) == ("0.1.1", "1.4.0", "3.3.0")
+        assert stack["metaworld"] == "3.1.1"
+    assert (tmp_path / "videos" / task / "trial0_seed7.mp4").stat().st_size > 0

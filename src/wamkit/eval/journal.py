@@ -5,8 +5,8 @@ is written only when an episode has finished, so a crash loses at most the episo
 ``--resume`` runs exactly the episodes whose key is missing. A line cut short by a crash (no trailing
 newline, or not valid JSON) is dropped on open and the file is truncated back to the last whole line.
 
-``<out_dir>/plan.json`` records what makes the episodes what they are (suite, tasks, trials, seed,
-max steps, replan interval, ...): resuming with a different plan would mix two evaluations, so it is
+``<out_dir>/plan.json`` records what makes the episodes what they are (suite, tasks, trials, seed
+rule and seed, render look, max steps, replan interval, the simulator stack's versions, ...): resuming with a different plan would mix two evaluations, so it is
 refused with a message naming the differing keys.
 
 Record fields: ``suite, task, trial, seed`` (the episode's name), ``success_once, success_at_end``
@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from wamkit.config import ConfigError
+from wamkit.files import atomic_write_json
 
 log = logging.getLogger(__name__)
 
@@ -67,9 +68,7 @@ class Journal:
                     f"--resume: {self.plan_path} was written for other episodes ({details}); "
                     "resume with the same settings or use another eval.out_dir"
                 )
-        tmp = self.plan_path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(plan, indent=1, sort_keys=True))
-        tmp.replace(self.plan_path)
+        atomic_write_json(self.plan_path, plan, sort_keys=True)
         self.records: dict[str, dict[str, Any]] = read_journal(self.path, repair=True) if resume else {}
         self._fh = open(self.path, "a" if resume else "w", encoding="utf-8")  # noqa: SIM115
 

@@ -1,8 +1,9 @@
 """Reports people read: ``summary.json``, ``results.md`` and two plots, all from the journal.
 
 - ``summary.json``: per suite and task success (``success_once``) with Wilson 95% intervals,
-  ``success_at_end``, mean length/return, failure reasons, and the run's throughput against the bound
-  ``max(total sim time / workers, total inference time)``.
+  ``success_at_end``, mean length/return, failure reasons, the run's throughput against the bound
+  ``max(total sim time / workers, total inference time)``, the plan (seed rule, render look, ...) and
+  ``stack``: the simulator stack's versions (mujoco, robosuite, libero, metaworld).
 - ``results.md``: the same as a markdown table (success in percent, interval in points).
 - ``success_per_task.png``: one bar per task with its interval.
 - ``timeline.png``: for each pipeline stage, when it simulated and when it waited for inference; with
@@ -11,11 +12,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
+from wamkit.envs.base import stack_versions
 from wamkit.eval.metrics import failure_reasons, summarize
+from wamkit.files import atomic_write_json, atomic_write_text
 
 SUMMARY = "summary.json"
 TABLE = "results.md"
@@ -47,6 +49,8 @@ def build_summary(records: list[dict[str, Any]], timing: dict[str, Any] | None, 
     summary = summarize(records)
     summary["failures"] = failure_reasons(records)
     summary["plan"] = plan
+    # the stack that wrote this report; plan["stack"] is the one the episodes ran on
+    summary["stack"] = stack_versions()
     if timing is not None:
         summary["throughput"] = throughput(timing)
     return summary
@@ -151,10 +155,8 @@ def write_reports(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     summary = build_summary(records, timing, plan)
-    tmp = out / (SUMMARY + ".tmp")
-    tmp.write_text(json.dumps(summary, indent=1))
-    tmp.replace(out / SUMMARY)
-    (out / TABLE).write_text(markdown_table(summary))
+    atomic_write_json(out / SUMMARY, summary)
+    atomic_write_text(out / TABLE, markdown_table(summary))
     if records:
         plot_success(summary, out / PLOT_SUCCESS)
     if events:

@@ -8,7 +8,6 @@ the plots and ``videos/<task>/trial<t>_seed<s>.mp4``.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import threading
 import time
@@ -27,6 +26,7 @@ from wamkit.eval.remote import RemotePolicy
 from wamkit.eval.report import write_reports
 from wamkit.eval.scheduler import Pipeline, layout
 from wamkit.eval.video import filmed, frame_of, write_mp4
+from wamkit.files import atomic_write_json
 
 log = logging.getLogger(__name__)
 
@@ -190,7 +190,7 @@ def _run(
             "worker_restarts": executor.restarts,
             "warmup_s": warmup,
         }
-    (out / "timeline.json").write_text(json.dumps({"stages": stages, "events": pipeline.events}))
+    atomic_write_json(out / "timeline.json", {"stages": stages, "events": pipeline.events}, indent=None)
     return timing, pipeline.events, stages
 
 

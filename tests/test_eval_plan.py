@@ -1,0 +1,69 @@
+"""Which episodes an evaluation plans, by the suite's protocol: trials per task, the seed rule, and what
+plan.json records (resolved settings and the simulator stack)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from wamkit.config import ConfigError, EnvConfig, EvalConfig
+from wamkit.envs.base import episode_seed
+from wamkit.eval.episodes import plan_episodes, plan_record
+
+needs_libero = pytest.mark.skipif(
+    importlib.util.find_spec("libero") is None, reason="LIBERO extra not installed: run `make setup-libero`"
+)
+
+
+def test_seed_rules():
+    assert [episode_seed("openpi", 1000, t) for t in range(3)] == [7, 7, 7]
+    assert [episode_seed("openvla", 1000, t) for t in range(3)] == [0, 0, 0]
+    assert [episode_seed("per_trial", 1000, t) for t in range(3)] == [1000, 1001, 1002]
+    with pytest.raises(ConfigError, match="env.seed_rule"):
+        episode_seed("auto", 0, 0)
+
+
+def test_metaworld_plan_seeds_each_trial_and_records_the_stack():
+    env, ev = EnvConfig(tasks=["reach-v3", "push-v3"]), EvalConfig()
+    eps = plan_episodes(env, ev)
+    assert len(eps) == 2 * 10  # MetaWorld's protocol: 10 trials per task
+    assert [(e.task, e.trial, e.seed) for e in eps[:3]] == [
+        ("reach-v3", 0, 1000),
+        ("push-v3", 0, 1000),
+        ("reach-v3", 1, 1001),
+    ]
+    plan = plan_record(env, EvalConfig(trials=3), {"url": "ws://x"})
+    assert (plan["trials"], plan["seed_rule"], plan["render_quality"], plan["seed"]) == (
+        3,
+        "per_trial",
+        "fast",
+        1000,
+    )
+    assert set(plan["stack"]) >= {"mujoco", "robosuite", "libero", "metaworld"}
+    assert plan["stack"]["metaworld"] == "3.1.1"
+    with pytest.raises(ConfigError, match="env.seed_rule"):
+        plan_episodes(EnvConfig(seed_rule="openpi"), ev)
+
+
+@needs_libero
+def test_libero_plan_is_openpis_protocol():
+    env = EnvConfig(suite="libero_spatial", tasks=["0", "1"], cameras=["agentview"])
+    eps = plan_episodes(env, EvalConfig())
+    assert len(eps) == 2 * 50 and {e.seed for e in eps} == {7}
+    assert [e.trial for e in eps[:4]] == [0, 0, 1, 1]
+    plan = plan_record(env, EvalConfig(), {"url": "ws://x"})
+    assert (plan["seed_rule"], plan["seed"], plan["render_quality"], plan["trials"]) == (
+        "openpi",
+        7,
+        "default",
+        50,
+    )
+    vla = plan_episodes(
+        EnvConfig(suite="libero_spatial", tasks=["0"], seed_rule="openvla"), EvalConfig(trials=2)
+    )
+    assert [(e.trial, e.seed) for e in vla] == [(0, 0), (1, 0)]
+    old = plan_episodes(
+        EnvConfig(suite="libero_spatial", tasks=["0"], seed_rule="per_trial"), EvalConfig(trials=2)
+    )
+    assert [(e.trial, e.seed) for e in old] == [(0, 1000), (1, 1001)]
