@@ -84,6 +84,16 @@ def test_sigkill_at_random_step_then_resume_auto_gives_identical_losses(tmp_path
         assert a == b, f"killed at step {kill_at}: step {a['step']} differs: {a} != {b}"
     ckpts = sorted(p.name for p in (cut / "checkpoints").iterdir())
     assert ckpts == ["step_000008", "step_000012"]  # keep_last=2, no temp dirs left
+    # the final weights and their EMA are those of the uninterrupted run, bit for bit
+    final = {}
+    for name, run in (("full", full), ("cut", cut)):
+        dcp_to_torch_save(run / "checkpoints" / "step_000012", tmp_path / f"{name}.pt")
+        final[name] = torch.load(tmp_path / f"{name}.pt", weights_only=False)
+    for part in ("model", "ema"):
+        a, b = final["full"][part], final["cut"][part]
+        assert a.keys() == b.keys() and a, part
+        for k in a:
+            assert torch.equal(a[k], b[k]), f"killed at step {kill_at}: {part}.{k} differs"
 
 
 def test_two_process_fsdp2_checkpoints_shard_resume_exactly_and_export(tmp_path):

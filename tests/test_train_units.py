@@ -147,3 +147,58 @@ def test_runs_prints_each_scalar_from_the_event_files(tmp_path, capsys):
     for name in ("config.yaml", "train.log", "preprocess.json"):
         assert (run / name).is_file(), name
     assert os.listdir(run / "tb")
+
+
+def _tree(root) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_a_fresh_run_in_a_used_run_dir_is_refused_and_loses_nothing(tmp_path):
+    cfg = _cfg(tmp_path, "train.max_steps=4", "train.save_interval=2", "train.keep_last=5")
+    train(cfg, toy_adapter, toy_data)
+    before = _tree(tmp_path / "run" / "checkpoints")
+    losses = (tmp_path / "run" / "losses.jsonl").read_bytes()
+    with pytest.raises(
+        ConfigError, match=r"already holds step_000002, step_000004, losses.jsonl.*--resume auto"
+    ):
+        train(cfg, toy_adapter, toy_data)
+    assert _tree(tmp_path / "run" / "checkpoints") == before
+    assert (tmp_path / "run" / "losses.jsonl").read_bytes() == losses
+
+
+def test_pruning_removes_only_this_runs_checkpoints(tmp_path):
+    train(
+        _cfg(tmp_path, "train.max_steps=4", "train.save_interval=2", "train.keep_last=5"),
+        toy_adapter,
+        toy_data,
+    )
+    root = tmp_path / "run" / "checkpoints"
+    meta = json.loads((root / "step_000002" / "meta.json").read_text())
+    lineage = meta["lineage"]
+    assert (
+        len(lineage) == 16
+        and json.loads((root / "step_000004" / "meta.json").read_text())["lineage"] == lineage
+    )
+    (root / "step_000002" / "meta.json").write_text(json.dumps({**meta, "lineage": "another-run"}))
+    more = _cfg(
+        tmp_path, "train.max_steps=8", "train.save_interval=2", "train.keep_last=1", "train.resume=auto"
+    )
+    train(more, toy_adapter, toy_data)
+    assert sorted(p.name for p in root.iterdir()) == ["step_000002", "step_000008"]
+    assert json.loads((root / "step_000008" / "meta.json").read_text())["lineage"] == lineage
+
+
+def test_an_old_copy_moved_aside_by_a_killed_resave_comes_back(tmp_path):
+    root = tmp_path / "checkpoints"
+    aside = root / ".old_step_000004"
+    aside.mkdir(parents=True)
+    (aside / "meta.json").write_text(json.dumps({"step": 4, "world_size": 1, "lineage": "x"}))
+    (root / ".tmp_step_000004").mkdir()  # the new copy, never finished
+    ckpt.clean_stale(root)
+    assert sorted(p.name for p in root.iterdir()) == ["step_000004"]
+    assert ckpt.is_complete(root / "step_000004")
+    # with the new copy in place, the old one just goes
+    aside.mkdir()
+    (aside / "meta.json").write_text("{}")
+    ckpt.clean_stale(root)
+    assert sorted(p.name for p in root.iterdir()) == ["step_000004"]

@@ -12,6 +12,13 @@ A checkpoint is a directory ``run_dir/checkpoints/step_000100/`` holding:
 
 Writes go to ``.tmp_step_000100/``; every file is fsynced, then the directory is renamed into place. A
 crash at any point leaves either no checkpoint or a whole one; a leftover ``.tmp_*`` is never resumed.
+Re-saving a step that exists (after a resume) first moves the old copy aside (``.old_step_000100/``),
+renames the new one into place, and only then deletes the old one; :func:`clean_stale` puts an old copy
+back if a crash left it without its replacement.
+
+Lineage: a fresh run draws an id that every checkpoint it (and every run resumed from it) writes
+records in ``meta.json``. Pruning to ``train.keep_last`` only ever removes checkpoints of the current
+lineage, so a run never deletes checkpoints it did not write.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import os
 import random
 import re
 import shutil
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +118,7 @@ def save_checkpoint(
     rank_state: dict[str, Any],
     files: dict[str, str],
     keep_last: int,
+    lineage: str = "",
 ) -> Path:
     """Collective: every rank calls it. ``sharded`` goes to DCP, ``rank_state`` to this rank's file,
     ``files`` (name -> text) are written by rank 0. Returns the final checkpoint path."""
@@ -130,13 +139,17 @@ def save_checkpoint(
         for name, text in files.items():
             (tmp / name).write_text(text)
         _fsync_tree(tmp)
-        if final.exists():  # a complete checkpoint of this step from before a resume: same content
-            shutil.rmtree(final)
-        (tmp / MARKER).write_text(json.dumps({"step": step, "world_size": world}))
+        (tmp / MARKER).write_text(json.dumps({"step": step, "world_size": world, "lineage": lineage}))
         _fsync_tree(tmp)
+        aside = root / f".old_{step_dir_name(step)}"
+        if final.exists():  # this step from before a resume: kept until the new copy is in place
+            os.replace(final, aside)
         os.replace(tmp, final)
         _fsync_dir(root)
-        for old in list_checkpoints(root)[:-keep_last] if keep_last > 0 else []:
+        if aside.exists():
+            shutil.rmtree(aside)
+        ours = [p for p in list_checkpoints(root) if read_meta(p).get("lineage") == lineage]
+        for old in ours[:-keep_last] if keep_last > 0 else []:
             shutil.rmtree(old)
     dist.barrier()
     return final
@@ -159,9 +172,41 @@ def load_checkpoint(path: str | os.PathLike, sharded: dict[str, Any]) -> dict[st
 
 
 def clean_stale(ckpt_root: str | os.PathLike) -> None:
-    """Remove ``.tmp_*`` directories left by killed saves (rank 0, before training)."""
+    """Undo what killed saves left (rank 0, before training): an old copy moved aside goes back if its
+    replacement never arrived, else away; ``.tmp_*`` directories are removed."""
     root = Path(ckpt_root)
-    if root.is_dir():
-        for p in root.glob(".tmp_*"):
-            log.info("removing incomplete checkpoint %s", p)
+    if not root.is_dir():
+        return
+    for p in root.glob(".old_step_*"):
+        final = root / p.name.removeprefix(".old_")
+        if is_complete(final):
             shutil.rmtree(p)
+        else:
+            log.warning(
+                "restoring %s: a save of that step was killed before its new copy was in place", final
+            )
+            os.replace(p, final)
+    for p in root.glob(".tmp_*"):
+        log.info("removing incomplete checkpoint %s", p)
+        shutil.rmtree(p)
+
+
+def refuse_used_run_dir(run_dir: str | os.PathLike, ckpt_root: str | os.PathLike) -> None:
+    """A fresh run (no ``--resume``) must not start where a run already left checkpoints or losses."""
+    from wamkit.config import ConfigError
+    from wamkit.files import LOSSES_FILE
+
+    found = [p.name for p in list_checkpoints(ckpt_root)]
+    losses = Path(run_dir) / LOSSES_FILE
+    if losses.is_file() and losses.stat().st_size > 0:
+        found.append(LOSSES_FILE)
+    if found:
+        raise ConfigError(
+            f"train.run_dir: {run_dir} already holds {', '.join(found)}; continue that run with "
+            "--resume auto, or give a new train.run_dir (nothing was changed)"
+        )
+
+
+def new_lineage() -> str:
+    """The id of a fresh run's checkpoints (see the module docstring)."""
+    return uuid.uuid4().hex[:16]

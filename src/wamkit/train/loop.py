@@ -85,6 +85,8 @@ class _Loop:
         self.run_dir = Path(t.run_dir)
         self.ckpt_root = self.run_dir / "checkpoints"
         self.accum = accumulation_steps(cfg, info.world_size)
+        if t.resume == "":  # every rank checks, so all of them stop (none waits at a barrier)
+            ckpt.refuse_used_run_dir(self.run_dir, self.ckpt_root)
         if info.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             setup_logging("info", str(self.run_dir / "train.log"))
@@ -109,6 +111,7 @@ class _Loop:
         self.n_trainable = sum(p.numel() for p in self.trainable)
 
         path = ckpt.resolve_resume(t.resume, self.ckpt_root)
+        self.lineage = self._fresh_lineage()
         if path is not None:
             self._load(path)
         elif t.resume == "auto":
@@ -118,6 +121,12 @@ class _Loop:
         self.logger = RunLogger(self.run_dir, self.step, t.max_steps, info.is_main)
 
     # ---------------------------------------------------------------------------------------------
+    def _fresh_lineage(self) -> str:
+        """Rank 0 draws it; every rank records the same one."""
+        box = [ckpt.new_lineage() if self.info.is_main else ""]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
     def _sharded(self) -> dict[str, Any]:
         msd, osd = get_state_dict(self.adapter.module, self.optimizer)
         state = {"model": msd, "optim": osd}
@@ -134,7 +143,9 @@ class _Loop:
             model_state_dict=state["model"],
             optim_state_dict=state["optim"],
         )
-        self.step = ckpt.read_meta(path)["step"]
+        meta = ckpt.read_meta(path)
+        self.step = meta["step"]
+        self.lineage = meta.get("lineage") or self.lineage  # a resumed run continues its lineage
         if rank_state:
             ckpt.set_rng_state(rank_state["rng"], self.info.device)
             self.loader.load_state_dict(rank_state["loader"])
@@ -156,7 +167,13 @@ class _Loop:
         }
         rank_state = {"rng": ckpt.rng_state(self.info.device), "loader": self.loader.state_dict()}
         path = ckpt.save_checkpoint(
-            self.ckpt_root, self.step, self._sharded(), rank_state, files, self.cfg.train.keep_last
+            self.ckpt_root,
+            self.step,
+            self._sharded(),
+            rank_state,
+            files,
+            self.cfg.train.keep_last,
+            self.lineage,
         )
         dt = time.perf_counter() - t0
         log.info("saved %s in %.2f s", path, dt)
