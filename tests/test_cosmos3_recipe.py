@@ -14,6 +14,7 @@ pytest.importorskip("diffusers", reason="cosmos3 needs the wamkit[cosmos3] extra
 from diffusers import Cosmos3OmniPipeline, FlowMatchEulerDiscreteScheduler  # noqa: E402
 from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import _ACTION_VIEWPOINT_TEMPLATES  # noqa: E402
 
+from wamkit.actions.idle import count_idle_frames  # noqa: E402
 from wamkit.config import ModelConfig  # noqa: E402
 from wamkit.constants import TASK, future_image_key  # noqa: E402
 from wamkit.models import build_model  # noqa: E402
@@ -95,20 +96,20 @@ def test_tokens_have_no_system_prompt_and_match_the_pipeline(adapter):
 
 def test_idle_frames_count_runs_of_three_still_frames():
     still = np.tile([0, 0, 0, 1, 0, 0, 0, 1, 0, 1.0], (16, 1))
-    assert recipe.count_idle_frames(still, fps=20) == 16
+    assert count_idle_frames(still, fps=20) == 16
     moving = still.copy()
     moving[:, 0] = 0.01  # 1 cm per frame: far above 5 mm/s / 20 fps
-    assert recipe.count_idle_frames(moving, fps=20) == 0
+    assert count_idle_frames(moving, fps=20) == 0
     mixed = moving.copy()
     mixed[3:5, 0] = 0.0  # a run of two still frames does not count
     mixed[8:12, 0] = 0.0  # a run of four does
-    assert recipe.count_idle_frames(mixed, fps=20) == 4
+    assert count_idle_frames(mixed, fps=20) == 4
     turning = still.copy()
     turning[:, 3:9] = [np.cos(0.1), np.sin(0.1), 0, -np.sin(0.1), np.cos(0.1), 0]  # 0.1 rad per frame
-    assert recipe.count_idle_frames(turning, fps=20) == 0
+    assert count_idle_frames(turning, fps=20) == 0
     gripping = still.copy()
     gripping[8:, 9] = 0.0  # the gripper closes at frame 8: that frame moves
-    assert recipe.count_idle_frames(gripping, fps=20) == 15
+    assert count_idle_frames(gripping, fps=20) == 15
 
 
 def test_training_noise_is_waver_shifted_like_diffusers_flow_shift():
@@ -146,7 +147,7 @@ def test_sampling_is_the_native_flow_schedule_at_shift_5(adapter, tmp_path):
 
 def test_training_example_is_seventeen_real_frames_with_dropout(adapter):
     ad = adapter
-    assert ad.future_frame_offsets == tuple(range(1, 17))
+    assert ad.future_frame_offsets == tuple(range(1, 17)) and ad.sample_extras == ("idle_frames",)
     batch = make_batch(2)
     rng = np.random.default_rng(1)
     for c in IO.cameras:

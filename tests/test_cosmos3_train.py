@@ -16,9 +16,9 @@ pytest.importorskip("diffusers", reason="cosmos3 needs the wamkit[cosmos3] extra
 
 from wamkit.config import DataConfig, ModelConfig, RunConfig  # noqa: E402
 from wamkit.constants import ACTION, ACTION_IS_PAD, future_image_key  # noqa: E402
+from wamkit.data.dataset_stats import compute_stats  # noqa: E402
 from wamkit.data.loader import collate  # noqa: E402
 from wamkit.data.sft_dataset import make_train_dataset  # noqa: E402
-from wamkit.data.dataset_stats import compute_stats  # noqa: E402
 from wamkit.models import ModelIO, build_model  # noqa: E402
 from wamkit.train.data_setup import build_spec  # noqa: E402
 
@@ -31,7 +31,8 @@ IO = ModelIO(("image", "wrist_image"), 64, 8, 10, 16, "libero_rot6d")
 def fixture_batch(indices: list[int]) -> dict:
     cfg = DataConfig(root=str(FIXTURE), chunk=16, representation="libero_rot6d")
     spec = build_spec(RunConfig(data=cfg), IO, compute_stats(FIXTURE, "libero_rot6d", 16))
-    ds = make_train_dataset(cfg, spec, tuple(range(1, 17)))  # current frame + 16 real future frames
+    adapter_wants = (tuple(range(1, 17)), ("idle_frames",))  # what the cosmos3 adapter declares
+    ds = make_train_dataset(cfg, spec, *adapter_wants)  # current frame + 16 real future frames
     return collate([ds[i] for i in indices])
 
 
@@ -43,6 +44,8 @@ def test_sft_steps_lower_the_loss_on_the_libero_fixture():
         and future_image_key("image") in batch
         and batch[ACTION_IS_PAD].any()
     )
+    assert batch[future_image_key("image")].shape == (2, 16, 64, 64, 3)
+    assert batch["idle_frames"].dtype == torch.int64 and batch["idle_frames"].shape == (2,)
     torch.manual_seed(0)
     adapter = build_model(ModelConfig(name="cosmos3", preset="tiny"), IO)
     groups = adapter.param_groups()

@@ -121,7 +121,7 @@ def test_non_finite_loss_stops_the_run_before_it_is_saved(tmp_path):
 
     def nan_data(cfg, rank, world, run_dir):
         io, stats, _ = toy_data(cfg, rank, world, run_dir)
-        return io, stats, lambda future: _NanLoader(cfg.train.micro_batch, 0, rank, world)
+        return io, stats, lambda future, extras: _NanLoader(cfg.train.micro_batch, 0, rank, world)
 
     with pytest.raises(NonFiniteLoss, match="step 3"):
         train(cfg, toy_adapter, nan_data)
@@ -202,3 +202,16 @@ def test_an_old_copy_moved_aside_by_a_killed_resave_comes_back(tmp_path):
     (aside / "meta.json").write_text("{}")
     ckpt.clean_stale(root)
     assert sorted(p.name for p in root.iterdir()) == ["step_000004"]
+
+
+def test_edm2_ema_matches_its_definition():
+    from wamkit.train.optim import edm2_gamma, ema_decay
+
+    g = edm2_gamma(0.1)
+    assert g == pytest.approx(6.94, abs=0.01)  # cosmos' rate 0.1
+    assert math.sqrt((g + 1) / ((g + 2) ** 2 * (g + 3))) == pytest.approx(0.1, rel=1e-9)
+    assert ema_decay(0, "edm2", 0.75, 0.1) == 0.0  # the first update copies the weights
+    assert ema_decay(99, "edm2", 0.75, 0.1) == pytest.approx((1 - 1 / 100) ** (g + 1))
+    assert ema_decay(99, "inverse_power", 0.75, 0.1) == pytest.approx(1 - 100**-0.75)
+    with pytest.raises(ValueError, match="train.ema_rate"):
+        edm2_gamma(0.7)

@@ -116,7 +116,9 @@ class TrainConfig:
     min_lr_ratio: float = 0.05
     grad_clip: float = 1.0
     ema: bool = False
-    ema_power: float = 0.75  # power EMA: decay = 1 - (step + 1) ** -power
+    ema_type: Literal["inverse_power", "edm2"] = "inverse_power"  # see wamkit.train.optim.ema_decay
+    ema_power: float = 0.75  # inverse_power: decay = 1 - (step + 1) ** -power
+    ema_rate: float = 0.1  # edm2: the EMA's relative width sigma_rel (cosmos' "power" EMA rate)
     save_interval: int = 500
     keep_last: int = 2
     log_interval: int = 10

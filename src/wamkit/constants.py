@@ -34,3 +34,7 @@ FUTURE_IMAGES = "observation.future_images"
 def future_image_key(camera: str) -> str:
     """The batch key of one camera's future frames, e.g. ``observation.future_images.corner``."""
     return f"{FUTURE_IMAGES}.{camera}"
+
+
+# Per-sample extras a model may ask for (its ``sample_extras``), computed by the data stage.
+IDLE_FRAMES = "idle_frames"  # int: idle frames of the sample's action chunk (wamkit.actions.idle)

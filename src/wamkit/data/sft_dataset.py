@@ -4,8 +4,9 @@
 and yields dicts with camera images (uint8 [H, W, 3], resized by the spec), the normalised state, the
 encoded action chunk [chunk, D], ``action_is_pad`` and the task string; with ``future_offsets`` also
 ``observation.future_images.<cam>``, uint8 [K, H, W, 3]: the frames at those offsets after the current
-one (clamped to the episode's last frame). Every transform is the :class:`PreprocessSpec`'s own, the
-very object the server runs. Every sub-dataset's fps must equal the spec's.
+one (clamped to the episode's last frame); with ``extras`` the per-sample values a model asks for
+(:data:`SAMPLE_EXTRAS`). Every transform is the :class:`PreprocessSpec`'s own, the very object the
+server runs. Every sub-dataset's fps must equal the spec's.
 """
 
 from __future__ import annotations
@@ -18,15 +19,27 @@ from typing import Any
 import numpy as np
 import torch
 
+from wamkit.actions.idle import count_idle_frames
+from wamkit.actions.representations import get_representation
 from wamkit.actions.spec import PreprocessSpec, SpecError
 from wamkit.config import ConfigError, DataConfig
-from wamkit.constants import ACTION, ACTION_IS_PAD, OBS_STATE, TASK, future_image_key, image_key
+from wamkit.constants import ACTION, ACTION_IS_PAD, IDLE_FRAMES, OBS_STATE, TASK, future_image_key, image_key
 from wamkit.data.dataset import LeRobotDataset
 from wamkit.data.meta import INFO, DatasetError, DatasetMeta
 
 log = logging.getLogger(__name__)
 
 LIBERO_SUITES = ("libero_spatial", "libero_object", "libero_goal", "libero_10")
+
+
+def _idle_frames(raw: dict[str, Any], spec: PreprocessSpec) -> int:
+    """Idle frames of the sample's real (non-padded) action steps, before normalisation."""
+    steps = raw[ACTION].numpy()[~raw[f"{ACTION}_is_pad"].numpy()]
+    return count_idle_frames(get_representation(spec.representation).to_model(steps), spec.fps)
+
+
+# name -> (representations it is defined for, function of the raw sample and the spec)
+SAMPLE_EXTRAS = {IDLE_FRAMES: (("libero_rot6d",), _idle_frames)}
 
 
 def suite_roots(cfg: DataConfig) -> dict[str, Path]:
@@ -65,14 +78,14 @@ class TrainDataset(torch.utils.data.Dataset):
     """Samples of several suites, concatenated; ``suite_sizes`` and ``weights`` drive the sampler."""
 
     def __init__(self, suites: dict[str, LeRobotDataset], weights: list[float], cameras: dict[str, str],
-                 spec: PreprocessSpec, future_offsets: tuple[int, ...]):  # fmt: skip
+                 spec: PreprocessSpec, future_offsets: tuple[int, ...], extras: tuple[str, ...] = ()):  # fmt: skip
         self.suites = suites
         self.names = list(suites)
         self.suite_sizes = [len(d) for d in suites.values()]
         self.offsets = np.cumsum([0, *self.suite_sizes]).tolist()
         self.weights = weights
         self.cameras = cameras  # model camera name -> dataset feature key
-        self.spec, self.future_offsets = spec, tuple(future_offsets)
+        self.spec, self.future_offsets, self.extras = spec, tuple(future_offsets), tuple(extras)
 
     def __len__(self) -> int:
         return self.offsets[-1]
@@ -93,13 +106,28 @@ class TrainDataset(torch.utils.data.Dataset):
                 out[future_image_key(cam)] = self.spec.resize_images(frames[1:])
             else:
                 out[image_key(cam)] = self.spec.resize_images(frames)
+        for name in self.extras:
+            out[name] = SAMPLE_EXTRAS[name][1](raw, self.spec)
         return out
 
 
 def make_train_dataset(
-    data_cfg: DataConfig, spec: PreprocessSpec, future_offsets: tuple[int, ...] = ()
+    data_cfg: DataConfig,
+    spec: PreprocessSpec,
+    future_offsets: tuple[int, ...] = (),
+    extras: tuple[str, ...] = (),
 ) -> TrainDataset:
     """The map-style training dataset for ``data_cfg`` under ``spec`` (see the module docstring)."""
+    for name in extras:
+        if name not in SAMPLE_EXTRAS:
+            raise ValueError(
+                f"sample extra {name!r} is unknown; the data stage offers {', '.join(SAMPLE_EXTRAS)}"
+            )
+        if spec.representation not in SAMPLE_EXTRAS[name][0]:
+            raise SpecError(
+                f"the model asks for {name!r}, defined only for {SAMPLE_EXTRAS[name][0]} actions, "
+                f"but the data is {spec.representation!r}"
+            )
     roots = suite_roots(data_cfg)
     chunk = spec.chunk
     if data_cfg.chunk != chunk:
@@ -138,4 +166,4 @@ def make_train_dataset(
         raise ConfigError(
             f"data.suite_weights: expected non-negative weights with a positive sum, got {weights}"
         )
-    return TrainDataset(suites, weights, cameras, spec, tuple(int(k) for k in future_offsets))
+    return TrainDataset(suites, weights, cameras, spec, tuple(int(k) for k in future_offsets), tuple(extras))

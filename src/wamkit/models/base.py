@@ -107,6 +107,8 @@ class ModelAdapter(Protocol):
     # Frame offsets after the current one whose images sft_loss needs as
     # ``observation.future_images.<cam>`` (world loss, dynamics modes); () for none.
     future_frame_offsets: tuple[int, ...]
+    # Optional: per-sample values the data stage computes for sft_loss (wamkit.data.sft_dataset's
+    # SAMPLE_EXTRAS, e.g. "idle_frames"); absent means none.
 
     def param_groups(self) -> list[ParamGroup]: ...
 

@@ -101,8 +101,8 @@ def build_spec(cfg: RunConfig, io: ModelIO, stats: StatsFile) -> PreprocessSpec:
 def build_data(cfg: RunConfig, rank: int, world_size: int, run_dir: Path):
     """Return ``(io, spec_path, make_loader)`` from ``wamkit.data``.
 
-    ``make_loader(future_offsets)`` builds the loader; it is separate because which future frames a
-    model wants is known only once the model is built from ``io``.
+    ``make_loader(future_offsets, extras)`` builds the loader; it is separate because which future
+    frames and per-sample extras a model wants is known only once the model is built from ``io``.
     """
     from wamkit.data import LeRobotDataset, make_train_dataset, make_train_loader
 
@@ -115,8 +115,8 @@ def build_data(cfg: RunConfig, rank: int, world_size: int, run_dir: Path):
     if rank == 0:
         spec.save(spec_path)
 
-    def make_loader(future_offsets: tuple[int, ...]):
-        dataset = make_train_dataset(cfg.data, spec, future_offsets)
+    def make_loader(future_offsets: tuple[int, ...], extras: tuple[str, ...] = ()):
+        dataset = make_train_dataset(cfg.data, spec, future_offsets, extras)
         return make_train_loader(
             dataset, cfg.train.micro_batch, cfg.data.seed, cfg.data.num_workers, rank, world_size
         )

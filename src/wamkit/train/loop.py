@@ -37,8 +37,10 @@ from wamkit.train.optim import PowerEMA, build_optimizer, lr_factor, set_lr
 log = logging.getLogger(__name__)
 
 AdapterFn = Callable[[RunConfig, ModelIO], ModelAdapter]
-# (cfg, rank, world, run_dir) -> (io, spec_path, make_loader(future_frame_offsets) -> loader)
-DataFn = Callable[[RunConfig, int, int, Path], tuple[ModelIO, Path, Callable[[tuple[int, ...]], Any]]]
+# (cfg, rank, world, run_dir) -> (io, spec_path, make_loader(future_frame_offsets, sample_extras) -> loader)
+DataFn = Callable[
+    [RunConfig, int, int, Path], tuple[ModelIO, Path, Callable[[tuple[int, ...], tuple[str, ...]], Any]]
+]
 
 
 class NonFiniteLoss(RuntimeError):
@@ -103,8 +105,9 @@ class _Loop:
         self.root, groups, trained = shard_adapter(self.adapter, info.device, t.precision)
         self.trainable = list(trained.values())
         self.optimizer = build_optimizer(groups, t.lr, t.weight_decay, t.betas)
-        self.ema = PowerEMA(trained, t.ema_power) if t.ema else None
-        self.loader = make_loader(tuple(self.adapter.future_frame_offsets))
+        self.ema = PowerEMA(trained, t.ema_power, t.ema_type, t.ema_rate) if t.ema else None
+        extras = tuple(getattr(self.adapter, "sample_extras", ()))
+        self.loader = make_loader(tuple(self.adapter.future_frame_offsets), extras)
         _seed_all(t.seed + 1_000_003 * (info.rank + 1))  # per-rank noise in the loss
         self.step = 0
         self.n_params = sum(p.numel() for p in module.parameters())

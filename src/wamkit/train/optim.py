@@ -75,24 +75,57 @@ def set_lr(optimizer: torch.optim.Optimizer, factor: float) -> float:
     return optimizer.param_groups[0]["lr"]
 
 
+def edm2_gamma(sigma_rel: float) -> float:
+    """The exponent of EDM2's power-function EMA for a relative width ``sigma_rel`` (Karras et al. 2024,
+    eq. 3: ``sigma_rel = sqrt((g + 1) / ((g + 2)^2 (g + 3)))``), by bisection (it falls as g grows)."""
+    if not 0.0 < sigma_rel < 0.5:
+        raise ValueError(f"train.ema_rate: expected a relative width in (0, 0.5), got {sigma_rel}")
+
+    def width(g: float) -> float:
+        return math.sqrt((g + 1) / ((g + 2) ** 2 * (g + 3)))
+
+    lo, hi = -0.999, 1e6
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if width(mid) > sigma_rel else (lo, mid)
+    return (lo + hi) / 2
+
+
+def ema_decay(step: int, kind: str, power: float, rate: float) -> float:
+    """Decay of the EMA update after optimizer step ``step`` (0-based; t = step + 1 steps taken).
+
+    - ``inverse_power``: ``1 - t ** -power`` (``train.ema_power``);
+    - ``edm2``: EDM2's power function ``(1 - 1/t) ** (gamma + 1)``, gamma from the relative width
+      ``train.ema_rate`` (cosmos' LIBERO recipe: 0.1, gamma = 6.94). Both start by copying the weights.
+    """
+    t = step + 1
+    if kind == "inverse_power":
+        return 1.0 - t**-power
+    if kind == "edm2":
+        return (1.0 - 1.0 / t) ** (edm2_gamma(rate) + 1.0)
+    raise ValueError(f"train.ema_type: {kind!r} is unknown; expected inverse_power or edm2")
+
+
 class PowerEMA:
-    """Exponential moving average with decay ``1 - (step + 1) ** -power`` (Karras et al.'s power EMA).
+    """Exponential moving average of the trained weights with a power-law decay (:func:`ema_decay`).
 
     Early steps average with a small decay (the EMA follows the weights quickly), later ones approach 1.
     Shadows are kept in fp32 with the parameters' own layout (DTensor shards under FSDP2), so the EMA is
     sharded like the model and saved by DCP alongside it.
     """
 
-    def __init__(self, named_params: dict[str, torch.nn.Parameter], power: float):
+    def __init__(self, named_params: dict[str, torch.nn.Parameter], power: float, kind: str = "inverse_power",
+                 rate: float = 0.1):  # fmt: skip
         if power <= 0:
             raise ValueError(f"train.ema_power: expected a positive number, got {power}")
-        self.power = power
+        ema_decay(0, kind, power, rate)  # refuse a bad kind or rate now, not at the first step
+        self.power, self.kind, self.rate = power, kind, rate
         self.params = named_params
         self.shadow = {k: p.detach().clone().float() for k, p in named_params.items()}
 
     @torch.no_grad()
     def update(self, step: int) -> None:
-        decay = 1.0 - (step + 1) ** -self.power
+        decay = ema_decay(step, self.kind, self.power, self.rate)
         for k, p in self.params.items():
             self.shadow[k].lerp_(p.detach().float(), 1.0 - decay)
 

@@ -36,23 +36,14 @@ from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import _EMBODIMENT_TO_DOMA
 from PIL import Image
 
 from wamkit.config import ConfigError
-from wamkit.constants import ACTION, ACTION_IS_PAD, TASK, image_key
+from wamkit.constants import ACTION, ACTION_IS_PAD, IDLE_FRAMES, TASK, future_image_key, image_key
 from wamkit.models.base import ModelIO, ParamGroup
 from wamkit.models.cosmos3.inference import Cosmos3Inference
 from wamkit.models.cosmos3.packing import PackedLayout, RequestSegments, install_processor, pack
 from wamkit.models.cosmos3.recipe import action_prompt, train_sigmas
 from wamkit.models.cosmos3.towers import param_role, train_flops
 
-try:
-    from wamkit.constants import future_image_key
-except ImportError:  # until the shared constant lands in wamkit.constants
-
-    def future_image_key(camera: str) -> str:
-        return f"observation.future_images.{camera}"
-
-
 NUM_TRAIN_TIMESTEPS = 1000  # the model's timestep = sigma * 1000 (then x timestep_scale inside)
-IDLE_FRAMES = "idle_frames"  # optional batch key: int [B], idle frames of each raw action chunk
 log = logging.getLogger(__name__)
 
 
@@ -89,6 +80,8 @@ class Cosmos3Adapter(Cosmos3Inference):
         self._nominal: PackedLayout | None = None
         # the training clip: the current frame and the chunk frames after it (cosmos' 17-frame window)
         self.future_frame_offsets: tuple[int, ...] = tuple(range(1, io.chunk + 1))
+        # the caption's idle_frame count, computed by the data stage from the raw chunk
+        self.sample_extras: tuple[str, ...] = (IDLE_FRAMES,) if io.representation == "libero_rot6d" else ()
         # idle_frame at inference: 0 as cosmos' LIBERO server; None leaves the field out (the prompt
         # diffusers' pipeline builds)
         self.inference_idle_frames: int | None = 0

@@ -21,7 +21,6 @@ Each piece names the upstream fact it reproduces (file and line in docs/cosmos3_
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any
 
@@ -34,10 +33,6 @@ LIBERO_VIEW_DESCRIPTION = (
     "The left half shows the third-person view; the right half shows the wrist-mounted camera."
 )
 WAVER_MODE_S = 1.29  # the "waver" training-time distribution's mode parameter
-IDLE_TRANSLATION_PER_S = 5e-3  # metres per second
-IDLE_ROTATION_PER_S = math.radians(1.5)  # radians per second
-IDLE_GRIPPER_STEP = 1e-2  # change of the gripper value between consecutive frames
-IDLE_MIN_STREAK = 3
 # Keys of a diffusers scheduler config that select a non-native (approximating) sigma schedule.
 _NON_NATIVE_KEYS = ("use_karras_sigmas", "use_exponential_sigmas", "use_beta_sigmas")
 
@@ -72,43 +67,6 @@ def action_prompt(
     if idle_frames is not None:
         base["actions"][0]["idle_frame"] = f"{int(idle_frames)} out of {int(chunk)}."
     return json.dumps(base)
-
-
-def rot6d_angles(rot6d: np.ndarray) -> np.ndarray:
-    """Geodesic angle (radians) from the identity of rotations given as rot6d [T, 6] (two columns)."""
-    c0, c1 = rot6d[:, 0:3], rot6d[:, 3:6]
-    b1 = c0 / np.maximum(np.linalg.norm(c0, axis=1, keepdims=True), 1e-12)
-    c1 = c1 - np.sum(b1 * c1, axis=1, keepdims=True) * b1
-    b2 = c1 / np.maximum(np.linalg.norm(c1, axis=1, keepdims=True), 1e-12)
-    b3 = np.cross(b1, b2)
-    trace = b1[:, 0] + b2[:, 1] + b3[:, 2]
-    return np.arccos(np.clip((trace - 1.0) / 2.0, -1.0, 1.0))
-
-
-def _in_streaks(flags: np.ndarray, min_len: int) -> np.ndarray:
-    """``flags`` kept only where they belong to a run of at least ``min_len`` consecutive True."""
-    out = np.zeros_like(flags)
-    start = None
-    for i, f in enumerate(list(flags) + [False]):
-        if f and start is None:
-            start = i
-        elif not f and start is not None:
-            if i - start >= min_len:
-                out[start:i] = True
-            start = None
-    return out
-
-
-def count_idle_frames(raw_chunk: np.ndarray, fps: float) -> int:
-    """Idle frames of one raw 10-D chunk ``[dpos(3), rot6d(6), g(1)]`` [T, 10] recorded at ``fps``."""
-    a = np.asarray(raw_chunk, np.float64)
-    if a.ndim != 2 or a.shape[1] != 10:
-        raise ValueError(f"count_idle_frames: expected a [T, 10] chunk, got {list(a.shape)}")
-    idle = np.linalg.norm(a[:, 0:3], axis=1) < IDLE_TRANSLATION_PER_S / fps
-    idle &= rot6d_angles(a[:, 3:9]) < IDLE_ROTATION_PER_S / fps
-    g = a[:, 9]
-    idle &= np.abs(np.diff(g, prepend=g[:1])) < IDLE_GRIPPER_STEP
-    return int(_in_streaks(idle, IDLE_MIN_STREAK).sum())
 
 
 def shift_sigmas(t: torch.Tensor, shift: float) -> torch.Tensor:
