@@ -61,3 +61,24 @@ def test_bad_cosmos_stats_name_the_block():
     data["metadata"]["action_dim"] = 7
     with pytest.raises(StatsError, match="action_dim=7"):
         StatsFile.from_json(data, "x.json")
+
+
+def test_cosmos_stats_make_a_serving_spec_with_the_data_gripper(tmp_path):
+    """Actions-only stats (Cosmos3 takes no state) give a spec whose state passes through, and whose
+    decoded gripper is the env's command for NVIDIA's [0, 1] data."""
+    import numpy as np
+
+    from wamkit.models.base import ModelIO
+
+    from .conftest import spec_of
+
+    path = tmp_path / "stats.json"
+    path.write_text(json.dumps(cosmos_stats()))
+    io = ModelIO(("image", "wrist_image"), 64, 8, 10, 16, "libero_rot6d")
+    spec = spec_of(StatsFile.load(path), io)
+    assert spec.gripper == "open_1" and spec.stats.metadata["state_stats"] == "identity"
+    state = np.linspace(-0.5, 0.5, 8)
+    np.testing.assert_allclose(spec.encode_state(state), state, atol=1e-7)
+    model_out = np.zeros((16, 10), np.float32)
+    model_out[:, 9] = 1.0  # normalised 1 = q99 = 1.0 = "open" in the data
+    assert (spec.decode_actions(model_out)[:, 6] == -1.0).all()

@@ -82,9 +82,20 @@ class PreprocessSpec:
     # -- building ----------------------------------------------------------------------------------
     @classmethod
     def create(cls, stats: StatsFile, *, normalization: str, clip: bool, image_size: int, resize: str,
-               cameras, camera_sources=(), chunk: int, gripper: str | None = None) -> PreprocessSpec:  # fmt: skip
+               cameras, camera_sources=(), chunk: int, gripper: str | None = None,
+               state_dim: int | None = None) -> PreprocessSpec:  # fmt: skip
         """A spec from a stats file and the training settings; representation, fps and the gripper
-        convention come from the stats metadata (``gripper`` overrides the latter)."""
+        convention come from the stats metadata (``gripper`` overrides the latter).
+
+        A stats file of actions only (cosmos' action stats: Cosmos3 takes no state) gets unit state
+        statistics of ``state_dim`` (normalisation passes the state through), recorded in its metadata
+        as ``state_stats: "identity"``; without ``state_dim`` it is refused.
+        """
+        if OBS_STATE not in stats.features and state_dim is not None:
+            unit = cls._unit(state_dim)
+            stats = StatsFile(
+                {**stats.features, OBS_STATE: unit}, {**stats.metadata, "state_stats": "identity"}
+            )
         meta = stats.metadata
         if "representation" not in meta:
             raise SpecError("stats file metadata has no 'representation'; recompute it with `wamkit stats`")
@@ -110,15 +121,19 @@ class PreprocessSpec:
         """For a model served without data (benchmarks): stats under which quantile normalisation is
         the identity, the env gripper convention, no fps."""
 
-        def unit(dim: int) -> FeatureStats:
-            ones = [1.0] * dim
-            return FeatureStats([0.0] * dim, ones, [-1.0] * dim, ones, [-1.0] * dim, ones, count=1)
-
         meta = {"representation": representation, "chunk": chunk, "action_dim": action_dim,
                 "gripper": "env", "identity": True}  # fmt: skip
-        stats = StatsFile(features={ACTION: unit(action_dim), OBS_STATE: unit(state_dim)}, metadata=meta)
+        stats = StatsFile(
+            features={ACTION: cls._unit(action_dim), OBS_STATE: cls._unit(state_dim)}, metadata=meta
+        )
         return cls.create(stats, normalization="quantile", clip=False, image_size=image_size,
                           resize="bilinear_antialias", cameras=cameras, chunk=chunk)  # fmt: skip
+
+    @staticmethod
+    def _unit(dim: int) -> FeatureStats:
+        """Stats under which quantile (and mean/std) normalisation is the identity."""
+        ones = [1.0] * dim
+        return FeatureStats([0.0] * dim, ones, [-1.0] * dim, ones, [-1.0] * dim, ones, count=1)
 
     def validate(self, where: str = "preprocessing spec") -> None:
         rep = get_representation(self.representation)

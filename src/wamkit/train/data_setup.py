@@ -95,6 +95,7 @@ def build_spec(cfg: RunConfig, io: ModelIO, stats: StatsFile) -> PreprocessSpec:
         camera_sources=[image_key(c) for c in (cfg.data.cameras or io.cameras)],
         chunk=cfg.data.chunk,
         gripper=cfg.data.gripper or None,
+        state_dim=io.state_dim,
     )
 
 
