@@ -20,7 +20,7 @@ from wamkit.models.pretrained import save_pretrained
 from wamkit.serve.client import PolicyClient, ServerError
 from wamkit.serve.codec import packb, unpackb
 from wamkit.serve.loading import load_served, random_init
-from wamkit.serve.policy import ServedPolicy
+from wamkit.serve.policy import RequestError, ServedPolicy
 from wamkit.serve.server import start_server_in_thread
 
 from .conftest import spec_of
@@ -310,3 +310,26 @@ def test_tiny_model_seeded_request_matches_in_process_call():
     np.testing.assert_array_equal(served, policy.infer({**o, "seed": 11})["actions"])
     assert batched.shape == (2, 16, 4) and np.isfinite(batched).all()
     assert not np.array_equal(batched[0], batched[1])  # unseeded: each observation draws its own noise
+
+
+def test_two_camera_dynamics_take_every_cameras_goal_and_return_the_rollout():
+    pytest.importorskip("diffusers")
+    policy = random_init("cosmos3", "tiny", device="cpu")
+    cams = policy.io.cameras
+    assert len(cams) == 2
+    rng = np.random.default_rng(0)
+    size = policy.io.image_size
+    o = {f"observation.images.{c}": rng.integers(0, 256, (size, size, 3), dtype=np.uint8) for c in cams}
+    o |= {
+        "observation.state": np.zeros(policy.io.state_dim, np.float32),
+        "prompt": "put the bowl on the plate",
+    }
+    goals = {f"goal_image.{c}": rng.integers(0, 256, (size, size, 3), dtype=np.uint8) for c in cams}
+    with pytest.raises(RequestError, match=f"lacks goal_image.{cams[1]}"):
+        policy.prepare({**o, "mode": "inverse_dynamics", "goal_image": goals[f"goal_image.{cams[0]}"]})
+    acts = policy.infer({**o, "mode": "inverse_dynamics", "seed": 0, **goals})["actions"]
+    assert acts.shape == (policy.io.chunk, policy.env_action_dim)
+    chunk = np.zeros((policy.io.chunk, policy.env_action_dim), np.float32)
+    reply = policy.infer({**o, "mode": "forward_dynamics", "seed": 0, "actions": chunk})
+    assert reply["video"].dtype == np.uint8 and reply["video"].ndim == 4
+    np.testing.assert_array_equal(reply["frames"], reply["video"][-1])

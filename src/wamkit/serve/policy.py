@@ -16,12 +16,13 @@ sends ``prompt`` as a list of B strings):
 - OpenPI LIBERO keys are accepted too: ``observation/image`` and ``observation/wrist_image`` map to
   the model's first and second camera, ``observation/state`` to ``observation.state``;
 - optional ``mode`` (``policy`` | ``inverse_dynamics`` | ``forward_dynamics``) and ``seed`` (int);
-- ``inverse_dynamics`` also takes ``goal_image``, the goal frame of the first camera (same form as
-  the observation images),
+- ``inverse_dynamics`` also takes the goal frame of every camera, ``goal_image.<cam>`` (same form as
+  the observation images; ``goal_image`` alone names the first camera's),
   ``forward_dynamics`` takes ``actions`` [chunk, D_env] env commands (model space with ``raw_actions``).
 
-Replies: ``{"actions": float32 [chunk, D_env]}`` (``[B, chunk, D_env]`` when batched), or
-``{"frames": uint8 [H, W, 3]}`` for ``forward_dynamics``.
+Replies: ``{"actions": float32 [chunk, D_env]}`` (``[B, chunk, D_env]`` when batched), or for
+``forward_dynamics`` ``{"frames": uint8 [H, W, 3]}`` (the last predicted frame) plus, from models that
+roll out the whole chunk, ``"video"``: uint8 [T, H, W, 3] (every predicted frame).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from wamkit.actions.spec import PreprocessSpec
 from wamkit.constants import OBS_STATE, TASK, image_key
 
 MODES = ("policy", "inverse_dynamics", "forward_dynamics")
-GOAL_IMAGE = "goal_image"  # inverse dynamics: the first camera's goal frame
+GOAL_IMAGE = "goal_image"  # inverse dynamics: f"{GOAL_IMAGE}.{cam}" per camera; bare: the first camera
 OPENPI_IMAGE_KEYS = ("observation/image", "observation/wrist_image")  # -> the model's cameras in order
 OPENPI_STATE_KEY = "observation/state"
 PROMPT = "prompt"
@@ -67,6 +68,10 @@ class Request:
         in a model call of its own, so its reply equals an in-process call with that seed, whoever else
         is connected."""
         return (self.mode,) if self.seed is None else (self.mode, self.seed, id(self))
+
+
+def _cat(arrays: list[np.ndarray]) -> torch.Tensor:
+    return torch.from_numpy(np.concatenate(arrays))
 
 
 def _numeric(value: Any, key: str) -> np.ndarray:
@@ -128,7 +133,8 @@ class ServedPolicy:
             OPENPI_STATE_KEY: OBS_STATE,
         }
         keys |= {k: image_key(c) for k, c in zip(OPENPI_IMAGE_KEYS, cams)}
-        keys |= {PROMPT: TASK, TASK: TASK, FD_ACTIONS: FD_ACTIONS, GOAL_IMAGE: GOAL_IMAGE}
+        keys |= {PROMPT: TASK, TASK: TASK, FD_ACTIONS: FD_ACTIONS, GOAL_IMAGE: f"{GOAL_IMAGE}.{cams[0]}"}
+        keys |= {f"{GOAL_IMAGE}.{c}": f"{GOAL_IMAGE}.{c}" for c in cams}
         keys |= {k: k for k in CONTROL_KEYS}
         return keys
 
@@ -197,9 +203,12 @@ class ServedPolicy:
         for cam in self.io.cameras:
             batch[image_key(cam)] = self._images(got, image_key(cam), n, batched)
         inputs: dict[str, Any] = {}
+        goals = {c: f"{GOAL_IMAGE}.{c}" for c in self.io.cameras}
         if mode == "inverse_dynamics":
-            inputs["goal_images"] = self._images(got, GOAL_IMAGE, n, batched)
-        elif GOAL_IMAGE in got:
+            per_cam = {image_key(c): self._images(got, k, n, batched) for c, k in goals.items()}
+            # one camera: the array itself (what every adapter takes); several: keyed by image key
+            inputs["goal_images"] = next(iter(per_cam.values())) if len(per_cam) == 1 else per_cam
+        elif any(k in got for k in goals.values()):
             raise RequestError(f"'{GOAL_IMAGE}' belongs to mode 'inverse_dynamics', not {mode!r}")
         if mode == "forward_dynamics":
             inputs["actions"] = self._fd_actions(got, n, batched)
@@ -253,19 +262,26 @@ class ServedPolicy:
         }
         batch[TASK] = [t for r in requests for t in r.batch[TASK]]
         inputs: dict[str, Any] = {}
-        for name in first.inputs:
-            inputs[name] = torch.from_numpy(np.concatenate([r.inputs[name] for r in requests]))
+        for name, first_value in first.inputs.items():
+            if isinstance(first_value, dict):  # per-camera goals
+                inputs[name] = {k: _cat([r.inputs[name][k] for r in requests]) for k in first_value}
+            else:
+                inputs[name] = _cat([r.inputs[name] for r in requests])
         out = self.adapter.predict(batch, mode=first.mode, seed=first.seed, **inputs)
         if first.mode == "forward_dynamics":
-            name, result = "frames", np.asarray(out["frames"], np.uint8)
+            results = {"frames": np.asarray(out["frames"], np.uint8)}
+            if "video" in out:
+                results["video"] = np.asarray(out["video"], np.uint8)
         else:
-            name, result = "actions", np.asarray(out["actions"], np.float32)
-            if not self.raw_actions:
-                result = self.spec.decode_actions(result)
+            actions = np.asarray(out["actions"], np.float32)
+            results = {"actions": actions if self.raw_actions else self.spec.decode_actions(actions)}
         replies, start = [], 0
         for r in requests:
-            part = np.ascontiguousarray(result[start : start + r.n])
-            replies.append({name: part if r.batched else part[0]})
+            reply = {}
+            for name, result in results.items():
+                part = np.ascontiguousarray(result[start : start + r.n])
+                reply[name] = part if r.batched else part[0]
+            replies.append(reply)
             start += r.n
         return replies
 
