@@ -1,4 +1,4 @@
-"""``LeRobotDataset``: read a LeRobot v3 dataset with pyarrow and PyAV, without the lerobot package.
+"""``LeRobotDataset``: read a LeRobot v3.0 or v2.1 dataset with pyarrow and PyAV, without lerobot.
 
 The class mirrors upstream's so user code ports over: ``len(ds)``, ``ds[i]``, ``ds.meta.info``,
 ``ds.fps``, ``ds.features``, ``ds.num_episodes``, ``ds.camera_keys``, ``delta_timestamps``.
@@ -26,7 +26,8 @@ log = logging.getLogger(__name__)
 
 
 class LeRobotDataset(torch.utils.data.Dataset):
-    """A map-style dataset over the frames of the selected episodes of a v3 dataset at ``root``.
+    """A map-style dataset over the frames of the selected episodes of the dataset at ``root``
+    (LeRobot v3.0 or v2.1: the same sample dicts for both).
 
     ``ds[i]`` is a dict with:
 
@@ -117,17 +118,17 @@ class LeRobotDataset(torch.utils.data.Dataset):
         """Read the numeric columns of every data file the selected episodes use, in episode order."""
         meta = self.meta
         keys = [k for k in meta.numeric_keys]
-        by_file: dict[tuple[int, int], Any] = {}
+        by_file: dict[Path, Any] = {}
         parts: dict[str, list[np.ndarray]] = {k: [] for k in keys}
         self._rows_of_ep: dict[int, tuple[int, int]] = {}  # episode -> [start, end) rows in our arrays
         self._image_rows: dict[int, tuple[Path, int]] = {}  # episode -> (data file, its first row there)
         row = 0
         for ep in self.episodes:
             info = meta.episodes[ep]
-            path = meta.data_path(*info.data_file)
-            if info.data_file not in by_file:
-                by_file[info.data_file] = self._read_data_file(path, keys)
-            cols = by_file[info.data_file]
+            path = info.data_file
+            if path not in by_file:
+                by_file[path] = self._read_data_file(path, keys)
+            cols = by_file[path]
             sel = np.flatnonzero(cols[EPISODE_INDEX].reshape(-1) == ep)
             if len(sel) != info.length:
                 raise DatasetError(
@@ -152,8 +153,7 @@ class LeRobotDataset(torch.utils.data.Dataset):
         for key in self.camera_keys:  # fail now, not in a worker an hour into training
             if key in meta.video_keys:
                 for ep in self.episodes:
-                    chunk, file, _, _ = meta.episodes[ep].videos[key]
-                    p = meta.video_path(key, chunk, file)
+                    p = meta.episodes[ep].videos[key][0]
                     if not p.is_file():
                         raise DatasetError(f"{p}: video file is missing (camera {key}, episode {ep})")
 
@@ -177,16 +177,11 @@ class LeRobotDataset(torch.utils.data.Dataset):
 
     # -- items ----------------------------------------------------------------------------------
     def _frame(self, key: str, row: int) -> np.ndarray:
-        ep = int(self._ep_of_row[row])
-        frame = row - self._rows_of_ep[ep][0]
-        info = self.meta.episodes[ep]
         if key in self._video_keys:
-            chunk, file, from_ts, _ = info.videos[key]
-            img = self._videos.frame(
-                self.meta.video_path(key, chunk, file), from_ts + frame / self.fps, self.tolerance_s
-            )
+            img = self._videos.frame(*self.video_target(key, row), self.tolerance_s)
         else:
-            img = self._image(key, ep, frame)
+            ep = int(self._ep_of_row[row])
+            img = self._image(key, ep, row - self._rows_of_ep[ep][0])
         want = self._shapes[key]
         if img.shape != want:
             raise DatasetError(
@@ -238,6 +233,12 @@ class LeRobotDataset(torch.utils.data.Dataset):
     def _delta_rows(self, key: str, row: int, start: int, end: int) -> tuple[np.ndarray, np.ndarray]:
         want = row + self.delta_frames[key]
         return np.clip(want, start, end - 1), (want < start) | (want >= end)
+
+    def video_target(self, key: str, row: int) -> tuple[Path, float]:
+        """The (mp4 file, seconds) holding camera ``key``'s frame of ``row``."""
+        ep = int(self._ep_of_row[row])
+        path, from_ts, _ = self.meta.episodes[ep].videos[key]
+        return path, from_ts + (row - self._rows_of_ep[ep][0]) / self.fps
 
     def episode_bounds(self, row: int) -> tuple[int, int]:
         """``[start, end)`` rows of the episode that holds ``row``."""

@@ -63,7 +63,7 @@ def compute_stats(
     grip_acc: list[np.ndarray] = []
     width_acc: list[np.ndarray] = []
     for data_file, eps in sorted(files.items()):
-        path = meta.data_path(*data_file)
+        path = data_file
         table = read_parquet(path, columns=[ACTION, OBS_STATE, EPISODE_INDEX])
         action = column_to_numpy(table, ACTION, meta.features[ACTION]["shape"], path).reshape(len(table), -1)
         state = column_to_numpy(table, OBS_STATE, meta.features[OBS_STATE]["shape"], path).reshape(

@@ -2,8 +2,19 @@
 
 Decoding: :class:`VideoFrames` keeps one open container per file (a small LRU), opened lazily in the
 process that first asks, so DataLoader workers never share a decoder inherited through ``fork``. A frame
-is found by its timestamp in seconds: seek to the key frame at or before it, then decode forward. Reading
-frames in order continues the open decoder instead of seeking again.
+is found by its timestamp in seconds. Per open file it keeps, to make nearby timestamps cheap:
+
+- the decoder's position: a frame ahead of the last one decoded, by no more than the longest key-frame
+  interval seen so far in that file, is reached by decoding forward; anything else seeks to the key
+  frame at or before it and decodes from there (a seek discards the decoder's state, so decoding on is
+  never slower while no key frame lies between);
+- the last ``cache_frames`` decoded frames, including those decoded on the way to a target, so that a
+  sampler visiting a window of nearby samples in any order decodes each frame about once;
+- one colour converter (swscale context): set up once per file, not once per frame (PyAV's
+  ``frame.to_ndarray(format=...)`` builds a new one each call, which costs more than decoding a 256 px
+  H.264 frame).
+
+Callers receive a fresh array they own; the cache keeps its own copy.
 
 Encoding: :class:`VideoEncoder` writes H.264 (libx264, which PyAV's wheels ship) in yuv420p, one frame
 per ``1/fps`` seconds, to a temporary name that :meth:`VideoEncoder.close` renames into place.
@@ -18,49 +29,97 @@ from pathlib import Path
 
 import av
 import numpy as np
+from av.video.reformatter import VideoReformatter
 
 from wamkit.data.meta import DatasetError
 from wamkit.files import fsync_dir, tmp_path
 
-# How far ahead of the last decoded frame we keep decoding rather than seek (in frames): reading in
-# order continues the decoder; anything further seeks (cheap with lerobot's 2-frame GOPs).
-_FORWARD_FRAMES = 1.5
-
+CACHE_FRAMES = 48  # decoded frames kept per open file
+_MIN_FORWARD = 2  # decode forward at least this many frames rather than seek
 
 _INHERITED: list = []  # decoders a forked process inherited; kept alive on purpose, never used
 
 
+def open_input(path: Path) -> av.container.InputContainer:
+    """Open ``path`` for reading, or raise a :class:`DatasetError` that names it."""
+    try:
+        container = av.open(str(path))
+    except (av.error.FFmpegError, OSError) as err:
+        raise DatasetError(f"{path}: cannot open video (missing, truncated or corrupt?): {err}") from None
+    if not container.streams.video:
+        container.close()
+        raise DatasetError(f"{path}: has no video stream")
+    return container
+
+
 class _OpenVideo:
-    def __init__(self, path: Path):
-        try:
-            self.container = av.open(str(path))
-        except (av.error.FFmpegError, OSError) as err:
-            raise DatasetError(f"{path}: cannot open video (missing, truncated or corrupt?): {err}") from None
-        if not self.container.streams.video:
-            raise DatasetError(f"{path}: has no video stream")
+    """One open file: decoder position, recently decoded frames, colour converter (module docstring)."""
+
+    def __init__(self, path: Path, cache_frames: int = CACHE_FRAMES):
+        self.container = open_input(path)
         self.stream = self.container.streams.video[0]
         self.stream.thread_count = 1  # threads: no latency per seek, and nothing held across fork()
         self.path = path
         self.tb = float(self.stream.time_base)
-        self.frame_dt = 1.0 / float(self.stream.average_rate or 30)
+        rate = self.stream.average_rate or self.stream.guessed_rate or 30
+        self.frame_dt = 1.0 / float(rate)
+        self.rgb = VideoReformatter()
         self.frames = None  # the running decode generator
-        self.last_time = None
-        self.last_image: np.ndarray | None = None
+        self.pos: float | None = None  # time of the last frame it produced
+        self.gop = _MIN_FORWARD  # longest key-frame interval seen (frames)
+        self._last_key: float | None = None
+        self.cache_frames = cache_frames
+        # slot (time / frame_dt, rounded) -> (time, av.VideoFrame or its RGB array once converted)
+        self.cache: OrderedDict[int, tuple[float, object]] = OrderedDict()
+
+    def _slot(self, t: float) -> int:
+        return int(round(t / self.frame_dt))
+
+    def _cached(self, ts: float, tol: float) -> np.ndarray | None:
+        slot = self._slot(ts)
+        hit = self.cache.get(slot)
+        if hit is None or abs(hit[0] - ts) > tol:
+            return None
+        t, img = hit
+        if not isinstance(img, np.ndarray):
+            img = self.rgb.reformat(img, format="rgb24").to_ndarray()
+            self.cache[slot] = (t, img)
+        self.cache.move_to_end(slot)
+        return img
+
+    def _keep(self, t: float, frame: av.VideoFrame) -> None:
+        if frame.key_frame:
+            if self._last_key is not None and t > self._last_key:
+                self.gop = max(self.gop, int(round((t - self._last_key) / self.frame_dt)))
+            self._last_key = t
+        self.cache[self._slot(t)] = (t, frame)
+        self.cache.move_to_end(self._slot(t))
+        while len(self.cache) > self.cache_frames:
+            self.cache.popitem(last=False)
 
     def _restart(self, ts: float) -> None:
         self.container.seek(int(ts / self.tb), stream=self.stream, backward=True, any_frame=False)
         self.frames = self.container.decode(self.stream)
-        self.last_time = None
+        self.pos = self._last_key = None
 
     def frame_at(self, ts: float, tol: float) -> np.ndarray:
-        if self.last_time is not None and abs(self.last_time - ts) <= tol:
-            return self.last_image.copy()  # type: ignore[union-attr]  # the caller may own the first one
-        ahead = ts - self.last_time if self.last_time is not None else -1.0
-        if self.frames is None or not 0 < ahead <= _FORWARD_FRAMES * self.frame_dt:
+        img = self._cached(ts, tol)
+        if img is not None:
+            return img.copy()
+        ahead = ts - self.pos if self.pos is not None else -1.0
+        if self.frames is None or not 0 < ahead <= self.gop * self.frame_dt + tol:
             self._restart(ts)
+        self._decode_to(ts, tol)
+        img = self._cached(ts, tol)
+        assert img is not None  # _decode_to returned only once the frame was kept
+        return img.copy()
+
+    def _decode_to(self, ts: float, tol: float) -> None:
         try:
             for frame in self.frames:  # type: ignore[union-attr]
                 t = frame.pts * self.tb
+                self.pos = t
+                self._keep(t, frame)
                 if t < ts - tol:
                     continue
                 if t > ts + tol:
@@ -68,9 +127,7 @@ class _OpenVideo:
                     raise DatasetError(
                         f"{self.path}: no frame at t={ts:.4f}s (the next frame is at t={t:.4f}s; tolerance {tol}s)"
                     )
-                self.last_time = t
-                self.last_image = frame.to_ndarray(format="rgb24")  # a fresh, writable array
-                return self.last_image
+                return
         except av.error.FFmpegError as err:
             self.frames = None
             raise DatasetError(
@@ -82,14 +139,16 @@ class _OpenVideo:
         )
 
     def close(self) -> None:
+        self.cache.clear()
+        self.frames = None
         self.container.close()
 
 
 class VideoFrames:
     """Frames by (file, timestamp), with lazily opened decoders owned by the current process."""
 
-    def __init__(self, max_open: int = 16):
-        self.max_open = max_open
+    def __init__(self, max_open: int = 16, cache_frames: int = CACHE_FRAMES):
+        self.max_open, self.cache_frames = max_open, cache_frames
         self._open: OrderedDict[Path, _OpenVideo] = OrderedDict()
         self._pid = os.getpid()
 
@@ -103,7 +162,7 @@ class VideoFrames:
             self._pid = os.getpid()
         video = self._open.get(path)
         if video is None:
-            video = _OpenVideo(path)
+            video = _OpenVideo(path, self.cache_frames)
             self._open[path] = video
             while len(self._open) > self.max_open:
                 self._open.popitem(last=False)[1].close()
@@ -117,23 +176,26 @@ class VideoFrames:
         self._open.clear()
 
     def __getstate__(self):  # pickled into spawned workers: start with no open files
-        return {"max_open": self.max_open}
+        return {"max_open": self.max_open, "cache_frames": self.cache_frames}
 
     def __setstate__(self, state):
-        self.__init__(state["max_open"])
+        self.__init__(state["max_open"], state.get("cache_frames", CACHE_FRAMES))
 
 
 class VideoEncoder:
-    """Encode RGB frames (H, W, 3) uint8 to ``path`` as H.264 / yuv420p at ``fps``.
+    """Encode RGB frames (H, W, 3) uint8 to ``path`` as H.264 (or ``codec``) / yuv420p at ``fps``.
 
     ``gop`` is the key-frame interval: small values make random access (training) cheap at some cost
     in file size (lerobot uses 2). H and W must be even (yuv420p halves the chroma planes).
+    ``codec``: ``libx264`` (default) or ``libsvtav1`` (what lerobot writes), both in PyAV's wheels.
     """
 
     CODEC = "libx264"
     PIX_FMT = "yuv420p"
+    OPTIONS = {"libx264": {"preset": "veryfast", "bf": "0"}, "libsvtav1": {"preset": "8"}}
 
-    def __init__(self, path: Path, fps: int, height: int, width: int, gop: int = 2, crf: int = 18):
+    def __init__(self, path: Path, fps: int, height: int, width: int, gop: int = 2, crf: int = 18,
+                 codec: str = CODEC):  # fmt: skip
         if height % 2 or width % 2:
             raise ValueError(
                 f"{path}: video frames must have even height and width for yuv420p, got {height}x{width}"
@@ -143,12 +205,14 @@ class VideoEncoder:
         self.tmp.parent.mkdir(parents=True, exist_ok=True)
         self.shape = (height, width, 3)
         self.container = av.open(str(self.tmp), mode="w")
-        self.stream = self.container.add_stream(self.CODEC, rate=fps)
+        if codec not in self.OPTIONS:
+            raise ValueError(f"{path}: codec {codec!r} is not one of {list(self.OPTIONS)}")
+        self.stream = self.container.add_stream(codec, rate=fps)
         self.stream.width, self.stream.height = width, height
         self.stream.pix_fmt = self.PIX_FMT
         self.stream.time_base = Fraction(1, fps)
         self.stream.codec_context.gop_size = gop
-        self.stream.options = {"crf": str(crf), "preset": "veryfast", "bf": "0"}
+        self.stream.options = {"crf": str(crf), **self.OPTIONS[codec]}
         self.count = 0
 
     def add(self, image: np.ndarray) -> None:
