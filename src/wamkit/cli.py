@@ -18,10 +18,17 @@ from wamkit.log import LEVELS, setup_logging
 # name -> (module, one-line help). Order is the flow of data.
 COMMANDS: dict[str, tuple[str, str]] = {
     "collect": ("wamkit.envs.collect", "run scripted experts in a simulator and write a LeRobot v3 dataset"),
+    "check": (
+        "wamkit.check.cli",
+        "does a dataset agree with a suite's conventions? (state, gripper, images, fps)",
+    ),
     "stats": ("wamkit.data.stats_cli", "compute the normalisation stats file of a dataset"),
     "train": ("wamkit.train.cli", "supervised fine-tuning (one process, or FSDP2 under torchrun)"),
     "runs": ("wamkit.train.runs_cli", "print the scalars of a training run from its event files"),
-    "convert": ("wamkit.export.cli", "checkpoint -> serving directory (safetensors + config + preprocessing spec), etc."),
+    "convert": (
+        "wamkit.export.cli",
+        "checkpoint -> serving directory (safetensors + config + preprocessing spec), etc.",
+    ),
     "serve": ("wamkit.serve.cli", "serve a model over the OpenPI websocket protocol with dynamic batching"),
     "infer": ("wamkit.serve.infer", "batch inference from JSON sample files"),
     "eval": ("wamkit.eval.cli", "pipelined closed-loop evaluation in simulated benchmarks"),

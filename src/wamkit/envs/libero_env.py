@@ -63,6 +63,20 @@ FPS = 20
 STATE_DIM = 8
 ACTION_DIM = 7
 NOOP = np.array([0, 0, 0, 0, 0, 0, -1], dtype=np.float64)
+STATE_NAMES = ("eef_x", "eef_y", "eef_z", "eef_ax", "eef_ay", "eef_az", "finger_left", "finger_right")
+AXIS_ANGLE_DIMS = (3, 4, 5)  # robosuite's quat2axisangle of the eef quaternion
+ACTION_NAMES = ("dx", "dy", "dz", "rx", "ry", "rz", "gripper")
+STATE_SOURCE = (
+    "robot0_eef_pos, robosuite's quat2axisangle(robot0_eef_quat) (xyzw, no antipodal flip), "
+    "robot0_gripper_qpos"
+)
+
+
+def finger_width(states: np.ndarray) -> np.ndarray:
+    """The gripper opening of 8-D LIBERO states [..., 8]: left minus right finger qpos (grows as the
+    fingers open)."""
+    return states[..., 6] - states[..., 7]
+
 # our camera name -> robosuite's. "image" / "wrist_image" are the names the published LeRobot LIBERO
 # datasets use for the same two views: evaluating with them gives observation keys that match a model
 # trained on those datasets, with no renaming anywhere.
@@ -126,6 +140,11 @@ def suite_info(suite: str) -> SuiteInfo:
     return SuiteInfo(
         suite, tasks, MAX_STEPS[suite], STATE_DIM, ACTION_DIM, FPS, ("agentview", "wrist"), "panda"
     )
+
+
+def task_texts(suite: str) -> dict[str, str]:
+    """Task name -> LIBERO's instruction (what datasets store as the task)."""
+    return {t.name: t.language for t in _task_map(suite)}
 
 
 def expand_tasks(suite: str, tasks: list[str]) -> list[str]:

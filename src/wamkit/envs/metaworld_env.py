@@ -35,6 +35,19 @@ ACTION_DIM = 4
 # MetaWorld's placement comes from the episode's seed, so each trial is seeded; the fast look is what
 # `wamkit collect` records by default (a model is evaluated on the look it was trained on).
 PROTOCOL = SuiteProtocol(render_quality="fast", seed_rule="per_trial", trials=10)
+_OBJ = ("x", "y", "z", "qx", "qy", "qz", "qw")
+_NOW = ("hand_x", "hand_y", "hand_z", "gripper", *(f"obj1_{n}" for n in _OBJ), *(f"obj2_{n}" for n in _OBJ))
+STATE_NAMES = (*_NOW, *(f"prev_{n}" for n in _NOW), "goal_x", "goal_y", "goal_z")
+AXIS_ANGLE_DIMS: tuple[int, ...] = ()
+ACTION_NAMES = ("dx", "dy", "dz", "gripper")
+STATE_SOURCE = "MetaWorld's full 39-D observation (goal observable)"
+
+
+def finger_width(states: np.ndarray) -> np.ndarray:
+    """The gripper opening of 39-D MetaWorld states (state[3], grows as the fingers open)."""
+    return states[..., 3]
+
+
 CAMERAS = ("corner", "corner2", "corner3", "corner4", "topview", "behindGripper", "gripperPOV")
 
 MT10 = (
@@ -108,6 +121,11 @@ TASKS = tuple(INSTRUCTIONS)
 
 def suite_info() -> SuiteInfo:
     return SuiteInfo(SUITE, TASKS, MAX_STEPS, STATE_DIM, ACTION_DIM, FPS, ("corner",), "sawyer")
+
+
+def task_texts(suite: str = SUITE) -> dict[str, str]:
+    """Task name -> the instruction the env reports (what ``wamkit collect`` stores as the task)."""
+    return dict(INSTRUCTIONS)
 
 
 def expand_tasks(tasks: list[str]) -> list[str]:

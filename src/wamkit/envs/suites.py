@@ -25,6 +25,12 @@ def _backend(suite: str):
     return importlib.import_module(_BACKENDS[suite])
 
 
+def backend(suite: str):
+    """The backend module of ``suite``: its conventions as data (``STATE_NAMES``, ``AXIS_ANGLE_DIMS``,
+    ``ACTION_NAMES``, ``STATE_SOURCE``, ``CAMERAS``, ``finger_width``, ``PROTOCOL``)."""
+    return _backend(suite)
+
+
 def suite_info(suite: str) -> SuiteInfo:
     """Tasks, max steps, state / action dims, fps and cameras of ``suite``."""
     mod = _backend(suite)

@@ -1,0 +1,145 @@
+"""The convention checker on datasets written by wamkit's own writer from real env rollouts: a correct
+one is clean, and each deliberate mistake (antipodal-flipped quaternion, inverted gripper, unflipped
+images) is caught with a fix. A MetaWorld dataset from ``wamkit collect`` is also replayed open-loop."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import numpy as np
+import pytest
+
+from wamkit.actions.rotations import quat_to_axis_angle
+from wamkit.check import check_dataset
+from wamkit.cli import main as cli_main
+from wamkit.config import EnvConfig
+from wamkit.constants import ACTION, OBS_STATE, TASK, image_key
+from wamkit.envs import EpisodeSpec, make_env, render_info
+
+needs_libero = pytest.mark.skipif(
+    importlib.util.find_spec("libero") is None, reason="LIBERO extra not installed: run `make setup-libero`"
+)
+SUITE, TASK_ID, SIZE, FRAMES = "libero_10", "0", 64, 16
+CAMS = ["agentview", "wrist"]
+
+
+def _script(t: int) -> np.ndarray:
+    """Move down and sideways, close the gripper, then open it: the fingers move both ways."""
+    grip = 1.0 if 5 <= t < 10 else -1.0
+    return np.array([0.3, -0.2, -0.4, 0.0, 0.0, 0.1, grip])
+
+
+def _rollouts(env) -> list[list[dict]]:
+    """Trials 0-2 of the task by openpi's protocol: per frame the observation, raw quaternion, action."""
+    eps = []
+    for trial in range(3):
+        obs = env.reset(EpisodeSpec(SUITE, TASK_ID, trial, 7))
+        frames = []
+        for t in range(FRAMES):
+            action = _script(t)
+            frames.append({"obs": obs, "quat": np.array(env._raw["robot0_eef_quat"]), "action": action})
+            obs, *_ = env.step(action)
+        eps.append(frames)
+    return eps
+
+
+def _write(root, eps, cfg: EnvConfig, mistake: str = "") -> None:
+    from wamkit.data import LeRobotDatasetWriter
+
+    feats = {image_key(c): {"dtype": "video", "shape": [SIZE, SIZE, 3], "names": None} for c in CAMS}
+    feats[OBS_STATE] = {"dtype": "float32", "shape": [8], "names": None}
+    feats[ACTION] = {"dtype": "float32", "shape": [7], "names": None}
+    w = LeRobotDatasetWriter.create(root, 20, feats, robot_type="panda", extra_info=render_info(cfg))
+    for frames in eps:
+        for f in frames:
+            state, action = f["obs"][OBS_STATE].copy(), f["action"].astype(np.float32)
+            images = {image_key(c): f["obs"][image_key(c)] for c in CAMS}
+            if mistake == "flipped_quaternion":  # the generic antipodal-safe conversion
+                state[3:6] = quat_to_axis_angle(f["quat"], order="xyzw")
+            elif mistake == "inverted_gripper":
+                action[6] = -action[6]
+            elif mistake == "unflipped_images":  # robosuite's raw render, not rotated by 180 degrees
+                images = {c: np.ascontiguousarray(img[::-1, ::-1]) for c, img in images.items()}
+            w.add_frame({OBS_STATE: state, ACTION: action, TASK: f["obs"][TASK], **images})
+        w.save_episode()
+    w.finalize()
+
+
+@pytest.fixture(scope="module")
+def libero_case(tmp_path_factory):
+    cfg = EnvConfig(suite=SUITE, cameras=CAMS, image_size=SIZE)
+    env = make_env(cfg)
+    root = tmp_path_factory.mktemp("check")
+    eps = _rollouts(env)
+    for mistake in ("", "flipped_quaternion", "inverted_gripper", "unflipped_images"):
+        _write(root / (mistake or "correct"), eps, cfg, mistake)
+    yield env, root, eps
+    env.close()
+
+
+@pytest.mark.libero
+@needs_libero
+def test_rollouts_hold_the_flip_case(libero_case):
+    """The data must exercise the mistake: some frames have w < 0 near the gripper-down pose."""
+    _, _, eps = libero_case
+    w = np.array([f["quat"][3] for frames in eps for f in frames])
+    assert (w < 0).any()
+
+
+@pytest.mark.libero
+@needs_libero
+def test_correct_dataset_is_clean(libero_case):
+    env, root, _ = libero_case
+    report = check_dataset(root / "correct", SUITE, env=env)
+    assert report.clean, report.text()
+    assert {f.check for f in report.findings if f.level == "ok"} >= {
+        "fps",
+        "action",
+        "gripper",
+        "state",
+        "image",
+    }
+
+
+@pytest.mark.libero
+@needs_libero
+@pytest.mark.parametrize(
+    ("mistake", "check", "says", "fix"),
+    [
+        ("flipped_quaternion", "state", "eef_ax", "no antipodal flip"),
+        ("inverted_gripper", "gripper", "polarity inverted", "negate the gripper channel"),
+        ("unflipped_images", "image", "rotated 180°", "img[::-1, ::-1]"),
+    ],
+)
+def test_each_mistake_is_caught_with_its_fix(libero_case, mistake, check, says, fix):
+    env, root, _ = libero_case
+    report = check_dataset(root / mistake, SUITE, env=env)
+    errors = [f for f in report.errors if f.check == check]
+    assert errors, report.text()
+    assert any(says in f.message and fix in f.fix for f in errors), report.text()
+    assert {f.check for f in report.errors} == {check}, report.text()  # nothing else is blamed
+
+
+@pytest.mark.libero
+@needs_libero
+def test_check_command_on_the_shared_fixture(libero_tiny, capsys, tmp_path):
+    """libero_tiny holds random numbers, not physics: the checker must say so (exit status 1)."""
+    out = tmp_path / "report.json"
+    assert cli_main(["check", str(libero_tiny), "--suite", SUITE, "--json", str(out)]) == 1
+    text = capsys.readouterr().out
+    assert "state[3] (eef_ax)" in text and "fix:" in text
+    report = json.loads(out.read_text())
+    assert report["clean"] is False and any(f["check"] == "state" for f in report["findings"])
+
+
+def test_metaworld_collected_dataset_is_clean_and_replays(tmp_path):
+    out = tmp_path / "mw"
+    argv = ["collect", "--suite", "metaworld", "--tasks", "reach-v3", "--episodes", "2", "--workers", "1"]
+    assert cli_main([*argv, "--image-size", "32", "--out", str(out)]) == 0
+    report = check_dataset(out, "metaworld", replay=2)
+    assert report.clean, report.text()
+    (replay,) = report.of("replay")
+    assert replay.level == "ok" and "2 succeeded (100%)" in replay.message
+    images = report.of("image")
+    assert images and images[0].level == "ok" and "same episode" in images[0].message
