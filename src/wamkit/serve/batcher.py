@@ -2,9 +2,12 @@
 
 The batcher lives on the server's event loop. A request waits in one FIFO queue; the batching loop takes
 the oldest request, adds every queued request of the same group (the same mode; a seeded request is a
-group of its own, see :attr:`~wamkit.serve.policy.Request.group`) until ``max_batch`` observations, waits at most
-``max_wait_ms`` for more when the batch is not full (and some connection is idle, so that more can
-come), then runs the model in a single worker thread so the
+group of its own, see :attr:`~wamkit.serve.policy.Request.group`) until ``max_batch`` observations. A
+batch that is not full keeps gathering while requests keep coming: it closes when no request has
+arrived for ``max_wait_ms``, when every connection is waiting for a reply (none can add more), or after
+:data:`MAX_GATHER_WAITS` x ``max_wait_ms`` in all. (Timing from the *first* request instead split every
+wave of replies from synchronous clients into a few small batches: their next requests arrive spread
+over the time the event loop takes to decode them.) Then the model runs in a single worker thread so the
 event loop keeps reading, checking and answering other connections meanwhile. Results go back to each
 request's own future, in order, so replies are never mixed up. While the model runs, new requests queue
 up and form the next batch: under load, batches fill without waiting.
@@ -28,6 +31,7 @@ from wamkit.serve.metrics import ServerMetrics
 from wamkit.serve.policy import Request
 
 log = logging.getLogger(__name__)
+MAX_GATHER_WAITS = 25  # a partial batch gathers for at most this many max_wait_ms in all
 
 
 class ModelError(RuntimeError):
@@ -85,13 +89,22 @@ class DynamicBatcher:
                 item.future.set_exception(ModelError("server is shutting down"))
         self._pool.shutdown(wait=True)
 
-    async def submit(self, request: Request) -> tuple[dict[str, Any], dict[str, float]]:
-        """Queue ``request``; return its reply and timing (queue_ms, infer_ms, batch_size)."""
+    def enqueue(self, request: Request) -> asyncio.Future:
+        """Queue ``request`` now; the future gives its reply and timing (queue_ms, infer_ms, batch_size).
+
+        Synchronous on purpose: a caller that counts the request as in flight must also have it in the
+        queue, or the batcher could see "every connection is waiting" with the request not yet queued and
+        close a batch early.
+        """
         if self._queue is None:
             raise RuntimeError("DynamicBatcher.start() was not called")
         future = asyncio.get_running_loop().create_future()
         self._queue.put_nowait(_Item(request, future))
-        return await future
+        return future
+
+    async def submit(self, request: Request) -> tuple[dict[str, Any], dict[str, float]]:
+        """Queue ``request``; return its reply and timing (queue_ms, infer_ms, batch_size)."""
+        return await self.enqueue(request)
 
     async def _next(self, deadline: float) -> _Item | None:
         assert self._queue is not None
@@ -132,9 +145,10 @@ class DynamicBatcher:
             if not self._deferred:
                 continue
             items, n = self._gather()
-            deadline = time.perf_counter() + self.max_wait
+            now = time.perf_counter()
+            last_call = now + MAX_GATHER_WAITS * self.max_wait
             while n < self.max_batch:
-                nxt = await self._next(deadline)
+                nxt = await self._next(min(time.perf_counter() + self.max_wait, last_call))
                 if nxt is None:
                     break
                 if nxt.future.done():

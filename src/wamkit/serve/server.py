@@ -110,10 +110,11 @@ class PolicyServer:
         decode_ms = (time.perf_counter() - t0) * 1000.0
 
         self._in_flight[ws] += 1
+        queued = self.batcher.enqueue(request)  # in the queue as soon as it counts as in flight
 
         async def answer():
             try:
-                reply, timing = await self.batcher.submit(request)
+                reply, timing = await queued
             finally:
                 self._in_flight[ws] -= 1
             total = time.perf_counter() - t0
