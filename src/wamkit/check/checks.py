@@ -140,6 +140,7 @@ def check_state(data: DataView, env: EnvProbe, report: Report, names, rot_dims, 
     margin = 0.05 * (hi - lo) + 1e-3
     e_lo, e_hi = env.states.min(axis=0), env.states.max(axis=0)
     bad = [i for i in range(env.state_dim) if e_lo[i] < lo[i] - margin[i] or e_hi[i] > hi[i] + margin[i]]
+    before = len(report.errors)
     for i in bad:
         report.add(
             "state",
@@ -153,7 +154,7 @@ def check_state(data: DataView, env: EnvProbe, report: Report, names, rot_dims, 
         _check_rotation_sign(data, env, report, names, rot_dims, source)
         _check_rotation_jumps(data, report, names, rot_dims, source)
     _check_same_episode_states(data, env, report, names)
-    if not bad:
+    if len(report.errors) == before:
         report.add(
             "state", "ok", f"every dimension's data range covers the env's {len(env.states)} reset states"
         )

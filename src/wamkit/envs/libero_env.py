@@ -77,6 +77,7 @@ def finger_width(states: np.ndarray) -> np.ndarray:
     fingers open)."""
     return states[..., 6] - states[..., 7]
 
+
 # our camera name -> robosuite's. "image" / "wrist_image" are the names the published LeRobot LIBERO
 # datasets use for the same two views: evaluating with them gives observation keys that match a model
 # trained on those datasets, with no renaming anywhere.
