@@ -89,7 +89,7 @@ def main(args: argparse.Namespace) -> int:
         torch.manual_seed(0)
         adapter = build_model(cfg, None)
         root, groups, trained = shard_adapter(adapter, device, args.precision)
-        opt = build_optimizer(groups, 1e-4, 0.01, [0.9, 0.95])
+        opt = build_optimizer(groups, 1e-4, 0.01, [0.9, 0.95], fused=device.type == "cuda")
         trainable = list(trained.values())
 
         def trainer_step():

@@ -117,11 +117,13 @@ def apply_fsdp(
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     else:
         mp = MixedPrecisionPolicy()
+    several = dist.get_world_size() > 1
     for i, block in enumerate(blocks):
         # the last block is not resharded after forward: backward needs it at once, and FSDP would
-        # all-gather it again immediately.
-        fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=i < len(blocks) - 1)
-    fully_shard(module, mesh=mesh, mp_policy=mp)
+        # all-gather it again immediately. With one rank nothing is resharded: the "all-gather" is a
+        # copy and a bf16 cast of every weight, which backward would otherwise pay a second time.
+        fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=several and i < len(blocks) - 1)
+    fully_shard(module, mesh=mesh, mp_policy=mp, reshard_after_forward=several)
     return module
 
 

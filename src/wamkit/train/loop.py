@@ -104,7 +104,9 @@ class _Loop:
         module = self.adapter.module
         self.root, groups, trained = shard_adapter(self.adapter, info.device, t.precision)
         self.trainable = list(trained.values())
-        self.optimizer = build_optimizer(groups, t.lr, t.weight_decay, t.betas)
+        self.optimizer = build_optimizer(
+            groups, t.lr, t.weight_decay, t.betas, fused=info.device.type == "cuda"
+        )
         self.ema = PowerEMA(trained, t.ema_power, t.ema_type, t.ema_rate) if t.ema else None
         extras = tuple(getattr(self.adapter, "sample_extras", ()))
         self.loader = make_loader(tuple(self.adapter.future_frame_offsets), extras)
