@@ -1,9 +1,17 @@
 """An endless, seeded, exactly resumable training loader on top of ``torch.utils.data.DataLoader``.
 
-The sample order is a pure function of ``(seed, epoch)``: epoch ``e`` is a seeded permutation of the
-dataset (or, with several suites, a seeded draw of each slot's suite by the suite weights, each suite
-walking its own seeded permutation). All ranks compute the same global stream; global batch ``b``
-is samples ``[b * B * W, (b + 1) * B * W)`` of it and rank ``r`` takes its ``r``-th slice of ``B``.
+The sample order is a pure function of ``(seed, epoch, window)``: epoch ``e`` is a seeded windowed
+permutation of the dataset (or, with several suites, a seeded draw of each slot's suite by the suite
+weights, each suite walking its own seeded windowed permutation). A windowed permutation cuts the
+indices into windows of ``window`` consecutive samples (consecutive frames of one episode, so of one
+video file, except where a window straddles two episodes), visits the windows in a shuffled order and
+shuffles the samples within each: the reader then decodes nearby frames of few files at a time and
+reuses its open decoders and cached frames (:mod:`wamkit.data.video`). ``window=1`` is a plain
+permutation. The price is batch diversity: a batch of ``B`` holds about ``B / window`` stretches of
+``window`` consecutive frames. All ranks compute the same global stream; global batch ``b``
+is samples ``[b * B * W, (b + 1) * B * W)`` of it and rank ``r`` takes its ``r``-th slice of ``B``,
+which it reads and stacks in index order (the samples of a batch are exchangeable; sorted, a
+window's frames decode forward, each once, instead of seeking back and forth).
 The position is the number of global samples consumed, so ``state_dict()`` / ``load_state_dict()``
 resume exactly: the resumed run sees the very batches the uninterrupted run would have seen.
 """
@@ -35,11 +43,25 @@ def collate(samples: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+DEFAULT_WINDOW = 8  # samples per file-local window of the training order
+
+
+def windowed_permutation(rng: np.random.Generator, n: int, window: int) -> np.ndarray:
+    """``range(n)`` as a shuffled order of windows ``[k * window, (k + 1) * window)``, each shuffled."""
+    if window <= 1:
+        return rng.permutation(n)
+    win = np.arange(n) // window
+    rank = rng.permutation(int(win[-1]) + 1 if n else 0)  # where each window goes in the order
+    return np.argsort(rank[win] + rng.random(n), kind="stable")  # window rank, then random within
+
+
 class SampleStream:
     """The global sample order: ``indices(start, n)`` gives samples ``start .. start + n - 1``."""
 
-    def __init__(self, sizes: list[int], weights: list[float], seed: int):
-        self.sizes, self.seed = list(sizes), seed
+    def __init__(self, sizes: list[int], weights: list[float], seed: int, window: int = DEFAULT_WINDOW):
+        if window < 1:
+            raise ValueError(f"sampler window: expected a positive number of samples, got {window}")
+        self.sizes, self.seed, self.window = list(sizes), seed, window
         self.offsets = np.cumsum([0, *sizes])
         self.epoch_len = int(self.offsets[-1])
         if self.epoch_len == 0:
@@ -52,7 +74,7 @@ class SampleStream:
         if e not in self._cache:
             rng = np.random.default_rng([self.seed, e])
             if len(self.sizes) == 1:
-                order = rng.permutation(self.epoch_len)
+                order = windowed_permutation(rng, self.epoch_len, self.window)
             else:
                 order = np.empty(self.epoch_len, np.int64)
                 suite = rng.choice(len(self.sizes), size=self.epoch_len, p=self.probs)
@@ -61,7 +83,9 @@ class SampleStream:
                     if len(slots) == 0 or size == 0:
                         continue
                     reps = -(-len(slots) // size)
-                    perm = np.concatenate([rng.permutation(size) for _ in range(reps)])[: len(slots)]
+                    perm = np.concatenate(
+                        [windowed_permutation(rng, size, self.window) for _ in range(reps)]
+                    )[: len(slots)]
                     order[slots] = self.offsets[s] + perm
             self._cache = {e: order}  # keep one epoch: a stream only moves forward
         return self._cache[e]
@@ -81,18 +105,18 @@ class _BatchSampler:
     def __iter__(self) -> Iterator[list[int]]:
         ld, pos = self.loader, self.start
         global_batch = ld.batch_size * ld.world_size
-        stream = SampleStream(ld.stream.sizes, list(ld.stream.probs), ld.seed)  # own copy per iterator
+        stream = SampleStream(ld.stream.sizes, list(ld.stream.probs), ld.seed, ld.stream.window)  # own copy
         while True:
-            yield stream.indices(pos + ld.rank * ld.batch_size, ld.batch_size)
+            # read (and stacked) in index order: a window's frames then decode forward, each once
+            yield sorted(stream.indices(pos + ld.rank * ld.batch_size, ld.batch_size))
             pos += global_batch
 
 
 class TrainLoader:
     """Iterates batches forever. ``state_dict()`` is the exact position (global samples consumed)."""
 
-    def __init__(
-        self, dataset, batch_size: int, seed: int, num_workers: int, rank: int = 0, world_size: int = 1
-    ):
+    def __init__(self, dataset, batch_size: int, seed: int, num_workers: int, rank: int = 0,
+                 world_size: int = 1, window: int = DEFAULT_WINDOW):  # fmt: skip
         if batch_size < 1 or world_size < 1 or not 0 <= rank < world_size:
             raise ValueError(
                 f"bad loader shape: batch_size={batch_size}, rank={rank}, world_size={world_size}"
@@ -102,7 +126,7 @@ class TrainLoader:
         self.rank, self.world_size = rank, world_size
         sizes = list(getattr(dataset, "suite_sizes", [len(dataset)]))
         weights = list(getattr(dataset, "weights", [1.0] * len(sizes)))
-        self.stream = SampleStream(sizes, weights, seed)
+        self.stream = SampleStream(sizes, weights, seed, window)
         self.samples_seen = 0
         self._it: Iterator | None = None
 
@@ -137,13 +161,17 @@ class TrainLoader:
             "seed": self.seed,
             "global_batch": self.batch_size * self.world_size,
             "epoch_len": self.stream.epoch_len,
+            "window": self.stream.window,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume at ``state["samples_seen"]``; the seed and the dataset size must match."""
-        for key, have in (("seed", self.seed), ("epoch_len", self.stream.epoch_len)):
-            if state.get(key) != have:
-                raise ValueError(f"loader state: {key}={state.get(key)!r} but this loader has {key}={have!r}")
+        """Resume at ``state["samples_seen"]``; the seed, dataset size and window must match (a state
+        saved before windows existed has ``window`` 1, the plain permutation)."""
+        have = {"seed": self.seed, "epoch_len": self.stream.epoch_len, "window": self.stream.window}
+        for key, value in have.items():
+            got = state.get(key, 1 if key == "window" else None)
+            if got != value:
+                raise ValueError(f"loader state: {key}={got!r} but this loader has {key}={value!r}")
         self.close()
         self.samples_seen = int(state["samples_seen"])
 
@@ -152,8 +180,8 @@ class TrainLoader:
         self._it = None
 
 
-def make_train_loader(
-    dataset, batch_size: int, seed: int, num_workers: int, rank: int = 0, world_size: int = 1
-) -> TrainLoader:
-    """An endless loader over ``dataset`` (see the module docstring); per-rank batches of ``batch_size``."""
-    return TrainLoader(dataset, batch_size, seed, num_workers, rank, world_size)
+def make_train_loader(dataset, batch_size: int, seed: int, num_workers: int, rank: int = 0,
+                      world_size: int = 1, window: int = DEFAULT_WINDOW) -> TrainLoader:  # fmt: skip
+    """An endless loader over ``dataset`` (see the module docstring); per-rank batches of ``batch_size``,
+    samples in file-local windows of ``window`` (1: a plain permutation)."""
+    return TrainLoader(dataset, batch_size, seed, num_workers, rank, world_size, window)

@@ -8,13 +8,15 @@ is found by its timestamp in seconds. Per open file it keeps, to make nearby tim
   interval seen so far in that file, is reached by decoding forward; anything else seeks to the key
   frame at or before it and decodes from there (a seek discards the decoder's state, so decoding on is
   never slower while no key frame lies between);
-- the last ``cache_frames`` decoded frames, including those decoded on the way to a target, so that a
-  sampler visiting a window of nearby samples in any order decodes each frame about once;
+- the last ``cache_frames`` decoded frames (YUV, as the decoder made them), including those decoded on
+  the way to a target, so that a sampler visiting a window of nearby samples in any order decodes each
+  frame about once. RGB arrays are not cached: converting again (~0.1 ms at 256 px) is cheaper than the
+  page faults of keeping hundreds of fresh 200 kB arrays alive;
 - one colour converter (swscale context): set up once per file, not once per frame (PyAV's
   ``frame.to_ndarray(format=...)`` builds a new one each call, which costs more than decoding a 256 px
   H.264 frame).
 
-Callers receive a fresh array they own; the cache keeps its own copy.
+Callers receive a fresh array they own.
 
 Encoding: :class:`VideoEncoder` writes H.264 (libx264, which PyAV's wheels ship) in yuv420p, one frame
 per ``1/fps`` seconds, to a temporary name that :meth:`VideoEncoder.close` renames into place.
@@ -69,23 +71,18 @@ class _OpenVideo:
         self.gop = _MIN_FORWARD  # longest key-frame interval seen (frames)
         self._last_key: float | None = None
         self.cache_frames = cache_frames
-        # slot (time / frame_dt, rounded) -> (time, av.VideoFrame or its RGB array once converted)
-        self.cache: OrderedDict[int, tuple[float, object]] = OrderedDict()
+        # slot (time / frame_dt, rounded) -> (time, decoded frame); converted to RGB on each request
+        self.cache: OrderedDict[int, tuple[float, av.VideoFrame]] = OrderedDict()
 
     def _slot(self, t: float) -> int:
         return int(round(t / self.frame_dt))
 
-    def _cached(self, ts: float, tol: float) -> np.ndarray | None:
-        slot = self._slot(ts)
-        hit = self.cache.get(slot)
+    def _cached(self, ts: float, tol: float) -> av.VideoFrame | None:
+        hit = self.cache.get(self._slot(ts))
         if hit is None or abs(hit[0] - ts) > tol:
             return None
-        t, img = hit
-        if not isinstance(img, np.ndarray):
-            img = self.rgb.reformat(img, format="rgb24").to_ndarray()
-            self.cache[slot] = (t, img)
-        self.cache.move_to_end(slot)
-        return img
+        self.cache.move_to_end(self._slot(ts))
+        return hit[1]
 
     def _keep(self, t: float, frame: av.VideoFrame) -> None:
         if frame.key_frame:
@@ -103,18 +100,16 @@ class _OpenVideo:
         self.pos = self._last_key = None
 
     def frame_at(self, ts: float, tol: float) -> np.ndarray:
-        img = self._cached(ts, tol)
-        if img is not None:
-            return img.copy()
-        ahead = ts - self.pos if self.pos is not None else -1.0
-        if self.frames is None or not 0 < ahead <= self.gop * self.frame_dt + tol:
-            self._restart(ts)
-        self._decode_to(ts, tol)
-        img = self._cached(ts, tol)
-        assert img is not None  # _decode_to returned only once the frame was kept
-        return img.copy()
+        frame = self._cached(ts, tol)
+        if frame is None:
+            ahead = ts - self.pos if self.pos is not None else -1.0
+            if self.frames is None or not 0 < ahead <= self.gop * self.frame_dt + tol:
+                self._restart(ts)
+            frame = self._decode_to(ts, tol)
+        # a fresh array over a fresh buffer, owned by the caller; the cache keeps the decoded frame
+        return self.rgb.reformat(frame, format="rgb24").to_ndarray()
 
-    def _decode_to(self, ts: float, tol: float) -> None:
+    def _decode_to(self, ts: float, tol: float) -> av.VideoFrame:
         try:
             for frame in self.frames:  # type: ignore[union-attr]
                 t = frame.pts * self.tb
@@ -127,7 +122,7 @@ class _OpenVideo:
                     raise DatasetError(
                         f"{self.path}: no frame at t={ts:.4f}s (the next frame is at t={t:.4f}s; tolerance {tol}s)"
                     )
-                return
+                return frame
         except av.error.FFmpegError as err:
             self.frames = None
             raise DatasetError(
