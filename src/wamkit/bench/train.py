@@ -34,6 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda")
     parser.add_argument("--peak-tflops", type=float, default=0.0, help="device peak for MFU (GPU: 989)")
     parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="model option")
+    parser.add_argument(
+        "--profile", type=int, default=0, metavar="N", help="print the N costliest ops of one trainer step"
+    )
 
 
 def _timed(fn, steps: int, warmup: int, device: torch.device) -> float:
@@ -69,6 +72,19 @@ def _measure_bare(cfg, device: torch.device, bf16: bool, args: argparse.Namespac
     return t, bare.flops_per_sample(), n_params, bare.io, len(bare.future_frame_offsets)
 
 
+def _profile(step, device: torch.device, rows: int) -> None:
+    """One step under torch.profiler: the ``rows`` costliest ops by device time (CPU time on a CPU)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=acts) as prof:
+        step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    print(prof.key_averages().table(sort_by=key, row_limit=rows, max_name_column_width=60))
+
+
 def main(args: argparse.Namespace) -> int:
     from wamkit.config import ModelConfig, parse_override
     from wamkit.models import build_model
@@ -100,6 +116,8 @@ def main(args: argparse.Namespace) -> int:
 
         t_train = _timed(trainer_step, args.steps, args.warmup, device)
         mem = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
+        if args.profile:
+            _profile(trainer_step, device, args.profile)
     finally:
         shutdown(info)
 
