@@ -53,7 +53,8 @@ def aggregate(per_episode: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]
         "std": np.sqrt(var),
         "count": np.array([int(counts.sum())]),
     }
-    out.update({k: wsum(k) for k in QUANTILES})
+    # quantiles: only those every episode has (v2.1 writers stored min/max/mean/std/count alone)
+    out.update({k: wsum(k) for k in QUANTILES if all(k in s for s in per_episode)})
     return out
 
 

@@ -290,7 +290,7 @@ class LeRobotDatasetWriter:
             )
         if self.num_episodes == 0:
             raise DatasetError(f"{self.root}: finalize: the dataset has no episodes")
-        _write_table(self.root / TASKS, _tasks_table(self.tasks))
+        _write_table(self.root / TASKS, tasks_table(self.tasks))
         per_feature: dict[str, list[dict[str, np.ndarray]]] = {}
         for path in sorted((self.root / EPISODES_DIR).glob("chunk-*/file-*.parquet")):
             table = read_parquet(path)
@@ -330,7 +330,7 @@ def _png(image: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-def _tasks_table(tasks: dict[str, int]) -> pa.Table:
+def tasks_table(tasks: dict[str, int]) -> pa.Table:
     """``task_index`` with the task string as the pandas index, as lerobot writes (and reads) it."""
     table = pa.table(
         {"task_index": pa.array(list(tasks.values()), pa.int64()), "task": pa.array(list(tasks))}
