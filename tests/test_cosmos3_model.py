@@ -86,25 +86,34 @@ def test_bad_options_name_the_key():
 
 
 def test_batched_predictions_equal_single_requests_in_one_call_per_step(adapter):
+    """The stock path: all requests packed into one diffusers forward per step (the fast path's
+    equality to it is tests/test_cosmos3_fast.py's)."""
     batch = make_batch(3)
-    alone = [adapter.predict(rows(batch, slice(i, i + 1)), seed=7 + i)["actions"][0] for i in range(3)]
+    adapter.options["fast_inference"] = False
     calls = []
     handle = adapter.module.register_forward_hook(lambda *a: calls.append(1))
     try:
+        alone = [adapter.predict(rows(batch, slice(i, i + 1)), seed=7 + i)["actions"][0] for i in range(3)]
+        calls.clear()
         packed = {}
         for attention in ("mask", "loop"):
             adapter.processor.mode = attention
             packed[attention] = adapter.predict(batch, seed=7)["actions"]
+        n_calls = len(calls)
+        adapter.processor.mode = "mask"
+        again = adapter.predict(batch, seed=7)["actions"]
+        other_seed = adapter.predict(rows(batch, slice(0, 1)), seed=8)["actions"][0]
     finally:
         adapter.processor.mode = "mask"
+        adapter.options["fast_inference"] = True
         handle.remove()
-    assert len(calls) == 2 * STEPS["num_inference_steps"]  # all 3 requests in each step's one call
+    assert n_calls == 2 * STEPS["num_inference_steps"]  # all 3 requests in each step's one call
     for attention, both in packed.items():
         assert both.shape == (3, 16, 10) and both.dtype == np.float32
         for i in range(3):  # request i draws from seed + i, whatever else is in the call
             np.testing.assert_allclose(both[i], alone[i], atol=1e-5, err_msg=attention)
-    np.testing.assert_array_equal(adapter.predict(batch, seed=7)["actions"], packed["mask"])
-    assert not np.allclose(adapter.predict(rows(batch, slice(0, 1)), seed=8)["actions"][0], alone[0])
+    np.testing.assert_array_equal(again, packed["mask"])
+    assert not np.allclose(other_seed, alone[0])
 
 
 def test_gradient_checkpointing_recomputes_within_the_packed_requests(adapter):
@@ -145,6 +154,9 @@ def test_policy_matches_diffusers_pipeline(adapter):
         image=Image.fromarray(frame),
         view_point="concat_view",
     )
+    # the processor keeps the layout of the adapter's last packed call (gradient checkpointing needs
+    # it); the pipeline's own forward is one unpacked request
+    ad.processor.layout = None
     ref = ad.pipe(
         batch[TASK][0],
         action=cond,

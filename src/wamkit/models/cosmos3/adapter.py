@@ -21,7 +21,8 @@ The LIBERO SFT example, as cosmos-framework builds it (docs/cosmos3_libero.md ci
   (``lr_mult = action_lr_mult``); the understanding tower and the embeddings are frozen.
 
 The proprio state is not a model input (Cosmos3 has none). ``predict`` lives in
-:class:`wamkit.models.cosmos3.inference.Cosmos3Inference`.
+:class:`wamkit.models.cosmos3.inference.Cosmos3Inference`; policy mode takes the fast path of
+:mod:`wamkit.models.cosmos3.fast` unless ``options.fast_inference`` is false.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from PIL import Image
 from wamkit.config import ConfigError
 from wamkit.constants import ACTION, ACTION_IS_PAD, IDLE_FRAMES, TASK, future_image_key, image_key
 from wamkit.models.base import ModelIO, ParamGroup
+from wamkit.models.cosmos3.fast_policy import FastPolicy
 from wamkit.models.cosmos3.inference import Cosmos3Inference
 from wamkit.models.cosmos3.packing import PackedLayout, RequestSegments, install_processor, pack
 from wamkit.models.cosmos3.recipe import action_prompt, train_sigmas
@@ -75,6 +77,8 @@ class Cosmos3Adapter(Cosmos3Inference):
         self.pipe.set_progress_bar_config(disable=True)
         self.domain_id = _EMBODIMENT_TO_DOMAIN_ID[options["domain_name"]]
         self.processor = install_processor(transformer, options["attention"])
+        # policy mode's default path (options.fast_inference): cached text keys/values, batched requests
+        self.fast = FastPolicy(transformer, int(options["text_cache_size"]), options["step_graph"])
         self._text: dict[str, dict[str, Any]] = {}
         self._segments: dict[tuple, RequestSegments] = {}
         self._nominal: PackedLayout | None = None
@@ -201,6 +205,12 @@ class Cosmos3Adapter(Cosmos3Inference):
 
     def _layout(self, texts: list[str], hw, latent_shape, vision_cond, action_cond) -> PackedLayout:
         """The packed layout of len(texts) requests (caption texts); ``latent_shape`` = (C, T, h, w)."""
+        return pack(self._requests(texts, hw, latent_shape, vision_cond, action_cond), self.device)
+
+    def _requests(
+        self, texts: list[str], hw, latent_shape, vision_cond, action_cond
+    ) -> list[RequestSegments]:
+        """Each request's segments (request-local indices), as the pipeline's builders make them."""
         reqs = []
         for caption in texts:
             text = self._text_segment(caption, hw)
@@ -231,7 +241,7 @@ class Cosmos3Adapter(Cosmos3Inference):
                 )
                 self._segments[key] = RequestSegments(text, vis, act)
             reqs.append(RequestSegments(text, self._segments[key].vision, self._segments[key].action))
-        return pack(reqs, self.device)
+        return reqs
 
     def _latent_frames(self) -> int:
         return self.io.chunk // int(self.vae.config.scale_factor_temporal) + 1

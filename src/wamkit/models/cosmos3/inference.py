@@ -12,7 +12,13 @@ forward_dynamics    frame 0                              all ``chunk`` given
 inverse_dynamics    all (the whole observed clip)        generated
 ==================  ===================================  =================================
 
-Sampling is UniPC on the adapter's scheduler (the native flow schedule), guidance 1 (no CFG).
+Sampling is UniPC on the adapter's scheduler (the native flow schedule), guidance 1 (no CFG). Each step's
+velocities come from one of two interchangeable functions, with the very same sampler around them:
+
+- *stock*: ``Cosmos3OmniTransformer.forward`` over the packed sequence of all requests (``packing``);
+- *fast* (policy mode, ``options.fast_inference``, the default): the text keys/values of each prompt
+  come from a cache and only the generation tokens run, on a batch axis (``fast``, ``fast_policy``).
+  The tests pin it to the stock path (same actions and latents, fp32, <= 1e-5).
 """
 
 from __future__ import annotations
@@ -25,6 +31,8 @@ import torch
 
 from wamkit.constants import TASK, image_key
 from wamkit.models.base import Mode
+from wamkit.models.cosmos3.fast_policy import Velocity
+from wamkit.models.cosmos3.packing import PackedLayout, pack
 from wamkit.models.cosmos3.recipe import native_sigmas
 
 MODES = ("policy", "forward_dynamics", "inverse_dynamics")
@@ -45,6 +53,8 @@ class Cosmos3Inference:
 
         - ``policy``: ``actions`` float32 [B, chunk, action_dim] (model space); with
           ``inputs["return_frames"]=True`` also ``video`` (below).
+        - any mode, with ``inputs["return_latents"]=True``: ``latents`` float32 [B, C, T, h, w], the
+          denoised vision latents (T = 1 + chunk/4; frame 0 is the observation's).
         - ``forward_dynamics`` (``inputs["actions"]`` [B, chunk, action_dim], model space): ``video``
           uint8 [B, chunk + 1, h, W', 3] -- the observation then the chunk predicted future frames,
           cameras side by side at the canvas content size -- and ``frames`` = its last frame.
@@ -72,11 +82,19 @@ class Cosmos3Inference:
         c, _, h, w = x0.shape[1:]
         hw = self._canvas_hw(views[0])
         texts = [self.prompt(t, hw, self.inference_idle_frames) for t in batch[TASK]]
-        layout = self._layout(texts, hw, (c, self._latent_frames(), h, w), vision_cond, action_cond)
-        lat_v, lat_a = self._sample(layout, x0, vision_cond, act_init, action_cond, seed)
+        shape = (c, self._latent_frames(), h, w)
+        reqs = self._requests(texts, hw, shape, vision_cond, action_cond)
+        if mode == "policy" and self.options["fast_inference"]:
+            keys = [(text, hw) for text in texts]
+            velocity = self._fast_velocity(keys, reqs, shape, vision_cond, action_cond)
+        else:
+            velocity = self._stock_velocity(pack(reqs, self.device))
+        lat_v, lat_a = self._sample(velocity, x0, vision_cond, act_init, action_cond, seed)
         out: dict[str, np.ndarray] = {}
         if mode != "forward_dynamics":
             out["actions"] = lat_a.cpu().numpy().astype(np.float32)
+        if inputs.get("return_latents"):
+            out["latents"] = lat_v.float().cpu().numpy()
         if mode == "forward_dynamics" or inputs.get("return_frames"):
             out["video"] = self._decode(lat_v)
         if mode == "forward_dynamics":
@@ -115,10 +133,27 @@ class Cosmos3Inference:
             raise ValueError(f"forward_dynamics needs actions of shape {list(want)}, got {np.shape(acts)}")
         return torch.as_tensor(_np(acts), dtype=torch.float32)
 
-    def _sample(self, layout, x0, vision_cond, act_init, action_cond, seed):
+    def _stock_velocity(self, layout: PackedLayout) -> Velocity:
+        """Velocities by ``Cosmos3OmniTransformer.forward`` over the packed requests."""
+
+        def velocity(lat_v: torch.Tensor, lat_a: torch.Tensor, t: torch.Tensor):
+            t_v = t.float().expand(sum(layout.num_noisy_vision_tokens))
+            t_a = t.float().expand(sum(layout.num_noisy_action_tokens))
+            return self._run(layout, lat_v, t_v, lat_a, t_a)
+
+        return velocity
+
+    def _fast_velocity(self, keys, reqs, shape, vision_cond, action_cond) -> Velocity:
+        """Velocities by the fast path's generation-only step (text keys/values from the cache)."""
+        step = self.fast.velocity(
+            keys, reqs, shape, (self.io.chunk, self.io.action_dim), vision_cond, action_cond, self.domain_id
+        )
+        return lambda lat_v, lat_a, t: step(lat_v, lat_a, t.float().reshape(1))
+
+    def _sample(self, velocity: Velocity, x0, vision_cond, act_init, action_cond, seed):
         """UniPC denoising of all requests at once; conditioned frames/tokens are held fixed, as in the
-        pipeline (their velocity is zeroed)."""
-        dev, n, t_lat = self.device, layout.n, self._latent_frames()
+        pipeline (their velocity is zeroed). ``velocity(lat_v, lat_a, t)`` -> fp32 velocities."""
+        dev, n, t_lat = self.device, x0.shape[0], self._latent_frames()
         shape_v = (1, x0.shape[1], t_lat, *x0.shape[3:])
         noise_v, noise_a = [], []
         for i in range(n):  # the pipeline's draw order: the vision latents, then the actions
@@ -140,9 +175,7 @@ class Cosmos3Inference:
         sch_a = copy.deepcopy(sch_v)
         noisy_actions = len(action_cond) < self.io.chunk
         for t in sch_v.timesteps:
-            t_v = t.float().expand(sum(layout.num_noisy_vision_tokens))
-            t_a = t.float().expand(sum(layout.num_noisy_action_tokens))
-            v_v, v_a = self._run(layout, lat_v, t_v, lat_a, t_a)
+            v_v, v_a = velocity(lat_v, lat_a, t)
             lat_v = sch_v.step(v_v * (1 - cond_v), t, lat_v, return_dict=False)[0]
             if noisy_actions:
                 lat_a = sch_a.step(v_a * (1 - cond_a), t, lat_a, return_dict=False)[0]

@@ -96,6 +96,15 @@ OPTIONS: dict[str, Any] = {
     # how packed requests attend inside themselves: "mask" (one masked call per pathway) or "loop"
     # (one flash call per request and pathway); a single request always takes the stock path
     "attention": "mask",
+    # policy inference (serve, infer, eval): true = the fast path (text keys/values cached per prompt,
+    # requests on a batch axis; models/cosmos3/fast.py), false = diffusers' forward over packed requests.
+    # The other modes always take diffusers' forward.
+    "fast_inference": True,
+    # prompts whose per-layer text keys/values the fast path keeps (LRU; Nano bf16: ~19 MB per prompt)
+    "text_cache_size": 128,
+    # the fast path's denoising step on CUDA: "none" (eager), "cuda_graph" (captured once per batch
+    # bucket), "compile" (torch.compile, mode reduce-overhead); ignored on CPU
+    "step_graph": "none",
 }
 
 _CHOICES = {
@@ -104,6 +113,7 @@ _CHOICES = {
     "reinit_action_heads": ("auto", True, False),
     "dtype": ("auto", "float32", "bfloat16"),
     "attention": ("mask", "loop"),
+    "step_graph": ("none", "cuda_graph", "compile"),
 }
 
 
@@ -141,8 +151,12 @@ def resolve_options(options: dict[str, Any]) -> dict[str, Any]:
         raise ConfigError(f"model.options.num_inference_steps: expected an integer >= 1, got {steps!r}")
     if not isinstance(opts["base"], str):
         raise ConfigError(f"model.options.base: expected a folder path, got {opts['base']!r}")
-    if not isinstance(opts["gradient_checkpointing"], bool):
-        raise ConfigError("model.options.gradient_checkpointing: expected true or false")
+    for key in ("gradient_checkpointing", "fast_inference"):
+        if not isinstance(opts[key], bool):
+            raise ConfigError(f"model.options.{key}: expected true or false, got {opts[key]!r}")
+    size = opts["text_cache_size"]
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ConfigError(f"model.options.text_cache_size: expected an integer >= 1, got {size!r}")
     return opts
 
 

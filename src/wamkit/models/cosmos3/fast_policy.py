@@ -1,0 +1,206 @@
+"""The fast policy path's state: the text keys/values cache and, on CUDA, one captured step per bucket.
+
+- :class:`TextKVCache`: a bounded LRU of :class:`~wamkit.models.cosmos3.fast.TextKV` keyed by prompt and
+  canvas (the caption text and the (height, width) it was written for). It is emptied when the
+  understanding weights change (a new storage or an in-place write: ``load_state_dict``), so a cached
+  prompt never outlives the weights it was computed with. A write through ``p.data`` bypasses
+  PyTorch's version counter: call :meth:`FastPolicy.clear` after one.
+- :class:`FastPolicy.velocity` gives the velocity function of one batch for the sampler.
+  ``step_graph="none"`` (and always on CPU): :func:`~wamkit.models.cosmos3.fast.gen_step` runs eagerly
+  at the batch's own size. ``"cuda_graph"``: the batch is padded to a bucket (the next power of two,
+  by repeating its last request; the text to a multiple of ``TEXT_BUCKET`` tokens) and the step of that
+  bucket is captured once as a CUDA graph on static buffers; each call copies the latents in, replays,
+  and returns clones of the outputs, so no buffer of one call is handed out by the next. ``"compile"``:
+  the same static buffers run through ``torch.compile(mode="reduce-overhead")``.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+
+import torch
+
+from wamkit.models.cosmos3.fast import StepContext, TextKV, build_context, encode_text, gen_step
+from wamkit.models.cosmos3.packing import RequestSegments
+from wamkit.models.cosmos3.towers import param_role
+
+STEP_GRAPHS = ("none", "cuda_graph", "compile")
+TEXT_BUCKET = 32  # captured steps pad the text to a multiple of this: few buckets, little waste
+
+Velocity = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+def batch_bucket(n: int) -> int:
+    """The captured batch size that serves ``n`` requests: the next power of two."""
+    return 1 << max(n - 1, 0).bit_length()
+
+
+class TextKVCache:
+    """LRU of per-prompt text keys/values (at most ``capacity`` prompts)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._items: OrderedDict[Hashable, TextKV] = OrderedDict()
+        self._stamp: Hashable = None
+        self.hits = self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def get(self, key: Hashable, stamp: Hashable, compute: Callable[[], TextKV]) -> TextKV:
+        if stamp != self._stamp:  # other weights: every entry is stale
+            self.clear()
+            self._stamp = stamp
+        if key in self._items:
+            self.hits += 1
+            self._items.move_to_end(key)
+            return self._items[key]
+        self.misses += 1
+        kv = self._items[key] = compute()
+        while len(self._items) > self.capacity:
+            self._items.popitem(last=False)
+        return kv
+
+    def clear(self) -> None:
+        self._items.clear()
+
+
+def weights_stamp(module: torch.nn.Module) -> tuple:
+    """Identity of the weights the text keys/values depend on (storage and in-place version)."""
+    parts = [
+        (p.data_ptr(), p._version, p.dtype)
+        for name, p in module.named_parameters()
+        if param_role(name) == "frozen" and name.startswith(("layers.", "embed_tokens."))
+    ]
+    return tuple(parts) + (module.rotary_emb.inv_freq.data_ptr(),)
+
+
+class _StaticStep:
+    """The step of one bucket on static buffers: a private copy of the context and the latent inputs.
+    ``mode``: "cuda_graph" (captured), "compile", or "none" (run eagerly: the CPU check of the rest)."""
+
+    def __init__(self, module, ctx: StepContext, lat_v_shape, lat_a_shape, mode: str, pool) -> None:
+        self.module, self.mode = module, mode
+        dev = ctx.cos.device
+        self.ctx = StepContext(**{k: _clone(v) for k, v in vars(ctx).items()})
+        self.lat_v = torch.zeros(lat_v_shape, device=dev)
+        self.lat_a = torch.zeros(lat_a_shape, device=dev)
+        self.t = torch.full((1,), 500.0, device=dev)
+        if mode == "compile":
+            for t in (*self.ctx.tensors(), self.lat_v, self.lat_a, self.t):
+                torch._dynamo.mark_static_address(t)  # the same buffers every call: no input copies
+            self.fn = torch.compile(
+                functools.partial(gen_step, module), mode="reduce-overhead", dynamic=False, fullgraph=True
+            )
+        elif mode == "cuda_graph":
+            self.graph, self.out = self._capture(pool)
+
+    def _capture(self, pool):
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):  # warm-up outside the graph (cuBLAS handles, kernel choice)
+            for _ in range(2):
+                gen_step(self.module, self.ctx, self.lat_v, self.lat_a, self.t)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            out = gen_step(self.module, self.ctx, self.lat_v, self.lat_a, self.t)
+        return graph, out
+
+    def load(self, ctx: StepContext) -> None:
+        for dst, src in zip(self.ctx.tensors(), ctx.tensors(), strict=True):
+            dst.copy_(src)
+
+    def __call__(self, lat_v: torch.Tensor, lat_a: torch.Tensor, t: torch.Tensor):
+        n = lat_v.shape[0]
+        self.lat_v[:n].copy_(lat_v)
+        self.lat_a[:n].copy_(lat_a)
+        self.t.copy_(t)
+        if self.mode == "compile":
+            torch.compiler.cudagraph_mark_step_begin()
+            out = self.fn(self.ctx, self.lat_v, self.lat_a, self.t)
+        elif self.mode == "cuda_graph":
+            self.graph.replay()
+            out = self.out
+        else:
+            out = gen_step(self.module, self.ctx, self.lat_v, self.lat_a, self.t)
+        return out[0][:n].clone(), out[1][:n].clone()
+
+
+def _clone(v):
+    if isinstance(v, list):
+        return [x.clone() for x in v]
+    return None if v is None else v.clone()
+
+
+class FastPolicy:
+    """Text K/V cache plus batched (optionally captured) generation steps for one transformer."""
+
+    def __init__(self, module: torch.nn.Module, cache_size: int, step_graph: str = "none") -> None:
+        if step_graph not in STEP_GRAPHS:
+            raise ValueError(f"step_graph {step_graph!r}; expected one of {STEP_GRAPHS}")
+        self.module, self.step_graph = module, step_graph
+        self.cache = TextKVCache(cache_size)
+        self._steps: dict[tuple, _StaticStep] = {}
+        self._pool = None
+        # pad to buckets on static buffers even without a graph (the tests check the captured path's
+        # padding and masking this way on the CPU)
+        self.bucketed = False
+
+    def clear(self) -> None:
+        """Forget cached prompts and captured steps (after changing weights behind PyTorch's back)."""
+        self.cache.clear()
+        self._steps.clear()
+
+    def text_kv(self, key: Hashable, segment: RequestSegments) -> TextKV:
+        dev = self.module.proj_in.weight.device
+        stamp = (weights_stamp(self.module), dev, self.module.proj_in.weight.dtype)
+        text = segment.text
+        return self.cache.get(
+            key,
+            stamp,
+            lambda: encode_text(self.module, text["input_ids"].to(dev), text["text_mrope_ids"].to(dev)),
+        )
+
+    def velocity(
+        self,
+        keys: list[Hashable],
+        segments: list[RequestSegments],
+        latent_shape: tuple[int, int, int, int],
+        action_shape: tuple[int, int],
+        vision_cond: tuple[int, ...],
+        action_cond: tuple[int, ...],
+        domain_id: int,
+    ) -> Velocity:
+        """``f(lat_v [B, C, T, h, w], lat_a [B, A, D], t [1]) -> (v_v, v_a)`` for these B requests.
+
+        ``keys``: per request its prompt's cache key; ``latent_shape`` = (C, T, h, w); ``action_shape``
+        = (A, D)."""
+        texts = [self.text_kv(k, s) for k, s in zip(keys, segments)]
+        gen_pos = [
+            torch.cat([s.vision["vision_mrope_ids"], s.action["action_mrope_ids"]], 1) for s in segments
+        ]
+        _, t_lat, h, w = latent_shape
+        p = self.module.config.latent_patch_size
+        frame_tokens = -(-h // p) * -(-w // p)
+        args = (t_lat, frame_tokens, vision_cond, action_cond, domain_id)
+        mode = self.step_graph if self.module.proj_in.weight.device.type == "cuda" else "none"
+        if mode == "none" and not self.bucketed:
+            ctx = build_context(self.module, texts, gen_pos, *args)
+            return functools.partial(gen_step, self.module, ctx)
+        n, nb = len(texts), batch_bucket(len(texts))
+        texts, gen_pos = texts + [texts[-1]] * (nb - n), gen_pos + [gen_pos[-1]] * (nb - n)
+        u = -(-max(t.length for t in texts) // TEXT_BUCKET) * TEXT_BUCKET
+        ctx = build_context(self.module, texts, gen_pos, *args, text_length=u, masked=True)
+        key = (mode, ctx.signature(), latent_shape, action_shape, vision_cond, action_cond)
+        if key not in self._steps:
+            if self._pool is None and mode == "cuda_graph":
+                self._pool = torch.cuda.graph_pool_handle()  # buckets replay one at a time: one pool
+            self._steps[key] = _StaticStep(
+                self.module, ctx, (nb, *latent_shape), (nb, *action_shape), mode, self._pool
+            )
+        step = self._steps[key]
+        step.load(ctx)
+        return step
