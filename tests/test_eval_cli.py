@@ -72,3 +72,23 @@ def test_eval_cli_errors_name_the_keys(serve_dir, tmp_path):
     assert nodir.returncode == 2 and "eval.serve_dir" in nodir.stderr
     pipe = wamkit(f"eval.serve_dir={serve_dir}", "--pipeline", "fast")
     assert pipe.returncode == 2 and "--pipeline" in pipe.stderr
+
+
+def test_a_model_from_other_data_is_refused_before_any_episode():
+    from wamkit.config import ConfigError
+    from wamkit.envs import suite_info
+    from wamkit.eval.remote import check_spec_fits
+
+    mw = suite_info("metaworld")
+    spec = {
+        "fps": mw.fps,
+        "state_dim": mw.state_dim,
+        "env_action_dim": mw.action_dim,
+        "render_quality": "fast",
+    }
+    check_spec_fits(spec, mw, "ws://x", "fast")  # fits
+    with pytest.raises(ConfigError, match=r"fps: model 20, env 80"):
+        check_spec_fits({**spec, "fps": 20}, mw, "ws://x", "fast")
+    with pytest.raises(ConfigError, match=r"render_quality: model 'fast', env 'default'"):
+        check_spec_fits(spec, mw, "ws://x", "default")
+    check_spec_fits({**spec, "render_quality": None}, mw, "ws://x", "default")  # unrecorded: not checked

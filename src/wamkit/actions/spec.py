@@ -213,11 +213,13 @@ class PreprocessSpec:
         """Every field but the stats arrays (which are named by their hash): for metadata and plans."""
         out = {k: getattr(self, k) for k in _FIELDS}
         out["cameras"], out["camera_sources"] = list(self.cameras), list(self.camera_sources)
+        # the look the training frames were rendered with, where the data recorded it
+        out["render_quality"] = self.stats.metadata.get("render_quality")
         return {**out, "stats_sha256": self.stats_hash()}
 
     def to_json(self) -> dict[str, Any]:
         out = {"format": FORMAT, **self.summary(), "stats": self.stats.to_json()}
-        del out["stats_sha256"]
+        del out["stats_sha256"], out["render_quality"]  # both are read from the stats themselves
         return out
 
     @classmethod

@@ -10,8 +10,8 @@ of B strings. The reply's ``actions`` are env-ready chunks [B, H, action_dim].
 
 A wamkit server also sends its preprocessing spec (metadata ``preprocess``: fps, state and action
 widths, cameras; see :mod:`wamkit.actions.spec`). When the env's suite is known, a spec that does not
-fit it (a model trained on 10 FPS data evaluated at 20, a 4-D MetaWorld model on LIBERO) is refused
-before any episode runs. Other servers send no spec and are taken as they are.
+fit it (a model trained on 10 FPS data evaluated at 20, a 4-D MetaWorld model on LIBERO, frames of
+the fast look evaluated on the default one) is refused before any episode runs. Other servers send no spec and are taken as they are.
 """
 
 from __future__ import annotations
@@ -25,9 +25,12 @@ from wamkit.config import ConfigError
 from wamkit.constants import OBS_STATE, TASK, image_key
 
 
-def check_spec_fits(spec: dict[str, Any], suite: Any, url: str) -> None:
-    """Refuse a served model whose preprocessing spec does not fit the env's suite (a SuiteInfo)."""
+def check_spec_fits(spec: dict[str, Any], suite: Any, url: str, render_quality: str | None = None) -> None:
+    """Refuse a served model whose preprocessing spec does not fit the env's suite (a SuiteInfo) or the
+    env's resolved render look (a model trained on frames of one look is evaluated on that look)."""
     wants = {"fps": suite.fps, "state_dim": suite.state_dim, "env_action_dim": suite.action_dim}
+    if render_quality is not None:
+        wants["render_quality"] = render_quality
     diff = [
         f"{k}: model {spec.get(k)!r}, env {v!r}"
         for k, v in wants.items()
@@ -47,13 +50,13 @@ class RemotePolicy:
     model's time, without queueing), else the round trip as the client saw it.
     """
 
-    def __init__(self, url: str, cameras: list[str], suite: Any = None):
+    def __init__(self, url: str, cameras: list[str], suite: Any = None, render_quality: str | None = None):
         from wamkit.serve.client import PolicyClient
 
         self.client = PolicyClient(url)
         meta = getattr(self.client, "metadata", None) or {}
         if suite is not None and isinstance(meta.get("preprocess"), dict):
-            check_spec_fits(meta["preprocess"], suite, url)
+            check_spec_fits(meta["preprocess"], suite, url, render_quality)
         wanted = (meta.get("inputs") or {}).get("image_keys")
         rendered = [image_key(c) for c in cameras]
         if wanted:

@@ -98,9 +98,10 @@ def run_eval(
     check_eval_config(ecfg)
     episodes = plan_episodes(env_cfg, ecfg)
     from wamkit.envs import suite_info
+    from wamkit.envs.suites import resolve_env_config
 
-    info = suite_info(env_cfg.suite)
-    make_policy = policy_factory or (lambda url, e: RemotePolicy(url, list(e.cameras), info))
+    info, look = suite_info(env_cfg.suite), resolve_env_config(env_cfg).render_quality
+    make_policy = policy_factory or (lambda url, e: RemotePolicy(url, list(e.cameras), info, look))
     out = Path(ecfg.out_dir)
     plan = plan_record(env_cfg, ecfg, server_identity(ecfg))
     with Journal(out, plan, resume=resume or ecfg.resume) as journal:
