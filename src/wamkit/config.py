@@ -124,6 +124,7 @@ class TrainConfig:
     log_interval: int = 10
     seed: int = 0
     precision: Literal["fp32", "bf16"] = "fp32"
+    compile: bool = False  # torch.compile each transformer block (GPU: fuses norms, casts and activations)
     device: str = "auto"  # auto | cpu | cuda
     resume: str = ""  # "" (fresh), "auto" (newest complete checkpoint) or a checkpoint path
 

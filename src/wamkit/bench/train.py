@@ -37,6 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--profile", type=int, default=0, metavar="N", help="print the N costliest ops of one trainer step"
     )
+    parser.add_argument("--compile", action="store_true", help="torch.compile each block (train.compile)")
 
 
 def _timed(fn, steps: int, warmup: int, device: torch.device) -> float:
@@ -59,6 +60,9 @@ def _measure_bare(cfg, device: torch.device, bf16: bool, args: argparse.Namespac
     torch.manual_seed(0)
     bare = build_model(cfg, None)
     bare.module.to(device)
+    if args.compile:  # the same regional compilation as the trainer's, so the two rows compare
+        for block in bare.blocks():
+            block.compile()
     batch = synthetic_batch(bare.io, args.micro_batch, len(bare.future_frame_offsets), device)
 
     def step():
@@ -104,7 +108,7 @@ def main(args: argparse.Namespace) -> int:
 
         torch.manual_seed(0)
         adapter = build_model(cfg, None)
-        root, groups, trained = shard_adapter(adapter, device, args.precision)
+        root, groups, trained = shard_adapter(adapter, device, args.precision, args.compile)
         opt = build_optimizer(groups, 1e-4, 0.01, [0.9, 0.95], fused=device.type == "cuda")
         trainable = list(trained.values())
 
@@ -124,7 +128,8 @@ def main(args: argparse.Namespace) -> int:
     peak = args.peak_tflops * 1e12 or (H200_BF16_PEAK if device.type == "cuda" and bf16 else 0.0)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"model {args.model}/{args.preset}: {n_params / 1e6:.1f}M parameters, {flops / 1e9:.2f} GFLOP/sample "
-          f"(fwd+bwd), micro-batch {args.micro_batch}, {args.precision} on {name}")  # fmt: skip
+          f"(fwd+bwd), micro-batch {args.micro_batch}, {args.precision} on {name}"
+          + (", blocks compiled" if args.compile else ""))  # fmt: skip
     print(f"{'variant':<34} {'s/step':>9} {'samples/s':>10} {'TFLOP/s':>8} {'MFU':>7}")
     for label, t in (("bare forward+backward", t_bare), ("trainer step (FSDP2+clip+AdamW)", t_train)):
         sps = args.micro_batch / t

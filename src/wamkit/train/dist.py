@@ -100,13 +100,19 @@ class LossModule(torch.nn.Module):
 
 
 def apply_fsdp(
-    module: torch.nn.Module, blocks: list[torch.nn.Module], device: torch.device, precision: str
+    module: torch.nn.Module,
+    blocks: list[torch.nn.Module],
+    device: torch.device,
+    precision: str,
+    compile_blocks: bool = False,
 ) -> torch.nn.Module:
     """``fully_shard`` each block, then the root, over all ranks.
 
     The module may come in on the CPU: ``fully_shard`` moves each block's parameters to ``device`` as it
     shards them, so a model larger than one device is never whole on it. bf16 keeps fp32 master weights
-    and optimizer state, computes in bf16 and reduces gradients in fp32 (GPU only).
+    and optimizer state, computes in bf16 and reduces gradients in fp32 (GPU only). ``compile_blocks``
+    compiles each block's forward (regional compilation: the blocks share code, so it compiles once and
+    FSDP's hooks stay outside the graph).
     """
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -122,13 +128,15 @@ def apply_fsdp(
         # the last block is not resharded after forward: backward needs it at once, and FSDP would
         # all-gather it again immediately. With one rank nothing is resharded: the "all-gather" is a
         # copy and a bf16 cast of every weight, which backward would otherwise pay a second time.
+        if compile_blocks:
+            block.compile()
         fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=several and i < len(blocks) - 1)
     fully_shard(module, mesh=mesh, mp_policy=mp, reshard_after_forward=several)
     return module
 
 
 def shard_adapter(
-    adapter, device: torch.device, precision: str
+    adapter, device: torch.device, precision: str, compile_blocks: bool = False
 ) -> tuple[LossModule, list[ParamGroup], dict[str, torch.nn.Parameter]]:
     """Freeze what ``param_groups()`` leaves out, shard, and return ``(root, groups, trained)``.
 
@@ -154,6 +162,7 @@ def shard_adapter(
         adapter.blocks(),
         device,
         precision,
+        compile_blocks,
     )
     params = dict(module.named_parameters())
     groups = [ParamGroup(g.name, [params[n] for n in names], g.lr_mult, g.weight_decay) for g, names in named]
