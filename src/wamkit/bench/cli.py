@@ -14,6 +14,7 @@ BENCHES = {
     "train": "training samples/s and MFU",
     "serve": "served obs/s and latency against in-process calls",
     "eval": "evaluator env-steps/s: serial, lock-step, pipelined, against the bound",
+    "cosmos3": "Cosmos3 policy inference, stock and fast paths side by side (obs/s, s/prediction, memory)",
 }
 
 

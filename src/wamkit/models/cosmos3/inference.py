@@ -24,6 +24,7 @@ velocities come from one of two interchangeable functions, with the very same sa
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -36,6 +37,19 @@ from wamkit.models.cosmos3.packing import PackedLayout, pack
 from wamkit.models.cosmos3.recipe import native_sigmas
 
 MODES = ("policy", "forward_dynamics", "inverse_dynamics")
+
+
+@dataclass
+class Prepared:
+    """One batch ready for sampling: x0 the encoded frames [B, C, T0, h, w] (T0 = 1, or all frames in
+    inverse dynamics), the held latent frames and action tokens, the initial actions [B, chunk, D]
+    (given ones in forward dynamics) and the step function ``velocity(lat_v, lat_a, t)``."""
+
+    x0: torch.Tensor
+    vision_cond: tuple[int, ...]
+    act_init: torch.Tensor
+    action_cond: tuple[int, ...]
+    velocity: Velocity
 
 
 def _np(x: Any) -> np.ndarray:
@@ -64,10 +78,24 @@ class Cosmos3Inference:
 
         Request i draws its noise from ``seed + i``: a request's answer does not depend on the batch.
         """
-        b = self.io.check_batch(batch)
         if mode not in MODES:
             raise ValueError(f"mode {mode!r} is unknown; expected {', '.join(MODES)}")
         seed = 0 if seed is None else int(seed)
+        lat_v, lat_a = self._sample(self._prepare(batch, mode, inputs), seed)
+        out: dict[str, np.ndarray] = {}
+        if mode != "forward_dynamics":
+            out["actions"] = lat_a.cpu().numpy().astype(np.float32)
+        if inputs.get("return_latents"):
+            out["latents"] = lat_v.float().cpu().numpy()
+        if mode == "forward_dynamics" or inputs.get("return_frames"):
+            out["video"] = self._decode(lat_v)
+        if mode == "forward_dynamics":
+            out["frames"] = out["video"][:, -1]
+        return out
+
+    def _prepare(self, batch: dict[str, Any], mode: Mode, inputs: dict[str, Any]) -> Prepared:
+        """Encode the observations and choose the step function of B requests (see the module doc)."""
+        b = self.io.check_batch(batch)
         views = self._views(batch)
         act_init = torch.zeros(b, self.io.chunk, self.io.action_dim)
         vision_cond, action_cond = (0,), ()
@@ -89,17 +117,7 @@ class Cosmos3Inference:
             velocity = self._fast_velocity(keys, reqs, shape, vision_cond, action_cond)
         else:
             velocity = self._stock_velocity(pack(reqs, self.device))
-        lat_v, lat_a = self._sample(velocity, x0, vision_cond, act_init, action_cond, seed)
-        out: dict[str, np.ndarray] = {}
-        if mode != "forward_dynamics":
-            out["actions"] = lat_a.cpu().numpy().astype(np.float32)
-        if inputs.get("return_latents"):
-            out["latents"] = lat_v.float().cpu().numpy()
-        if mode == "forward_dynamics" or inputs.get("return_frames"):
-            out["video"] = self._decode(lat_v)
-        if mode == "forward_dynamics":
-            out["frames"] = out["video"][:, -1]
-        return out
+        return Prepared(x0, vision_cond, act_init, action_cond, velocity)
 
     def _goal_clips(self, views: list[np.ndarray], goal: Any) -> list[list[np.ndarray]]:
         if not isinstance(goal, dict) and len(self.io.cameras) == 1 and goal is not None:
@@ -150,9 +168,10 @@ class Cosmos3Inference:
         )
         return lambda lat_v, lat_a, t: step(lat_v, lat_a, t.float().reshape(1))
 
-    def _sample(self, velocity: Velocity, x0, vision_cond, act_init, action_cond, seed):
+    def _sample(self, prep: Prepared, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
         """UniPC denoising of all requests at once; conditioned frames/tokens are held fixed, as in the
-        pipeline (their velocity is zeroed). ``velocity(lat_v, lat_a, t)`` -> fp32 velocities."""
+        pipeline (their velocity is zeroed). Returns the latents [B, C, T, h, w] and actions."""
+        x0, vision_cond, act_init, action_cond = prep.x0, prep.vision_cond, prep.act_init, prep.action_cond
         dev, n, t_lat = self.device, x0.shape[0], self._latent_frames()
         shape_v = (1, x0.shape[1], t_lat, *x0.shape[3:])
         noise_v, noise_a = [], []
@@ -175,7 +194,8 @@ class Cosmos3Inference:
         sch_a = copy.deepcopy(sch_v)
         noisy_actions = len(action_cond) < self.io.chunk
         for t in sch_v.timesteps:
-            v_v, v_a = velocity(lat_v, lat_a, t)
+            with torch.profiler.record_function("cosmos3.denoise_step"):  # a named range in profiles
+                v_v, v_a = prep.velocity(lat_v, lat_a, t)
             lat_v = sch_v.step(v_v * (1 - cond_v), t, lat_v, return_dict=False)[0]
             if noisy_actions:
                 lat_a = sch_a.step(v_a * (1 - cond_a), t, lat_a, return_dict=False)[0]

@@ -1,0 +1,32 @@
+"""``wamkit bench cosmos3`` in its small CPU form: one run prints stock and fast rows per batch size,
+the fast rows' actions equal stock's (fp32), and the profile of one step of each path."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+pytest.importorskip("diffusers", reason="cosmos3 needs the wamkit[cosmos3] extra")
+
+from wamkit.cli import main  # noqa: E402
+
+ROW = re.compile(r"^(stock|fast\S*)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+")
+
+
+def test_bench_cosmos3_prints_stock_and_fast_side_by_side(capsys, tmp_path):
+    out_json = tmp_path / "bench.json"
+    argv = ["bench", "cosmos3", "--preset", "tiny", "--device", "cpu", "--dtype", "float32"]
+    argv += ["--steps", "2", "--batches", "1,3", "--image-size", "64", "--threads", "1"]
+    argv += ["--profile", "--profile-rows", "3", "--json", str(out_json)]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    rows = [m.groups() for m in map(ROW.match, out.splitlines()) if m]
+    assert [(r[0], r[1]) for r in rows] == [("stock", "1"), ("fast", "1"), ("stock", "3"), ("fast", "3")]
+    assert all(float(v) > 0 for r in rows for v in r[2:])
+    assert "profile: stock, batch 3" in out and "profile: fast, batch 3" in out
+    assert out.count("Self CPU time total") == 2
+    saved = json.loads(out_json.read_text())["rows"]
+    fast = [r for r in saved if r["path"] == "fast"]
+    assert len(fast) == 2 and all(r["max_action_diff"] <= 1e-5 and r["vs_stock"] > 0 for r in fast)
