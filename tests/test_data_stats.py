@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -150,3 +151,17 @@ def test_stats_command_reports_the_gripper_convention(tmp_path, libero_tiny):
     assert StatsFile.load(out).metadata["gripper"] == "env"
     bad = subprocess.run([*cmd[:-2], "--finger-dims", "6"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 1 and "--finger-dims: expected two state dims" in bad.stderr
+
+
+def test_stats_never_decode_video_unless_asked(tmp_path, libero_tiny):
+    root = tmp_path / "no_videos"
+    shutil.copytree(libero_tiny, root)
+    shutil.rmtree(root / "videos")  # any decode would now fail
+    stats = compute_stats(root, "raw", chunk=4)
+    assert set(stats.features) == {ACTION, OBS_STATE}
+    with pytest.raises(DatasetError, match="video file is missing"):
+        compute_stats(root, "raw", chunk=4, image_stats=True)
+    full = compute_stats(libero_tiny, "raw", chunk=4, image_stats=True, image_stride=1)
+    cam = full["observation.images.wrist_image"]
+    assert cam.count == 100 * 64 * 64 and abs(cam.mean[1] - 60 / 255) < 0.02  # green = 60 * camera 1
+    assert full[ACTION].mean == stats[ACTION].mean

@@ -5,6 +5,10 @@ every start frame, the next ``chunk`` actions of the episode, converted to the t
 (``libero_rot6d``: 10-D ``[dpos, rot6d, gripper]`` frame-wise relative deltas), padding steps excluded.
 ``observation.state`` statistics are over frames. Memory is bounded by one data file plus the
 accumulators' reservoirs, whatever the dataset size; results are deterministic for a given seed.
+
+Only the data files' numeric columns are read: **no video is decoded** unless ``image_stats`` asks for
+camera statistics (per channel, pixel values in [0, 1], over every ``image_stride``-th frame and pixel
+row/column), which decodes those frames.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import numpy as np
 
 from wamkit.actions.gripper import GripperError, detect_gripper, get_convention
 from wamkit.actions.representations import RepresentationError, get_representation
-from wamkit.actions.stats import StatsAccumulator, StatsFile
+from wamkit.actions.stats import FeatureStats, StatsAccumulator, StatsFile
 from wamkit.constants import ACTION, EPISODE_INDEX, OBS_STATE
 from wamkit.data.meta import DatasetError, DatasetMeta, column_to_numpy, read_parquet
 
@@ -35,6 +39,8 @@ def compute_stats(
     seed: int = 0,
     gripper: str | None = None,
     finger_dims: tuple[int, int] | None = None,
+    image_stats: bool = False,
+    image_stride: int = 4,
 ) -> StatsFile:
     """The stats file of the dataset at ``root`` (see the module docstring for what is counted).
 
@@ -114,4 +120,24 @@ def compute_stats(
     render_quality = (meta.info.get("wamkit") or {}).get("render_quality")
     if render_quality is not None:
         metadata["render_quality"] = render_quality
-    return StatsFile(features={ACTION: act_acc.result(), OBS_STATE: state_acc.result()}, metadata=metadata)
+    features = {ACTION: act_acc.result(), OBS_STATE: state_acc.result()}
+    if image_stats:
+        features.update(camera_stats(meta.root, image_stride, seed))
+    return StatsFile(features=features, metadata=metadata)
+
+
+def camera_stats(root: Path, stride: int, seed: int) -> dict[str, FeatureStats]:
+    """Per-channel statistics in [0, 1] of every camera, over every ``stride``-th frame (decoded in
+    order) and every ``stride``-th pixel row and column."""
+    from wamkit.data.dataset import LeRobotDataset  # decoding: only when asked for
+
+    ds = LeRobotDataset(root)
+    out = {}
+    for key in ds.camera_keys:
+        one = LeRobotDataset(root, cameras=[key])
+        acc = StatsAccumulator(3, seed=seed)
+        for row in range(0, len(one), max(1, stride)):
+            img = one[row][key].numpy()[::stride, ::stride]
+            acc.update(img.reshape(-1, 3).astype(np.float64) / 255.0)
+        out[key] = acc.result()
+    return out
