@@ -4,6 +4,11 @@ The crash protocol of a whole-file write: write ``<name>.tmp`` beside the target
 ``os.replace`` it over the target (atomic on POSIX), then fsync the directory so the rename itself
 survives a power cut. A crash at any point leaves the old file or the new one, never half of either.
 
+The protocol of a whole directory (a serving directory, an export): write into ``<name>.tmp/``
+(:func:`fresh_tmp_dir`), verify it, then :func:`commit_dir`: every file is fsynced, an old ``<name>``
+is moved aside (``<name>.old``), the new one renamed into place, and only then the old one removed —
+so a crash never leaves neither.
+
 The JSONL protocol of a journal: one JSON object per line, each appended, flushed and fsynced before it
 counts. A crash can leave only a torn *last* line; :func:`read_jsonl` drops it (and with ``repair``
 truncates the file back to the last whole line), while a bad line in the middle is an error.
@@ -16,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -96,6 +102,44 @@ def atomic_write_with(path: str | os.PathLike, write: Callable[[Path], Any]) -> 
     with atomic_path(path) as tmp:
         write(tmp)
     return Path(path)
+
+
+def fresh_tmp_dir(out: str | os.PathLike) -> Path:
+    """An empty ``<out>.tmp/`` beside ``out`` (a leftover from a killed write is removed first)."""
+    out = Path(out)
+    tmp = out.with_name(out.name + ".tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    return tmp
+
+
+def fsync_tree(path: str | os.PathLike) -> None:
+    """fsync every file under ``path`` and the directory itself."""
+    for p in sorted(Path(path).rglob("*")):
+        if p.is_file():
+            with open(p, "rb") as fh:
+                os.fsync(fh.fileno())
+    fsync_dir(path)
+
+
+def commit_dir(tmp: str | os.PathLike, out: str | os.PathLike, overwrite: bool = False) -> Path:
+    """Move a finished ``tmp`` directory to ``out`` (see the module docstring). An existing ``out`` is
+    replaced only with ``overwrite``; otherwise FileExistsError, and ``tmp`` stays for a look."""
+    tmp, out = Path(tmp), Path(out)
+    if out.exists() and not overwrite:
+        raise FileExistsError(f"{out} exists; pass --overwrite to replace it")
+    fsync_tree(tmp)
+    aside = out.with_name(out.name + ".old")
+    if aside.exists():
+        shutil.rmtree(aside)
+    if out.exists():
+        os.replace(out, aside)
+    os.replace(tmp, out)
+    fsync_dir(out.parent)
+    if aside.exists():
+        shutil.rmtree(aside)
+    return out
 
 
 def append_jsonl(fh: IO[str], obj: Any, **kw: Any) -> None:

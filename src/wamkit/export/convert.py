@@ -30,7 +30,15 @@ import torch.distributed.checkpoint as dcp
 from wamkit.actions.spec import PreprocessSpec, SpecError
 from wamkit.actions.stats import StatsError, StatsFile
 from wamkit.config import ConfigError, ModelConfig
-from wamkit.files import CONFIG_FILE, MODEL_FILE, SPEC_FILE, STATS_FILE, atomic_write_json
+from wamkit.files import (
+    CONFIG_FILE,
+    MODEL_FILE,
+    SPEC_FILE,
+    STATS_FILE,
+    atomic_write_json,
+    commit_dir,
+    fresh_tmp_dir,
+)
 from wamkit.models.base import ModelAdapter, ModelIO
 
 log = logging.getLogger(__name__)
@@ -98,20 +106,14 @@ def _verify_same(expected: dict[str, torch.Tensor], got: dict[str, torch.Tensor]
 
 
 def _commit(tmp: Path, out: Path, overwrite: bool) -> Path:
-    if out.exists():
-        if not overwrite:
-            raise ConversionError(f"{out} exists; pass --overwrite to replace it")
-        shutil.rmtree(out)
-    os.replace(tmp, out)
-    return out
+    try:
+        return commit_dir(tmp, out, overwrite)
+    except FileExistsError as err:
+        raise ConversionError(str(err)) from None
 
 
 def _fresh_tmp(out: Path) -> Path:
-    tmp = out.with_name(out.name + ".tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.parent.mkdir(parents=True, exist_ok=True)
-    return tmp
+    return fresh_tmp_dir(out)
 
 
 def checkpoint_spec(ckpt: Path, io: ModelIO) -> PreprocessSpec:

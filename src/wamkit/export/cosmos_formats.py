@@ -32,7 +32,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from safetensors.torch import load_file
 
-from wamkit.files import atomic_write_with
+from wamkit.files import atomic_write_with, commit_dir, fresh_tmp_dir
 
 # cosmos attention names -> diffusers names, inside a decoder layer (the *_moe_gen ones first: the
 # plain names are substrings of them).
@@ -247,21 +247,15 @@ def write_cosmos_pt(sd: dict[str, torch.Tensor], out: str | os.PathLike, width: 
 
 
 def _fresh_dir(out: Path) -> Path:
-    tmp = out.with_name(out.name + ".tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.parent.mkdir(parents=True, exist_ok=True)
-    return tmp
+    return fresh_tmp_dir(out)
 
 
 def _commit_dir(tmp: Path, out: Path, overwrite: bool) -> Path:
-    if out.exists():
-        if not overwrite:
-            shutil.rmtree(tmp)
-            raise FormatError(f"{out} exists; pass --overwrite to replace it")
-        shutil.rmtree(out)
-    os.replace(tmp, out)
-    return out
+    try:
+        return commit_dir(tmp, out, overwrite)
+    except FileExistsError as err:
+        shutil.rmtree(tmp)
+        raise FormatError(str(err)) from None
 
 
 def write_cosmos_dcp(

@@ -38,6 +38,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
+from wamkit.files import fsync_dir, fsync_tree
+
 log = logging.getLogger(__name__)
 
 MARKER = "meta.json"
@@ -78,22 +80,6 @@ def resolve_resume(resume: str, ckpt_root: str | os.PathLike) -> Path | None:
 
 def read_meta(path: str | os.PathLike) -> dict[str, Any]:
     return json.loads((Path(path) / MARKER).read_text())
-
-
-def _fsync_tree(path: Path) -> None:
-    for p in sorted(path.rglob("*")):
-        if p.is_file():
-            with open(p, "rb") as f:
-                os.fsync(f.fileno())
-    _fsync_dir(path)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def rng_state(device: torch.device) -> dict[str, Any]:
@@ -138,14 +124,14 @@ def save_checkpoint(
     if rank == 0:
         for name, text in files.items():
             (tmp / name).write_text(text)
-        _fsync_tree(tmp)
+        fsync_tree(tmp)
         (tmp / MARKER).write_text(json.dumps({"step": step, "world_size": world, "lineage": lineage}))
-        _fsync_tree(tmp)
+        fsync_tree(tmp)
         aside = root / f".old_{step_dir_name(step)}"
         if final.exists():  # this step from before a resume: kept until the new copy is in place
             os.replace(final, aside)
         os.replace(tmp, final)
-        _fsync_dir(root)
+        fsync_dir(root)
         if aside.exists():
             shutil.rmtree(aside)
         ours = [p for p in list_checkpoints(root) if read_meta(p).get("lineage") == lineage]
