@@ -90,7 +90,7 @@ def check_gripper(data: DataView, env: EnvProbe, report: Report, width_of) -> No
             "warn",
             f"{evidence}: stored as {name} ({CONVENTIONS[name].doc}); the env takes -1 = open, +1 = close "
             f"(measured: {env_says})",
-            f"record the convention so the codec maps it: `wamkit stats DATASET --gripper {name}` "
+            f"record the convention so the preprocessing spec maps it: `wamkit stats DATASET --gripper {name}` "
             f"(or data.gripper={name})",
         )
     else:
