@@ -2,7 +2,8 @@
 
 The convention is a property of the *data* (recorded in the stats file's metadata as ``"gripper"`` and
 in the preprocessing spec), never of the code: the model trains on the values the data holds, and the
-preprocessing spec (wamkit.actions.spec) maps its output to the env command (and an env command back, for checks and replays).
+preprocessing spec (:mod:`wamkit.actions.spec`) maps its output to the env command (and an env command
+back, for checks and replays).
 
 - ``env``: the stored value *is* the env command. LIBERO / robosuite: -1 = open, +1 = close
   (continuous values in between pass through); MetaWorld's 4th action channel likewise.
