@@ -21,6 +21,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from wamkit.models.cosmos3.fast import StepContext, TextKV, build_context, encode_text, gen_step
 from wamkit.models.cosmos3.packing import RequestSegments
@@ -105,7 +106,8 @@ class _StaticStep:
                 gen_step(self.module, self.ctx, self.lat_v, self.lat_a, self.t)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool):
+        # thread_local: a server's other threads may use CUDA while this one captures
+        with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
             out = gen_step(self.module, self.ctx, self.lat_v, self.lat_a, self.t)
         return graph, out
 
@@ -148,6 +150,11 @@ class FastPolicy:
         # pad to buckets on static buffers even without a graph (the tests check the captured path's
         # padding and masking this way on the CPU)
         self.bucketed = False
+
+    def usable(self) -> bool:
+        """False for an FSDP2-sharded module: the fast step calls the layers' submodules directly,
+        past the per-block hooks that gather the shards (the stock path then serves)."""
+        return not isinstance(self.module.proj_in.weight, DTensor)
 
     def clear(self) -> None:
         """Forget cached prompts and captured steps (after changing weights behind PyTorch's back)."""

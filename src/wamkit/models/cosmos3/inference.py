@@ -112,7 +112,7 @@ class Cosmos3Inference:
         texts = [self.prompt(t, hw, self.inference_idle_frames) for t in batch[TASK]]
         shape = (c, self._latent_frames(), h, w)
         reqs = self._requests(texts, hw, shape, vision_cond, action_cond)
-        if mode == "policy" and self.options["fast_inference"]:
+        if mode == "policy" and self.options["fast_inference"] and self.fast.usable():
             keys = [(text, hw) for text in texts]
             velocity = self._fast_velocity(keys, reqs, shape, vision_cond, action_cond)
         else:
