@@ -140,6 +140,7 @@ def _predict(ad, batch, steps: int) -> dict[str, np.ndarray]:
     return ad.predict(batch, seed=0)
 
 
+@torch.no_grad()
 def step_inputs(ad, batch: dict):
     """The step function ``predict`` would run for ``batch`` (the adapter's current path), and inputs of
     its shapes: ``(velocity, lat_v, lat_a, t)``."""
@@ -151,6 +152,7 @@ def step_inputs(ad, batch: dict):
     return prep.velocity, lat_v, lat_a, torch.tensor(500.0, device=dev)
 
 
+@torch.no_grad()
 def step_seconds(ad, batch: dict, device: torch.device, calls: int = 5) -> float:
     """Median seconds of one denoising step (the step function alone, after a warm-up call)."""
     velocity, lat_v, lat_a, t = step_inputs(ad, batch)
@@ -173,6 +175,7 @@ def measure(ad, path: str, batch: dict, args, device: torch.device) -> tuple[Row
     return row, out["actions"]
 
 
+@torch.no_grad()
 def profile_step(ad, batch: dict, rows: int, device: torch.device) -> str:
     """A torch.profiler table of one denoising step of the adapter's current path."""
     from torch.profiler import ProfilerActivity, profile
