@@ -7,7 +7,7 @@ Why this is exact (read in diffusers 0.42.1, ``models/transformers/transformer_c
   timestep embedding only to noisy vision and action tokens (``_apply_timestep_embeds_to_noisy_tokens``,
   L750 and L788). The text stream never sees the timestep.
 - In every decoder layer the understanding stream attends causally to itself alone
-  (``Cosmos3AttnProcessor``, the ``is_causal=True`` call at L93-L101) and its residual and MLP read only
+  (``Cosmos3AttnProcessor``, the ``is_causal=True`` call at L94-L102) and its residual and MLP read only
   its own tokens (``Cosmos3VLTextMoTDecoderLayer.forward``, L365-L371). Its per-layer keys and values
   are therefore a function of the prompt's token ids (positions start at 0 in every request): the same
   at all denoising steps and for every request with that prompt.
