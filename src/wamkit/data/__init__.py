@@ -1,4 +1,4 @@
-"""LeRobot v3 datasets: read, write, statistics, and the training data pipeline.
+"""LeRobot datasets (v3, and v2.1 read natively): read, write, convert, statistics, the SFT pipeline.
 
 - :class:`LeRobotDataset`: the reader (pyarrow + PyAV), mirroring upstream's class.
 - :class:`LeRobotDatasetWriter`: create / add_frame / save_episode / finalize; ``open`` to append.
@@ -7,10 +7,10 @@
 """
 
 from wamkit.data.dataset import LeRobotDataset
+from wamkit.data.dataset_stats import compute_stats
 from wamkit.data.loader import TrainLoader, collate, make_train_loader
 from wamkit.data.meta import DatasetError, DatasetMeta
 from wamkit.data.sft_dataset import TrainDataset, make_train_dataset, suite_roots
-from wamkit.data.dataset_stats import compute_stats
 from wamkit.data.writer import LeRobotDatasetWriter
 
 __all__ = [

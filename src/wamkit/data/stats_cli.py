@@ -11,8 +11,8 @@ from pathlib import Path
 from wamkit.actions import representations
 from wamkit.actions.gripper import CONVENTIONS
 from wamkit.actions.stats import TINY_RANGE, StatsError
-from wamkit.data.meta import DatasetError
 from wamkit.data.dataset_stats import compute_stats
+from wamkit.data.meta import DatasetError
 
 log = logging.getLogger("wamkit.stats")
 
@@ -28,6 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--finger-dims", default="",
                         help="two state dims holding the finger positions, e.g. 6,7 for LIBERO: lets the "
                              "detection tell which gripper value means open")  # fmt: skip
+    parser.add_argument("--image-stats", action="store_true",
+                        help="also per-channel statistics of every camera (decodes the videos; slow)")  # fmt: skip
     parser.add_argument("--out", default="", help="output file (default: ROOT/meta/wamkit_stats.json)")
 
 
@@ -36,7 +38,9 @@ def main(args: argparse.Namespace) -> int:
         fingers = tuple(int(d) for d in args.finger_dims.split(",")) if args.finger_dims else None
         if fingers is not None and len(fingers) != 2:
             raise DatasetError(f"--finger-dims: expected two state dims like 6,7, got {args.finger_dims!r}")
-        stats = compute_stats(args.root, args.representation, args.chunk, args.seed, args.gripper, fingers)
+        stats = compute_stats(
+            args.root, args.representation, args.chunk, args.seed, args.gripper, fingers, args.image_stats
+        )
     except (DatasetError, StatsError, ValueError) as err:
         print(f"wamkit stats: {err}", file=sys.stderr)
         return 1
