@@ -20,6 +20,10 @@ sends ``prompt`` as a list of B strings):
   the observation images; ``goal_image`` alone names the first camera's),
   ``forward_dynamics`` takes ``actions`` [chunk, D_env] env commands (model space with ``raw_actions``).
 
+The metadata's ``identity`` names what is served: the model, a hash of its weights, the hash of the
+spec's stats and the action transform (:meth:`ServedPolicy.identity`); an evaluator records it, so
+results of two different models are never mixed in one journal.
+
 Replies: ``{"actions": float32 [chunk, D_env]}`` (``[B, chunk, D_env]`` when batched), or for
 ``forward_dynamics`` ``{"frames": uint8 [H, W, 3]}`` (the last predicted frame) plus, from models that
 roll out the whole chunk, ``"video"``: uint8 [T, H, W, 3] (every predicted frame).
@@ -27,6 +31,7 @@ roll out the whole chunk, ``"video"``: uint8 [T, H, W, 3] (every predicted frame
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +48,18 @@ OPENPI_STATE_KEY = "observation/state"
 PROMPT = "prompt"
 CONTROL_KEYS = ("mode", "seed")
 FD_ACTIONS = "actions"
+
+
+def weights_sha256(module: torch.nn.Module | None) -> str:
+    """sha256 over a module's state dict (names, dtypes, shapes and bytes, in name order); "" if none."""
+    if module is None:
+        return ""
+    h = hashlib.sha256()
+    for name, tensor in sorted(module.state_dict().items()):
+        t = tensor.detach().contiguous().reshape(-1)
+        h.update(f"{name}|{t.dtype}|{list(tensor.shape)}|".encode())
+        h.update(t.view(torch.uint8).cpu().numpy().tobytes())
+    return h.hexdigest()
 
 
 class RequestError(ValueError):
@@ -93,6 +110,26 @@ class ServedPolicy:
         self.source = source
         spec.check_model(self.io, where=f"preprocessing spec of {source or adapter.name}")
         self.env_action_dim = spec.env_action_dim
+        self._identity: dict[str, Any] | None = None
+
+    def identity(self) -> dict[str, Any]:
+        """What is served, for clients that must not mix two models' results (computed once)."""
+        if self._identity is None:
+            spec = self.spec
+            self._identity = {
+                "model": self.adapter.name,
+                "weights_sha256": weights_sha256(getattr(self.adapter, "module", None)),
+                "stats_sha256": spec.stats_hash(),
+                "action_transform": {
+                    "representation": spec.representation,
+                    "normalization": spec.normalization,
+                    "clip": spec.clip,
+                    "gripper": spec.gripper,
+                    "env_action_dim": spec.env_action_dim,
+                    "raw": self.raw_actions,
+                },
+            }
+        return self._identity
 
     def metadata(self, **extra: Any) -> dict[str, Any]:
         """What a client needs to know, sent on connect (plain msgpack types only)."""
@@ -119,6 +156,7 @@ class ServedPolicy:
                 "gripper": "model space" if self.raw_actions else "env command: -1 open, +1 close",
             },
             "preprocess": self.spec.summary(),
+            "identity": self.identity(),
             "chunk": io.chunk,
             "action_horizon": io.chunk,
             "modes": list(MODES),
