@@ -57,10 +57,16 @@ def test_summarize_per_task_and_suite():
 
 
 def test_throughput_bound_and_efficiency():
-    tp = throughput({"wall": 10.0, "sim": 32.0, "infer": 6.0, "workers": 4, "env_steps": 1000})
-    assert tp["bound"] == 8.0 and tp["bound_side"] == "simulation"
-    assert tp["efficiency"] == pytest.approx(0.8) and tp["env_steps_per_s"] == 100.0
-    assert throughput({"wall": 10.0, "sim": 8.0, "infer": 9.0, "workers": 4, "env_steps": 1})["bound"] == 9.0
+    timing = {"wall": 10.0, "sim": 32.0, "infer": 6.0, "workers": 4, "env_steps": 1000}
+    tp = throughput(timing)
+    assert tp["busy_bound"] == 8.0 and tp["utilisation"] == pytest.approx(0.8)
+    assert tp["env_steps_per_s"] == 100.0
+    assert tp["bound"] is None and tp["efficiency"] is None  # not calibrated: no independent bound
+    assert throughput({**timing, "sim": 8.0, "infer": 9.0})["busy_bound"] == 9.0
+    # the calibrated bound is independent of the run's busy times
+    tp = throughput({**timing, "bound_sim": 4.0, "bound_infer": 5.0})
+    assert (tp["bound"], tp["bound_side"]) == (5.0, "inference")
+    assert tp["efficiency"] == pytest.approx(0.5) and tp["utilisation"] == pytest.approx(0.8)
 
 
 def test_journal_appends_durably_and_refuses_twice(tmp_path):
@@ -106,7 +112,7 @@ def test_reports_are_written(tmp_path):
     s = write_reports(tmp_path, records, {"suite": "metaworld"}, timing, events, stages=2)
     on_disk = json.loads((tmp_path / "summary.json").read_text())
     assert on_disk["all"]["rate"] == 0.5 == s["all"]["rate"]
-    assert on_disk["throughput"]["bound"] == 2.0 and on_disk["failures"] == {"max_steps": 2}
-    assert "efficiency 83%" in (tmp_path / "results.md").read_text()
+    assert on_disk["throughput"]["busy_bound"] == 2.0 and on_disk["failures"] == {"max_steps": 2}
+    assert "utilisation 83%" in (tmp_path / "results.md").read_text()
     for png in ("success_per_task.png", "timeline.png"):
         assert (tmp_path / png).read_bytes()[:4] == b"\x89PNG"

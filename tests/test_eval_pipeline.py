@@ -92,7 +92,12 @@ def test_undisturbed_run_records_every_episode_once(reference):
     assert summary["all"]["episodes"] == len(TASKS) * TRIALS
     tp = summary["throughput"]
     assert tp["env_steps"] >= sum(r["length"] for r in read_journal(out / "episodes.jsonl").values())
-    assert tp["bound"] == max(tp["sim"] / tp["workers"], tp["infer"]) and tp["wall"] > 0
+    assert tp["busy_bound"] == max(tp["sim"] / tp["workers"], tp["infer"]) and tp["wall"] > 0
+    assert tp["utilisation"] == tp["busy_bound"] / tp["wall"]
+    # calibrated before the timed part: an independent bound beside the utilisation
+    assert tp["bound"] == max(tp["bound_sim"], tp["bound_infer"]) > 0
+    assert tp["efficiency"] == tp["bound"] / tp["wall"]
+    assert tp["calibration"]["t_step"] > 0 and set(tp["calibration"]["latency"]) == {"1", "2"}
     # two stages took turns: each one both simulated and waited on the server
     events = json.loads((out / "timeline.json").read_text())["events"]
     assert {(s, k) for s, k, _, _ in events} == {(0, "sim"), (0, "infer"), (1, "sim"), (1, "infer")}

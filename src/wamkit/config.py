@@ -169,10 +169,23 @@ class EvalConfig:
     videos: int = 2  # episodes recorded as mp4 per task
     resume: bool = False
     watchdog_s: float = 300.0
+    # seconds spent before the timed part measuring simulation and inference apart (the independent
+    # bound); 0 skips it (then only the utilisation figure is reported; auto stages need it)
+    calibrate_s: float = 3.0
+    env_retries: int = 2  # an episode whose env raises is rerun from the start this often, then recorded
 
     def __post_init__(self) -> None:
         for key in ("num_envs", "workers", "replan_interval"):
             _positive(self, "eval", key)
+        if self.calibrate_s < 0:
+            raise ConfigError(f"eval.calibrate_s: expected >= 0 seconds (0: skip), got {self.calibrate_s}")
+        if self.calibrate_s == 0 and self.pipeline_stages == 0:
+            raise ConfigError(
+                "eval.pipeline_stages=0 (auto) picks the stage count from the calibration, which "
+                "eval.calibrate_s=0 skips: set eval.calibrate_s > 0 or a stage count"
+            )
+        if self.env_retries < 0:
+            raise ConfigError(f"eval.env_retries: expected >= 0 reruns, got {self.env_retries}")
         if self.pipeline_stages < 0:
             raise ConfigError(
                 f"eval.pipeline_stages: expected >= 1, or 0 for auto, got {self.pipeline_stages}"

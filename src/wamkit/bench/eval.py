@@ -6,13 +6,18 @@
 (c) pipelined: N envs in P stages, P in ``--stages`` (``auto``: measured on a warm-up).
 
 Every schedule runs the same episodes through the real evaluator (worker processes, websocket server,
-journal); simulators are built before the clock starts. Printed: wall time, env-steps/s, ratios to (a)
-and (b), and the efficiency against the bound ``max(sim time / workers, inference time)``. Runs must
-agree episode by episode (the delay model is deterministic), which the benchmark checks.
+journal); simulators are built before the clock starts, and each run calibrates first (which warms the
+server at every batch size it will send). Each schedule runs ``--repeats`` times (at least 2), the
+schedules interleaved (a, b, c..., a, b, c...), so a slow spell of a shared machine hits all of them;
+each figure printed is the median over the repeats. Printed: wall time, env-steps/s, ratios to (a) and
+(b), the efficiency against the calibrated, independent bound and the utilisation of the run's own busy
+times (:func:`wamkit.eval.report.throughput`). Runs must agree episode by episode (the delay model is
+deterministic), which the benchmark checks.
 
 By default the server is the FIXED-LATENCY ``delay`` model: inference is a sleep of ``--delay-ms`` (+
-``--per-obs-ms`` per observation), which measures the scheduler alone; ``--model NAME --preset P``
-serves a real model with random weights instead, ``--server-url`` any running server.
+``--per-obs-ms`` per observation; by default 20 ms + 2 ms, the shape of a 1B-class policy on one GPU:
+launch-bound at small batches), which measures the scheduler alone; ``--model NAME --preset P`` serves
+a real model with random weights instead, ``--server-url`` any running server.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import argparse
 import contextlib
 import json
 import os
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -51,11 +57,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--stages", default="2,4,auto", help="pipelined stage counts (default: 2,4,auto)")
     parser.add_argument("--executor", default="local", choices=["local", "ray"])
+    parser.add_argument(
+        "--repeats", type=int, default=2, help="runs of each schedule, interleaved; medians (default: 2)"
+    )
+    parser.add_argument(
+        "--calibrate-s", type=float, default=3.0, help="calibration seconds per run (default: 3)"
+    )
     server = parser.add_argument_group("server (default: the fixed-latency delay model)")
     server.add_argument(
-        "--delay-ms", type=float, default=40.0, help="delay model: ms per model call (default: 40)"
+        "--delay-ms", type=float, default=20.0, help="delay model: ms per model call (default: 20)"
     )
-    server.add_argument("--per-obs-ms", type=float, default=0.0, help="delay model: extra ms per observation")
+    server.add_argument(
+        "--per-obs-ms", type=float, default=2.0, help="delay model: extra ms per observation (default: 2)"
+    )
     server.add_argument("--model", default="", help="serve this registered model with random weights instead")
     server.add_argument("--preset", default="", help="its size preset")
     server.add_argument(
@@ -98,6 +112,8 @@ def _serve_args(args: argparse.Namespace) -> tuple[list[str], str]:
         f"FIXED-LATENCY DELAY SERVER (not a model): {args.delay_ms:g} ms per call + {args.per_obs_ms:g} ms "
         "per observation; measures the scheduler alone"
     )
+    if (args.delay_ms, args.per_obs_ms) == (20.0, 2.0):
+        label += " (the default cost: the shape of a 1B-class policy on one GPU)"
     return cmd, label
 
 
@@ -138,7 +154,9 @@ class FittedPolicy:
         self.cameras = [image_key(c) for c in env_cfg.cameras]
         self.action_dim = suite_info(env_cfg.suite).action_dim
 
-    def __call__(self, obs_list: list[dict[str, Any]]):
+    def __call__(self, obs_list: list[dict[str, Any]]) -> tuple[np.ndarray, float, int]:
+        from wamkit.eval.remote import reply_timing
+
         req: dict[str, Any] = {}
         for i, key in enumerate(self.image_keys or self.cameras):
             req[key] = np.stack([o[self.cameras[i % len(self.cameras)]] for o in obs_list])
@@ -157,8 +175,7 @@ class FittedPolicy:
         out = np.zeros((*actions.shape[:2], self.action_dim), np.float32)
         n = min(self.action_dim, actions.shape[2])
         out[..., :n] = actions[..., :n]
-        timing = reply.get("server_timing") or {}
-        return out, float(timing["infer_ms"]) / 1000.0 if "infer_ms" in timing else rtt
+        return (out, *reply_timing(reply, rtt, len(obs_list)))
 
     def close(self) -> None:
         self.client.close()
@@ -182,6 +199,7 @@ def _run_mode(args, url: str, out: Path, num_envs: int, stages: int, workers: in
         f"eval.workers={min(workers, num_envs)}",
         f"eval.replan_interval={args.replan_interval}",
         f"eval.executor={args.executor}",
+        f"eval.calibrate_s={args.calibrate_s}",
         "eval.videos=0",
     ]
     if cameras:
@@ -200,9 +218,16 @@ def _run_mode(args, url: str, out: Path, num_envs: int, stages: int, workers: in
 def main(args: argparse.Namespace) -> int:
     from wamkit.eval.server_proc import start_server_process
 
+    if args.repeats < 2:
+        raise ConfigError(
+            f"--repeats: expected >= 2 runs per schedule (medians of one run mislead), got {args.repeats}"
+        )
+    if args.calibrate_s <= 0:
+        raise ConfigError("--calibrate-s: expected > 0 seconds: the efficiency column needs the calibration")
     workers = args.workers or os.cpu_count() or 1
     modes = _modes(args)
     serve_cmd, label = _serve_args(args)
+    runs: list[list[dict[str, Any]]] = [[] for _ in modes]
     with contextlib.ExitStack() as stack:
         root = Path(args.out) if args.out else Path(stack.enter_context(tempfile.TemporaryDirectory()))
         root.mkdir(parents=True, exist_ok=True)  # --out may name a folder that does not exist yet
@@ -210,32 +235,59 @@ def main(args: argparse.Namespace) -> int:
             url, label = args.server_url, f"running server at {args.server_url}"
         else:
             url = stack.enter_context(start_server_process(serve_cmd, log_path=root / "server.log")).url
-        rows = []
-        for i, (name, n, p) in enumerate(modes):
-            out = root / f"mode{i}"
-            if out.exists():
-                raise ConfigError(f"--out: {out} already exists; choose an empty folder")
-            res = _run_mode(args, url, out, n, p, workers)
-            rows.append((name, n, res))
+        for r in range(args.repeats):  # interleaved: a, b, c, ..., a, b, c, ...
+            for i, (_, n, p) in enumerate(modes):
+                out = root / f"mode{i}_run{r}"
+                if out.exists():
+                    raise ConfigError(f"--out: {out} already exists; choose an empty folder")
+                runs[i].append(_run_mode(args, url, out, n, p, workers))
+    rows = [(name, n, _median(results)) for (name, n, _), results in zip(modes, runs)]
     _print(args, label, workers, rows)
     if args.json:
-        figures = [{"mode": name, "num_envs": n, **res["throughput"]} for name, n, res in rows]
+        figures = [
+            {"mode": name, "num_envs": n, **res["throughput"], "runs": [x["throughput"] for x in results]}
+            for (name, n, res), results in zip(rows, runs)
+        ]
         Path(args.json).write_text(json.dumps({"server": label, "runs": figures}, indent=1))
-    same = all(res["outcome"] == rows[0][2]["outcome"] for _, _, res in rows)
+    same = all(res["outcome"] is not None and res["outcome"] == rows[0][2]["outcome"] for _, _, res in rows)
     deterministic = not args.model and not args.server_url  # the delay model: results must agree
     return 0 if same or not deterministic else 1
 
 
+MEDIAN_KEYS = ("wall", "env_steps_per_s", "sim", "infer", "busy_bound", "utilisation", "bound_sim",
+               "bound_infer", "bound", "efficiency", "env_steps")  # fmt: skip
+
+
+def _median(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """One schedule's repeats as one row: the median of every figure, the stage counts chosen, and the
+    episode outcome (the first run's, or None if the repeats disagree)."""
+    tps = [r["throughput"] for r in results]
+    tp = dict(tps[0])
+    for key in MEDIAN_KEYS:
+        values = [t[key] for t in tps if t.get(key) is not None]
+        tp[key] = statistics.median(values) if values else None
+    tp["stages_chosen"] = [t["stages"] for t in tps]
+    b_sim, b_infer = tp["bound_sim"], tp["bound_infer"]
+    tp["bound_side"] = None if b_sim is None else ("simulation" if b_sim >= b_infer else "inference")
+    same = all(r["outcome"] == results[0]["outcome"] for r in results)
+    return {"throughput": tp, "outcome": results[0]["outcome"] if same else None}
+
+
+def _stages_label(tp: dict[str, Any]) -> str:
+    chosen = sorted(set(tp["stages_chosen"]))
+    return str(chosen[0]) if len(chosen) == 1 else "/".join(map(str, tp["stages_chosen"]))
+
+
 def _print(args, label: str, workers: int, rows) -> None:
-    n_ep = len(rows[0][2]["outcome"])
+    n_ep = len(rows[0][2]["outcome"] or {})
     print(
         f"wamkit bench eval: {args.suite} {args.tasks}, {n_ep} episodes of <= {args.max_steps} steps, "
         f"{args.image_size} px {args.render_quality} render, replan every {args.replan_interval}, "
-        f"{workers} workers ({args.executor})"
+        f"{workers} workers ({args.executor}); medians of {args.repeats} interleaved runs per schedule"
     )
     print(f"server: {label}")
-    head = f"{'schedule':44} {'envs':>4} {'P':>2} {'batch':>5} {'wall s':>7} {'steps/s':>8} "
-    head += f"{'vs (a)':>6} {'vs (b)':>6} {'sim s':>7} {'infer s':>7} {'bound s':>7} {'eff.':>5}"
+    head = f"{'schedule':44} {'envs':>4} {'P':>3} {'wall s':>7} {'steps/s':>8} {'vs (a)':>6} {'vs (b)':>6} "
+    head += f"{'bound s':>7} {'side':>5} {'effic.':>6} {'busy s':>7} {'util.':>5}"
     print(head)
     base_a = rows[0][2]["throughput"]["env_steps_per_s"]
     base_b = rows[1][2]["throughput"]["env_steps_per_s"] if len(rows) > 1 else base_a
@@ -243,25 +295,36 @@ def _print(args, label: str, workers: int, rows) -> None:
         tp = res["throughput"]
         sps = tp["env_steps_per_s"]
         print(
-            f"{name:44} {n:>4} {tp['stages']:>2} {n // tp['stages']:>5} {tp['wall']:>7.2f} {sps:>8.1f} "
-            f"{sps / base_a:>5.2f}x {sps / base_b:>5.2f}x {tp['sim']:>7.2f} {tp['infer']:>7.2f} "
-            f"{tp['bound']:>7.2f} {100 * tp['efficiency']:>4.0f}%"
+            f"{name:44} {n:>4} {_stages_label(tp):>3} {tp['wall']:>7.2f} {sps:>8.1f} {sps / base_a:>5.2f}x "
+            f"{sps / base_b:>5.2f}x {tp['bound']:>7.2f} {tp['bound_side'][:5]:>5} "
+            f"{100 * tp['efficiency']:>5.0f}% {tp['busy_bound']:>7.2f} {100 * tp['utilisation']:>4.0f}%"
         )
     b = rows[1][2]["throughput"] if len(rows) > 1 else rows[0][2]["throughput"]
-    ratio = (b["sim"] / b["workers"]) / max(b["infer"], 1e-9)
+    ratio = (b["bound_sim"]) / max(b["bound_infer"], 1e-9)
+    cal = b.get("calibration") or {}
+    lat = ", ".join(f"{k}: {1000 * v:.1f}" for k, v in (cal.get("latency") or {}).items())
     print(
-        f"(b)'s simulation per worker / inference = {ratio:.2f} "
-        f"({'within' if 0.5 <= ratio <= 2 else 'outside'} 2x of each other); sim = summed worker busy "
-        "time, bound = max(sim / workers, inference), efficiency = bound / wall"
+        f"calibration of (b): {1000 * cal.get('t_step', 0):.2f} ms per env step per worker, "
+        f"{1000 * cal.get('t_reset', 0):.1f} ms per episode start, server ms by batch size {{{lat}}}"
     )
-    same = all(res["outcome"] == rows[0][2]["outcome"] for _, _, res in rows)
+    print(
+        f"(b)'s calibrated simulation per worker / inference = {ratio:.2f} "
+        f"({'within' if 0.5 <= ratio <= 2 else 'outside'} 2x of each other)"
+    )
+    print(
+        "efficiency = bound / wall, bound = max((sim per step x steps + sim per start x starts) / workers, "
+        "sum of latency(batch) over the model calls), both measured before each run (apart from it); "
+        "utilisation = busy / wall, busy = max(summed worker busy time / workers, union of the server's "
+        "busy intervals), the run's own times"
+    )
+    same = all(res["outcome"] is not None and res["outcome"] == rows[0][2]["outcome"] for _, _, res in rows)
     if same:
-        print("episode results identical across schedules: yes")
+        print("episode results identical across schedules and repeats: yes")
     elif args.model or args.server_url:
         print(
-            "episode results differ across schedules: expected, the model samples (only 'delay' is deterministic)"
+            "episode results differ across runs: expected, the model samples (only 'delay' is deterministic)"
         )
     else:
         print(
-            "episode results identical across schedules: NO (a scheduling bug: the delay model is deterministic)"
+            "episode results identical across schedules and repeats: NO (a scheduling bug: the delay model is deterministic)"
         )

@@ -203,12 +203,18 @@ class Executor:
 # --------------------------------------------------------------------------------------------------
 
 
-def local_executor(env_cfg: EnvConfig, slots_per_worker: list[int], watchdog_s: float) -> Executor:
+def local_executor(
+    env_cfg: EnvConfig, slots_per_worker: list[int], watchdog_s: float, host_factory: Callable | None = None
+) -> Executor:
+    """Spawned processes, each hosting ``host_factory(env_cfg, K)`` (default :class:`ChunkHost`; a
+    replacement must be importable by the child, e.g. a module-level class)."""
     from wamkit.envs.workers import EnvWorker
     from wamkit.eval.host import ChunkHost
 
+    factory = host_factory or ChunkHost
+
     def make(w: int) -> WorkerHandle:
-        return EnvWorker(env_cfg, slots_per_worker[w], worker_id=w, host_factory=ChunkHost)
+        return EnvWorker(env_cfg, slots_per_worker[w], worker_id=w, host_factory=factory)
 
     return Executor(make, len(slots_per_worker), watchdog_s, kind="local")
 
@@ -300,9 +306,16 @@ def ray_executor(env_cfg: EnvConfig, slots_per_worker: list[int], watchdog_s: fl
     return Executor(make, len(slots_per_worker), watchdog_s, kind="ray")
 
 
-def make_executor(kind: str, env_cfg: EnvConfig, slots_per_worker: list[int], watchdog_s: float) -> Executor:
+def make_executor(
+    kind: str,
+    env_cfg: EnvConfig,
+    slots_per_worker: list[int],
+    watchdog_s: float,
+    host_factory: Callable | None = None,
+) -> Executor:
+    """``host_factory`` (local only) replaces the env host class of every worker."""
     if kind == "local":
-        return local_executor(env_cfg, slots_per_worker, watchdog_s)
+        return local_executor(env_cfg, slots_per_worker, watchdog_s, host_factory)
     if kind == "ray":
         try:
             import ray  # noqa: F401

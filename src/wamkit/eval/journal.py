@@ -7,13 +7,19 @@ newline, or not valid JSON) is dropped on open and the file is truncated back to
 
 ``<out_dir>/plan.json`` records what makes the episodes what they are (suite, tasks, trials, seed
 rule and seed, render look, max steps, replan interval, the simulator stack's versions, ...): resuming with a different plan would mix two evaluations, so it is
-refused with a message naming the differing keys.
+refused with a message naming the differing keys. Its ``server`` entry holds where the model was
+reached and, from a server that says, what it serves (``identity``: model name, weights hash, stats
+hash, action transform). It is checked once the server is reached (:meth:`Journal.check_server`):
+resuming against a server whose identity differs is refused, naming the differing fields; where
+either run's server named no identity, the location (URL or serving directory) must match instead.
 
 Record fields: ``suite, task, trial, seed`` (the episode's name), ``success_once, success_at_end``
 (bool), ``length`` (policy steps, settle steps excluded), ``return`` (summed reward), ``failure``
 ("" on success, else e.g. ``"max_steps"``, ``"terminated"``), ``restarts`` (times the episode was
 rerun from the start after its worker died), ``stage``, ``worker``, ``timing`` (seconds:
-``sim``, ``infer``, ``wall``, and ``start``/``end`` on the run's monotonic clock).
+``sim``, ``infer``, ``wall``, and ``start``/``end`` on the run's monotonic clock), ``env_errors``
+(times the episode's env raised; past ``eval.env_retries`` the episode is recorded with
+``failure: "env_error: <message>"``).
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ log = logging.getLogger(__name__)
 
 JOURNAL = "episodes.jsonl"
 PLAN = "plan.json"
+SERVER = "server"  # the plan's entry checked by check_server, not on open
 KEY_FIELDS = ("suite", "task", "trial", "seed")
 REQUIRED = KEY_FIELDS + ("success_once", "success_at_end", "length", "return")
 
@@ -59,18 +66,33 @@ class Journal:
                 f"eval.out_dir: {self.dir} already holds results ({self.path}); "
                 "pass --resume to finish that run, or choose another eval.out_dir"
             )
-        if resume and self.plan_path.exists():
-            old = json.loads(self.plan_path.read_text())
-            diff = sorted(k for k in set(old) | set(plan) if old.get(k) != plan.get(k))
+        old = json.loads(self.plan_path.read_text()) if resume and self.plan_path.exists() else None
+        self._old_server = old.get(SERVER) if old is not None else None
+        if old is not None:
+            diff = sorted(k for k in set(old) | set(plan) if k != SERVER and old.get(k) != plan.get(k))
             if diff:
                 details = "; ".join(f"{k}: {old.get(k)!r} -> {plan.get(k)!r}" for k in diff)
                 raise ConfigError(
                     f"--resume: {self.plan_path} was written for other episodes ({details}); "
                     "resume with the same settings or use another eval.out_dir"
                 )
-        atomic_write_json(self.plan_path, plan, sort_keys=True)
+        # the server entry stays the journal's own until check_server has seen the new one
+        self.plan = {**plan, SERVER: self._old_server} if self._old_server is not None else dict(plan)
+        atomic_write_json(self.plan_path, self.plan, sort_keys=True)
         self.records: dict[str, dict[str, Any]] = read_journal(self.path, repair=True) if resume else {}
         self._fh = open(self.path, "a" if resume else "w", encoding="utf-8")  # noqa: SIM115
+
+    def check_server(self, server: dict[str, Any]) -> None:
+        """Refuse a server that serves something else than the journal's episodes ran against; then
+        record ``server`` (location and identity) in plan.json."""
+        diff = server_diff(self._old_server, server)
+        if diff:
+            raise ConfigError(
+                f"--resume: the episodes in {self.path} ran against another model than the one served now "
+                f"({'; '.join(diff)}); resume against the same model, or use another eval.out_dir"
+            )
+        self.plan[SERVER] = server
+        atomic_write_json(self.plan_path, self.plan, sort_keys=True)
 
     def done(self, key: str) -> bool:
         return key in self.records
@@ -102,6 +124,26 @@ class Journal:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        out |= _flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v}
+    return out
+
+
+def server_diff(old: dict[str, Any] | None, new: dict[str, Any]) -> list[str]:
+    """``"field: old -> new"`` for what differs between two plan ``server`` entries: their identities
+    where both have one, else their locations (``url`` / ``serve_dir``)."""
+    if not old:
+        return []
+    if old.get("identity") and new.get("identity"):
+        a, b = _flat(old["identity"]), _flat(new["identity"])
+    else:
+        a = {k: v for k, v in old.items() if k != "identity"}
+        b = {k: v for k, v in new.items() if k != "identity"}
+    return [f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
 
 
 def _plain(value: Any) -> Any:

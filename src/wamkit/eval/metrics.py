@@ -91,10 +91,22 @@ def summarize(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
 
 
 def failure_reasons(records: Iterable[dict[str, Any]]) -> dict[str, int]:
-    """How many failed episodes ended for each reason (``"max_steps"``, ``"terminated"``, ...)."""
+    """How many failed episodes ended for each reason (``"max_steps"``, ``"terminated"``,
+    ``"env_error"``, ...); an ``env_error``'s message is left out here (see :func:`env_error_episodes`)."""
     counts: dict[str, int] = {}
     for r in records:
         if not r["success_once"]:
-            reason = r.get("failure") or "unknown"
+            reason = (r.get("failure") or "unknown").split(":", 1)[0]
             counts[reason] = counts.get(reason, 0) + 1
     return dict(sorted(counts.items()))
+
+
+def env_error_episodes(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The episodes recorded as ``env_error`` failures: ``{"episode", "error", "attempts"}`` each."""
+    out = []
+    for r in records:
+        kind, _, message = (r.get("failure") or "").partition(": ")
+        if kind == "env_error":
+            key = f"{r['suite']}/{r['task']}/{r['trial']}/{r['seed']}"
+            out.append({"episode": key, "error": message, "attempts": int(r.get("env_errors", 1))})
+    return sorted(out, key=lambda e: e["episode"])

@@ -12,6 +12,10 @@ A wamkit server also sends its preprocessing spec (metadata ``preprocess``: fps,
 widths, cameras; see :mod:`wamkit.actions.spec`). When the env's suite is known, a spec that does not
 fit it (a model trained on 10 FPS data evaluated at 20, a 4-D MetaWorld model on LIBERO, frames of
 the fast look evaluated on the default one) is refused before any episode runs. Other servers send no spec and are taken as they are.
+
+A wamkit server also names what it serves (metadata ``identity``: model name, weights hash, stats
+hash, action transform); :func:`served_identity` reads it for ``plan.json``, so ``--resume`` against a
+server serving something else is refused.
 """
 
 from __future__ import annotations
@@ -43,12 +47,28 @@ def check_spec_fits(spec: dict[str, Any], suite: Any, url: str, render_quality: 
         )
 
 
-class RemotePolicy:
-    """One connection (one pipeline stage): ``policy(obs_list) -> (actions [B, H, D], infer seconds)``.
+def served_identity(metadata: dict[str, Any]) -> dict[str, Any] | None:
+    """What the server says it serves (see :meth:`wamkit.serve.policy.ServedPolicy.identity`), or None
+    for a server that does not say (openpi's, SGLang's)."""
+    identity = metadata.get("identity")
+    return dict(identity) if isinstance(identity, dict) and identity else None
 
-    The inference seconds are the server's own ``server_timing.infer_ms`` when it reports one (the
-    model's time, without queueing), else the round trip as the client saw it.
+
+def reply_timing(reply: dict[str, Any], rtt: float, n: int) -> tuple[float, int]:
+    """``(server seconds, observations in the model call)`` of a reply to a request of ``n``.
+
+    The seconds are the server's own ``server_timing.infer_ms`` when it reports one (the model's time,
+    without queueing), else the round trip; the call size is ``server_timing.batch_size`` (larger than
+    ``n`` when the server merged other requests into the same call), else ``n``.
     """
+    timing = reply.get("server_timing") or {}
+    infer_s = float(timing["infer_ms"]) / 1000.0 if "infer_ms" in timing else rtt
+    return infer_s, max(n, int(timing.get("batch_size") or n))
+
+
+class RemotePolicy:
+    """One connection (one pipeline stage): ``policy(obs_list) -> (actions [B, H, D], infer seconds,
+    call size)`` (see :func:`reply_timing`)."""
 
     def __init__(self, url: str, cameras: list[str], suite: Any = None, render_quality: str | None = None):
         from wamkit.serve.client import PolicyClient
@@ -77,16 +97,15 @@ class RemotePolicy:
         req["prompt"] = [str(o[TASK]) for o in obs_list]
         return req
 
-    def __call__(self, obs_list: list[dict[str, Any]]) -> tuple[np.ndarray, float]:
+    def __call__(self, obs_list: list[dict[str, Any]]) -> tuple[np.ndarray, float, int]:
         req = self.request(obs_list)
         t0 = time.perf_counter()
         reply = self.client.infer(req)
         rtt = time.perf_counter() - t0
         if "actions" not in reply:
             raise RuntimeError(f"server reply lacks 'actions' (keys: {sorted(reply)})")
-        timing = reply.get("server_timing") or {}
-        infer_s = float(timing["infer_ms"]) / 1000.0 if "infer_ms" in timing else rtt
-        return np.asarray(reply["actions"], np.float32), infer_s
+        infer_s, call = reply_timing(reply, rtt, len(obs_list))
+        return np.asarray(reply["actions"], np.float32), infer_s, call
 
     def close(self) -> None:
         self.client.close()

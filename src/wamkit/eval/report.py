@@ -1,9 +1,11 @@
 """Reports people read: ``summary.json``, ``results.md`` and two plots, all from the journal.
 
 - ``summary.json``: per suite and task success (``success_once``) with Wilson 95% intervals,
-  ``success_at_end``, mean length/return, failure reasons, the run's throughput against the bound
-  ``max(total sim time / workers, total inference time)``, the plan (seed rule, render look, ...) and
-  ``stack``: the simulator stack's versions (mujoco, robosuite, libero, metaworld).
+  ``success_at_end``, mean length/return, failure reasons, ``env_errors`` (the episodes recorded as
+  ``env_error`` failures, with their message), the run's throughput (see :func:`throughput`: the
+  efficiency against the calibrated, independent bound and the utilisation against the run's own busy
+  times), the plan (seed rule, render look, server identity, ...) and ``stack``: the simulator stack's
+  versions (mujoco, robosuite, libero, metaworld).
 - ``results.md``: the same as a markdown table (success in percent, interval in points).
 - ``success_per_task.png``: one bar per task with its interval.
 - ``timeline.png``: for each pipeline stage, when it simulated and when it waited for inference; with
@@ -16,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from wamkit.envs.base import stack_versions
-from wamkit.eval.metrics import failure_reasons, summarize
+from wamkit.eval.metrics import env_error_episodes, failure_reasons, summarize
 from wamkit.files import atomic_write_json, atomic_write_text
 
 SUMMARY = "summary.json"
@@ -26,28 +28,45 @@ PLOT_TIMELINE = "timeline.png"
 
 
 def throughput(timing: dict[str, Any]) -> dict[str, Any]:
-    """Achieved wall time against the bound, from the scheduler's totals (seconds).
+    """Achieved wall time against two bounds, from the scheduler's totals (seconds).
 
-    ``timing`` holds ``wall`` (the run), ``sim`` (summed busy time of all env workers), ``infer``
-    (summed time the server spent on requests as seen by the client, one request at a time would
-    give this wall), ``workers`` and ``env_steps``. ``efficiency = bound / wall`` (1.0 = at the bound).
+    ``timing`` holds ``wall`` (the timed run), ``sim`` (summed busy time of all env workers),
+    ``infer`` (the length of the union of the server's busy intervals: each request's
+    ``[reply - server seconds, reply]``, so a model call that served several stages counts once),
+    ``workers``, ``env_steps`` and, when the run was calibrated, ``bound_sim`` and ``bound_infer``
+    (:func:`wamkit.eval.calibrate.independent_bound`).
+
+    - ``efficiency = bound / wall`` with ``bound = max(bound_sim, bound_infer)``, measured apart from
+      the run: a schedule that makes simulation or inference slower loses efficiency. None when the
+      run was not calibrated (``eval.calibrate_s=0``).
+    - ``utilisation = busy_bound / wall`` with ``busy_bound = max(sim / workers, infer)``, the run's
+      own busy times: how well the schedule kept the slower side busy (never over 100%).
     """
     wall = float(timing["wall"])
     workers = max(1, int(timing["workers"]))
     sim, infer = float(timing["sim"]), float(timing["infer"])
-    bound = max(sim / workers, infer)
-    return {
+    busy_bound = max(sim / workers, infer)
+    out = {
         **timing,
-        "bound": bound,
-        "bound_side": "simulation" if sim / workers >= infer else "inference",
-        "efficiency": bound / wall if wall > 0 else 0.0,
+        "busy_bound": busy_bound,
+        "utilisation": busy_bound / wall if wall > 0 else 0.0,
+        "bound": None,
+        "bound_side": None,
+        "efficiency": None,
         "env_steps_per_s": timing["env_steps"] / wall if wall > 0 else 0.0,
     }
+    if "bound_sim" in timing:
+        b_sim, b_infer = float(timing["bound_sim"]), float(timing["bound_infer"])
+        out["bound"] = max(b_sim, b_infer)
+        out["bound_side"] = "simulation" if b_sim >= b_infer else "inference"
+        out["efficiency"] = out["bound"] / wall if wall > 0 else 0.0
+    return out
 
 
 def build_summary(records: list[dict[str, Any]], timing: dict[str, Any] | None, plan: dict[str, Any]):
     summary = summarize(records)
     summary["failures"] = failure_reasons(records)
+    summary["env_errors"] = env_error_episodes(records)
     summary["plan"] = plan
     # the stack that wrote this report; plan["stack"] is the one the episodes ran on
     summary["stack"] = stack_versions()
@@ -82,16 +101,30 @@ def markdown_table(summary: dict[str, Any]) -> str:
         for task, r in s["tasks"].items():
             lines.append(row(suite, task, r))
         lines.append(row(suite, "all", s["all"], bold=True))
+    for e in summary.get("env_errors", []):
+        lines.append(f"\nenv error, counted as a failure: {e['episode']} ({e['error']})")
     tp = summary.get("throughput")
     if tp:
-        lines += [
-            "",
-            f"{tp.get('num_envs', '?')} envs in {tp.get('stages', '?')} stages: "
-            f"wall {tp['wall']:.1f} s for {tp['env_steps']} env steps ({tp['env_steps_per_s']:.1f} steps/s); "
-            f"bound {tp['bound']:.1f} s ({tp['bound_side']}: sim {tp['sim']:.1f} s over {tp['workers']} "
-            f"workers, inference {tp['infer']:.1f} s); efficiency {100 * tp['efficiency']:.0f}%.",
-        ]
+        lines += ["", throughput_line(tp)]
     return "\n".join(lines) + "\n"
+
+
+def throughput_line(tp: dict[str, Any]) -> str:
+    """One sentence: wall, steps/s, efficiency against the calibrated bound, utilisation."""
+    head = (
+        f"{tp.get('num_envs', '?')} envs in {tp.get('stages', '?')} stages: wall {tp['wall']:.1f} s for "
+        f"{tp['env_steps']} env steps ({tp['env_steps_per_s']:.1f} steps/s); "
+    )
+    busy = (
+        f"utilisation {100 * tp['utilisation']:.0f}% (busy: sim {tp['sim']:.1f} s over {tp['workers']} "
+        f"workers, inference {tp['infer']:.1f} s)."
+    )
+    if tp.get("efficiency") is None:
+        return head + "not calibrated (no independent bound); " + busy
+    return head + (
+        f"efficiency {100 * tp['efficiency']:.0f}% against the calibrated bound {tp['bound']:.1f} s "
+        f"({tp['bound_side']}: sim {tp['bound_sim']:.1f} s, inference {tp['bound_infer']:.1f} s); " + busy
+    )
 
 
 def plot_success(summary: dict[str, Any], path: Path) -> Path:

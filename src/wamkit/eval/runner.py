@@ -3,11 +3,17 @@
 ``run_eval(cfg)`` is what ``wamkit eval`` calls. The output folder ``eval.out_dir`` receives
 ``episodes.jsonl`` (the journal), ``plan.json``, ``summary.json``, ``results.md``, ``timeline.json``,
 the plots and ``videos/<task>/trial<t>_seed<s>.mp4``.
+
+Order of a run: plan and journal (a resume with other settings is refused) -> reach the server and
+check what it serves against the journal's (``plan.json`` ``server.identity``) -> start the env
+workers -> calibrate (:mod:`wamkit.eval.calibrate`; also picks P for ``--pipeline auto``) -> the timed
+pipeline -> reports, with the efficiency against the calibrated bound beside the utilisation.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
 import time
@@ -19,10 +25,11 @@ from tqdm import tqdm
 
 from wamkit.config import ConfigError, EnvConfig, EvalConfig, RunConfig
 from wamkit.envs.base import EpisodeSpec
+from wamkit.eval.calibrate import Calibration, batch_sizes, calibrate, independent_bound
 from wamkit.eval.episodes import plan_episodes, plan_record
 from wamkit.eval.executors import make_executor
 from wamkit.eval.journal import Journal, episode_key
-from wamkit.eval.remote import RemotePolicy
+from wamkit.eval.remote import RemotePolicy, served_identity
 from wamkit.eval.report import write_reports
 from wamkit.eval.scheduler import Pipeline, layout
 from wamkit.eval.video import filmed, frame_of, write_mp4
@@ -39,8 +46,8 @@ def check_eval_config(ecfg: EvalConfig) -> None:
         )
 
 
-def server_identity(ecfg: EvalConfig) -> dict[str, Any]:
-    """What plan.json records about the model: the URL, or the serving directory (resolved)."""
+def server_location(ecfg: EvalConfig) -> dict[str, Any]:
+    """Where plan.json says the model was reached: the URL, or the serving directory (resolved)."""
     if ecfg.server_url:
         return {"url": ecfg.server_url}
     return {"serve_dir": str(Path(ecfg.serve_dir).resolve())}
@@ -86,13 +93,15 @@ def run_eval(
     policy_factory: Callable[[str, EnvConfig], Callable] | None = None,
     on_pipeline: Callable[[Pipeline], None] | None = None,
     prebuild: bool = False,
+    host_factory: Callable | None = None,
 ) -> dict[str, Any]:
     """Evaluate ``cfg.env`` against the server of ``cfg.eval``; return the summary (also on disk).
 
     ``policy_factory(url, env_cfg)`` makes one stage's policy (default :class:`RemotePolicy`);
     ``on_pipeline`` sees the pipeline once it runs (tests use it to kill workers). ``prebuild`` resets
     every env once on every task before the clock starts, so the measured wall time holds no simulator
-    construction (the benchmark uses it; results do not change).
+    construction (the benchmark uses it; results do not change). ``host_factory`` replaces the env
+    host class of the local executor's workers (tests inject failing envs with it).
     """
     env_cfg, ecfg = cfg.env, cfg.eval
     check_eval_config(ecfg)
@@ -103,22 +112,20 @@ def run_eval(
     info, look = suite_info(env_cfg.suite), resolve_env_config(env_cfg).render_quality
     make_policy = policy_factory or (lambda url, e: RemotePolicy(url, list(e.cameras), info, look))
     out = Path(ecfg.out_dir)
-    plan = plan_record(env_cfg, ecfg, server_identity(ecfg))
+    plan = plan_record(env_cfg, ecfg, server_location(ecfg))
     with Journal(out, plan, resume=resume or ecfg.resume) as journal:
         todo = [e for e in episodes if not journal.done(episode_key(e.suite, e.task, e.trial, e.seed))]
         log.info("%d episodes planned, %d to run", len(episodes), len(todo))
         timing, events, stages = None, [], ecfg.pipeline_stages or 1
         if todo:
             with reach_server(ecfg) as url:
-                # fail fast (no server, cameras the env does not render) before workers start
-                probe = make_policy(url, env_cfg)
-                close = getattr(probe, "close", None)
-                if close is not None:
-                    close()
+                # fail fast (no server, cameras the env does not render, another model than the
+                # journal's) before workers start
+                journal.check_server({**server_location(ecfg), "identity": _probe(make_policy, url, env_cfg)})
                 timing, events, stages = _run(
-                    cfg, todo, journal, url, make_policy, progress, on_pipeline, prebuild
+                    cfg, todo, journal, url, make_policy, progress, on_pipeline, prebuild, host_factory
                 )
-        summary = write_reports(out, list(journal.records.values()), plan, timing, events, stages)
+        summary = write_reports(out, list(journal.records.values()), journal.plan, timing, events, stages)
     all_ = summary["all"]
     log.info(
         "success %.1f%% (95%% CI %.1f-%.1f) over %d episodes; results in %s",
@@ -131,8 +138,27 @@ def run_eval(
     return summary
 
 
+def _probe(make_policy, url: str, env_cfg: EnvConfig) -> dict[str, Any] | None:
+    """Connect once (checks the server's inputs against the env) and return what it says it serves."""
+    probe = make_policy(url, env_cfg)
+    try:
+        return served_identity(getattr(probe, "metadata", None) or {})
+    finally:
+        close = getattr(probe, "close", None)
+        if close is not None:
+            close()
+
+
 def _run(
-    cfg, todo: list[EpisodeSpec], journal: Journal, url: str, make_policy, progress, on_pipeline, prebuild
+    cfg,
+    todo: list[EpisodeSpec],
+    journal: Journal,
+    url: str,
+    make_policy,
+    progress,
+    on_pipeline,
+    prebuild,
+    host_factory=None,
 ):
     env_cfg, ecfg = cfg.env, cfg.eval
     num_envs = ecfg.num_envs
@@ -150,24 +176,32 @@ def _run(
         if journal.append(record):
             bar.update(record)
 
-    with make_executor(ecfg.executor, env_cfg, per_worker, ecfg.watchdog_s) as executor:
+    with make_executor(ecfg.executor, env_cfg, per_worker, ecfg.watchdog_s, host_factory) as executor:
         t_warm = time.perf_counter()
         if prebuild:
             _prebuild(executor, per_worker, todo)
-        stages = ecfg.pipeline_stages
+        stages, cal = ecfg.pipeline_stages, None
+        new_policy = functools.partial(make_policy, url, env_cfg)
+        if ecfg.calibrate_s > 0:
+            sizes = batch_sizes(num_envs, stages)
+            cal = calibrate(
+                executor, new_policy, todo, num_envs, sizes, ecfg.calibrate_s, ecfg.replan_interval
+            )
         if stages == 0:
             from wamkit.eval.autotune import choose_stages
 
-            stages, _ = choose_stages(executor, lambda: make_policy(url, env_cfg), todo, num_envs, ecfg)
+            assert cal is not None  # EvalConfig refuses auto without calibration
+            stages, _ = choose_stages(cal, num_envs, workers, ecfg.replan_interval)
         stage_slots, _ = layout(num_envs, stages, workers)
         pipeline = Pipeline(
             executor,
             stage_slots,
-            lambda: make_policy(url, env_cfg),
+            new_policy,
             ecfg.replan_interval,
             on_finish,
             film=lambda spec: filmed(spec.trial, ecfg.videos),
             frame=lambda obs: frame_of(obs, list(env_cfg.cameras)),
+            max_env_retries=ecfg.env_retries,
         )
         if on_pipeline is not None:
             on_pipeline(pipeline)
@@ -190,19 +224,30 @@ def _run(
             "executor": ecfg.executor,
             "worker_restarts": executor.restarts,
             "warmup_s": warmup,
+            "resets": pipeline.resets,
+            "requests": len(pipeline.requests),
+            **_bound(cal, workers, pipeline),
         }
     atomic_write_json(out / "timeline.json", {"stages": stages, "events": pipeline.events}, indent=None)
     return timing, pipeline.events, stages
 
 
+def _bound(cal: Calibration | None, workers: int, pipeline: Pipeline) -> dict[str, Any]:
+    """The calibration and the independent bound's two sides for the work the pipeline did."""
+    if cal is None:
+        return {}
+    sides = independent_bound(cal, workers, pipeline.env_steps, pipeline.resets, pipeline.requests)
+    return {"calibration": cal.to_dict(), **sides}
+
+
 def _prebuild(executor, per_worker: list[int], todo: list[EpisodeSpec]) -> None:
-    """Reset every slot once per task (the first planned episode of each), building its simulators."""
+    """Start every slot once per task (the first planned episode of each), building its simulators."""
     first: dict[str, EpisodeSpec] = {}
     for spec in todo:
         first.setdefault(spec.task, spec)
     for spec in first.values():
         futs = [
-            executor.call(w, executor.generation(w), "reset", {s: spec for s in range(n)})
+            executor.call(w, executor.generation(w), "start", {s: spec for s in range(n)})
             for w, n in enumerate(per_worker)
         ]
         for f in futs:

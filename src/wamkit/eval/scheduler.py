@@ -12,7 +12,10 @@ in its own thread and loops:
 
 While stage ``s`` waits for the server, stage ``s + 1`` simulates; with P = 1 the two strictly
 alternate. A slot whose worker was replaced (the executor's generation moved on) reruns its episode
-from the start, so an episode's record never mixes two simulator states.
+from the start, so an episode's record never mixes two simulator states. An episode whose env raises
+(the host answers ``{"error": ...}`` for its slot) is rerun from the start up to ``max_env_retries``
+times; after that it is recorded as a failure with ``failure: "env_error: <message>"`` and the run goes
+on.
 """
 
 from __future__ import annotations
@@ -29,8 +32,11 @@ import numpy as np
 
 from wamkit.envs.base import EpisodeSpec
 from wamkit.eval.executors import Executor, WorkerLost
+from wamkit.eval.host import ERROR
 
-Policy = Callable[[list[dict[str, Any]]], tuple[np.ndarray, float]]  # obs list -> ([B, H, D], infer s)
+# obs list -> (actions [B, H, D], server seconds, observations in the model call that served them)
+Policy = Callable[[list[dict[str, Any]]], tuple[np.ndarray, float, int]]
+ENV_ERROR = "env_error"
 
 
 class EvalError(RuntimeError):
@@ -82,6 +88,7 @@ class Slot:
     success_once: bool = False
     success_last: bool = False
     restarts: int = 0
+    env_errors: int = 0
     sim_s: float = 0.0
     infer_s: float = 0.0
     t_start: float = 0.0
@@ -99,7 +106,8 @@ class Pipeline:
 
     ``policy_factory()`` makes one policy per stage (each stage has its own server connection).
     ``film(spec)`` says whether to keep an episode's frames. ``max_episode_restarts`` bounds how often
-    one episode may be rerun after losing its worker before the run gives up.
+    one episode may be rerun after losing its worker before the run gives up; ``max_env_retries`` how
+    often one whose env raised is rerun before it is recorded as an ``env_error`` failure.
     """
 
     def __init__(
@@ -112,6 +120,7 @@ class Pipeline:
         film: Callable[[EpisodeSpec], bool] = lambda spec: False,
         frame: Callable[[dict[str, Any]], np.ndarray] | None = None,
         max_episode_restarts: int = 3,
+        max_env_retries: int = 2,
     ):
         self.ex = executor
         self.stages = [[Slot(s, w, k) for w, k in row] for s, row in enumerate(stage_slots)]
@@ -121,12 +130,15 @@ class Pipeline:
         self.film = film
         self.frame = frame
         self.max_episode_restarts = max_episode_restarts
+        self.max_env_retries = max_env_retries
         self.events: list[tuple[int, str, float, float]] = []  # (stage, "sim"|"infer", t0, t1)
         n = len(stage_slots)
         self.stage_infer_s = [0.0] * n  # per stage: summed inference time of its requests
         # server busy intervals on the run's clock, one per request: (reply - server infer s, reply)
         self.infer_intervals: list[tuple[float, float]] = []
         self.stage_steps = [0] * n  # per stage: env steps applied (reruns included: real work)
+        self.resets = 0  # episode starts answered by an env (reruns included)
+        self.requests: list[tuple[int, int]] = []  # per request: (its observations, its model call's)
         self._queue: collections.deque[EpisodeSpec] = collections.deque()
         self._qlock = threading.Lock()
         self._stop = threading.Event()
@@ -197,8 +209,9 @@ class Pipeline:
             self.events.append((s, "sim", t0, t1))
             if not ready:
                 continue
-            chunks, infer_s = policy([sl.obs for sl in ready])
+            chunks, infer_s, call_batch = policy([sl.obs for sl in ready])
             t2 = self.now()
+            self.requests.append((len(ready), max(int(call_batch), len(ready))))
             self.events.append((s, "infer", t1, t2))
             self.stage_infer_s[s] += infer_s
             # within the request's round trip [t1, t2], even if the server's clock or report is off
@@ -264,7 +277,10 @@ class Pipeline:
         for w, (res, busy) in self._gather(calls).items():
             for sl in groups[w]:
                 sl.sim_s += busy / len(groups[w])
-                self._after_chunk(sl, res[sl.slot])
+                if ERROR in res[sl.slot]:
+                    self._env_error(sl, res[sl.slot][ERROR])
+                else:
+                    self._after_chunk(sl, res[sl.slot])
         # 2. episodes lost with their worker start over; idle slots take the next episode
         for sl in slots:
             if self._lost(sl):
@@ -274,17 +290,31 @@ class Pipeline:
                 if spec is not None:
                     sl.start(spec, self.ex.generation(sl.worker), self.film(spec))
                     sl.t_start = self.now()
-        # 3. reset them: one ``reset`` call per worker
+        # 3. reset them: one ``start`` call per worker
         groups = self._by_worker([sl for sl in slots if sl.spec is not None and sl.needs_reset])
         calls = {
-            w: self.ex.call(w, g[0].gen, "reset", {sl.slot: sl.spec for sl in g}) for w, g in groups.items()
+            w: self.ex.call(w, g[0].gen, "start", {sl.slot: sl.spec for sl in g}) for w, g in groups.items()
         }
         for w, (res, busy) in self._gather(calls).items():
+            self.resets += len(groups[w])
             for sl in groups[w]:
-                sl.needs_reset, sl.obs = False, res[sl.slot]
                 sl.sim_s += busy / len(groups[w])
+                if ERROR in res[sl.slot]:
+                    self._env_error(sl, res[sl.slot][ERROR])
+                    continue
+                sl.needs_reset, sl.obs = False, res[sl.slot]["obs"]
                 if sl.frames is not None and self.frame is not None:
                     sl.frames.append(self.frame(sl.obs))
+
+    def _env_error(self, sl: Slot, message: str) -> None:
+        """The slot's env raised: rerun the episode from the start, or record it once retries are spent."""
+        assert sl.spec is not None
+        sl.env_errors += 1
+        if sl.env_errors > self.max_env_retries:
+            sl.success_once = sl.success_last = False  # an episode that did not run to its end fails
+            self._finish(sl, f"{ENV_ERROR}: {message}")
+            return
+        sl.start(sl.spec, self.ex.generation(sl.worker), sl.frames is not None)
 
     def _after_chunk(self, sl: Slot, out: dict[str, Any]) -> None:
         n = len(out["rewards"])
@@ -298,10 +328,10 @@ class Pipeline:
         if sl.frames is not None and self.frame is not None:
             sl.frames.extend(self.frame(f) for f in out["frames"])
         if out["terminated"] or out["truncated"]:
-            self._finish(sl, bool(out["truncated"]))
+            ended = "max_steps" if out["truncated"] else "terminated"
+            self._finish(sl, "" if sl.success_once else ended)
 
-    def _finish(self, sl: Slot, truncated: bool) -> None:
-        failure = "" if sl.success_once else ("max_steps" if truncated else "terminated")
+    def _finish(self, sl: Slot, failure: str) -> None:
         assert sl.spec is not None
         record = {
             **sl.spec.to_dict(),
@@ -311,6 +341,7 @@ class Pipeline:
             "return": sl.ret,
             "failure": failure,
             "restarts": sl.restarts,
+            "env_errors": sl.env_errors,
             "stage": sl.stage,
             "worker": sl.worker,
             "timing": {
@@ -322,5 +353,5 @@ class Pipeline:
             },
         }
         frames = sl.frames
-        sl.spec, sl.obs, sl.actions, sl.frames, sl.restarts = None, None, [], None, 0
+        sl.spec, sl.obs, sl.actions, sl.frames, sl.restarts, sl.env_errors = None, None, [], None, 0, 0
         self.on_finish(record, frames)

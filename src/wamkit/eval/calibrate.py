@@ -1,0 +1,218 @@
+"""Calibration: simulation and inference measured apart, before the timed part, for an independent bound.
+
+A run's efficiency is its wall time against a bound. If the bound came from the run's own busy times,
+a schedule that made simulation or inference slower (IPC per call, contention, a cold server) would
+raise its own bound and still look efficient. So before the clock starts, on the very envs of the run
+and against the very server, :func:`calibrate` measures:
+
+- ``t_step``: one worker's busy seconds per env step, with no server in the loop: every slot applies
+  ``replan_interval`` actions per call (actions from one warm-up reply), all workers at once, IPC
+  included; ``t_reset``: the same per episode start. The first start and chunk of each slot (simulator
+  construction, caches) are not timed;
+- ``latency(b)``: the server's seconds for one request of ``b`` observations (its reported model time,
+  the round trip when it reports none), for each batch size the run can send; every size is sent once
+  untimed first (a cold first call of a shape is compilation or allocation, not inference), then timed
+  a few times; the median is kept. Sizes in between are interpolated linearly.
+
+:func:`independent_bound` turns them into ``max(sim, infer)`` for the work the run did:
+``sim = (t_step × env steps + t_reset × episode starts) / workers`` and ``infer = Σ latency(B)`` over
+the server's model calls (a request of ``b`` observations served in a call of ``B`` counts
+``latency(B) × b / B``, so a call that merged several stages' requests counts once). The whole takes
+about ``eval.calibrate_s`` seconds, half on each side (at least one timed round of each).
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from wamkit.envs.base import EpisodeSpec
+from wamkit.eval.executors import Executor
+from wamkit.eval.host import ERROR
+from wamkit.eval.scheduler import layout
+
+log = logging.getLogger(__name__)
+MAX_TIMED_CALLS = 10  # per batch size: enough for a median
+MAX_SIM_ROUNDS = 200
+
+
+@dataclass
+class Calibration:
+    t_step: float  # one worker's busy seconds per env step
+    t_reset: float  # one worker's busy seconds per episode start
+    latency: dict[int, float]  # batch size -> server seconds per request of that many observations
+    seconds: float = 0.0  # how long the calibration took
+
+    def latency_at(self, b: float) -> float:
+        """Seconds for a call of ``b`` observations: piecewise linear through the measured sizes,
+        extended along the nearest segment (or proportionally, when one size was measured)."""
+        sizes = sorted(self.latency)
+        if len(sizes) == 1:
+            return self.latency[sizes[0]] * b / sizes[0]
+        if b in self.latency:
+            return self.latency[int(b)]
+        i = 1
+        while i < len(sizes) - 1 and sizes[i] < b:
+            i += 1
+        lo, hi = sizes[i - 1], sizes[i]
+        slope = (self.latency[hi] - self.latency[lo]) / (hi - lo)
+        return max(0.0, self.latency[lo] + slope * (b - lo))
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["latency"] = {str(b): s for b, s in sorted(self.latency.items())}
+        return out
+
+
+def batch_sizes(num_envs: int, stages: int) -> list[int]:
+    """The request sizes a run can send: 1 (a last straggler), N/P, N (merged calls); with ``stages``
+    0 (auto), N/P for every candidate P."""
+    if stages:
+        return sorted({1, num_envs // stages, num_envs})
+    return sorted({1} | {num_envs // p for p in auto_candidates(num_envs)})
+
+
+def auto_candidates(num_envs: int) -> list[int]:
+    """The stage counts ``--pipeline auto`` chooses from: divisors of N up to 8."""
+    return [p for p in range(1, num_envs + 1) if num_envs % p == 0 and p <= 8]
+
+
+def independent_bound(
+    cal: Calibration, workers: int, env_steps: int, resets: int, requests: list[tuple[int, int]]
+) -> dict[str, float]:
+    """``bound_sim`` and ``bound_infer`` (seconds) of the work a run did; see the module docstring."""
+    sim = (cal.t_step * env_steps + cal.t_reset * resets) / max(1, workers)
+    infer = sum(cal.latency_at(call) * b / call for b, call in requests)
+    return {"bound_sim": sim, "bound_infer": infer}
+
+
+def _by_worker(slots: list[tuple[int, int]], items: list[Any]) -> dict[int, dict[int, Any]]:
+    out: dict[int, dict[int, Any]] = {}
+    for (w, s), item in zip(slots, items):
+        out.setdefault(w, {})[s] = item
+    return out
+
+
+def _call_all(ex: Executor, method: str, per_worker: dict[int, Any]) -> tuple[dict[int, Any], float]:
+    """One call per worker, all at once; ``({worker: result}, summed busy seconds)``."""
+    futs = {w: ex.call(w, ex.generation(w), method, payload) for w, payload in per_worker.items()}
+    results, busy = {}, 0.0
+    for w, fut in futs.items():
+        results[w], dt = fut.result()
+        busy += dt
+    return results, busy
+
+
+class _Sim:
+    """The run's slots, started on its first episodes, stepped with fixed chunks."""
+
+    def __init__(self, ex: Executor, num_envs: int, episodes: list[EpisodeSpec]):
+        self.ex = ex
+        self.slots = layout(num_envs, 1, ex.num_workers)[0][0]
+        self.specs = [episodes[i % len(episodes)] for i in range(num_envs)]
+        self.obs: list[dict[str, Any] | None] = [None] * num_envs
+
+    def start(self, which: list[int]) -> float:
+        """Start the episodes of slots ``which``; return the summed busy seconds."""
+        if not which:
+            return 0.0
+        slots = [self.slots[i] for i in which]
+        res, busy = _call_all(self.ex, "start", _by_worker(slots, [self.specs[i] for i in which]))
+        for i, (w, s) in zip(which, slots):
+            self.obs[i] = res[w][s].get("obs")
+        return busy
+
+    def advance(self, chunks: np.ndarray) -> tuple[int, float]:
+        """Apply one chunk to every live slot; ``(steps applied, busy seconds)``. Ended slots are marked."""
+        live = [i for i, o in enumerate(self.obs) if o is not None]
+        slots = [self.slots[i] for i in live]
+        payload = {w: {"actions": d} for w, d in _by_worker(slots, [chunks[i] for i in live]).items()}
+        res, busy = _call_all(self.ex, "advance", payload)
+        steps = 0
+        for i, (w, s) in zip(live, slots):
+            out = res[w][s]
+            if ERROR in out or out["terminated"] or out["truncated"]:
+                self.obs[i] = None
+            else:
+                self.obs[i] = out["obs"]
+            steps += len(out.get("rewards", ()))
+        return steps, busy
+
+    def ended(self) -> list[int]:
+        return [i for i, o in enumerate(self.obs) if o is None]
+
+
+def calibrate(
+    ex: Executor,
+    make_policy: Callable[[], Callable],
+    episodes: list[EpisodeSpec],
+    num_envs: int,
+    sizes: list[int],
+    budget_s: float,
+    replan_interval: int,
+) -> Calibration:
+    """Measure ``t_step``, ``t_reset`` and ``latency(b)`` for ``b`` in ``sizes`` (module docstring)."""
+    t0 = time.perf_counter()
+    sim = _Sim(ex, num_envs, episodes)
+    sim.start(list(range(num_envs)))  # untimed: builds the simulators
+    sim.start(sim.ended())  # an env that raised gets one more chance
+    policy = make_policy()
+    try:
+        obs = [o for o in sim.obs if o is not None]
+        if not obs:
+            raise RuntimeError("calibration: every env raised on its first episode")
+        chunks = np.asarray(policy([obs[i % len(obs)] for i in range(num_envs)])[0])[:, :replan_interval]
+        t_step, t_reset = _time_sim(sim, chunks, budget_s / 2)
+        latency = _time_server(policy, obs, sizes, budget_s / 2)
+    finally:
+        close = getattr(policy, "close", None)
+        if close is not None:
+            close()
+    cal = Calibration(t_step, t_reset, latency, time.perf_counter() - t0)
+    log.info(
+        "calibration (%.1f s): %.2f ms per env step, %.1f ms per episode start, server %s ms by batch size",
+        cal.seconds,
+        1000 * t_step,
+        1000 * t_reset,
+        {b: round(1000 * s, 1) for b, s in latency.items()},
+    )
+    return cal
+
+
+def _time_sim(sim: _Sim, chunks: np.ndarray, budget_s: float) -> tuple[float, float]:
+    """``(t_step, t_reset)``: one untimed chunk, timed starts of every slot, then timed chunks."""
+    sim.advance(chunks)  # untimed: the first steps warm caches
+    starts = len(sim.slots)
+    reset_busy = sim.start(list(range(len(sim.slots))))
+    steps = step_busy = 0.0
+    deadline, rounds = time.perf_counter() + budget_s, 0
+    while rounds < MAX_SIM_ROUNDS and (steps == 0 or time.perf_counter() < deadline):
+        ended = sim.ended()
+        reset_busy += sim.start(ended)
+        starts += len(ended)
+        n, busy = sim.advance(chunks)
+        steps, step_busy, rounds = steps + n, step_busy + busy, rounds + 1
+    if not steps:
+        log.warning("calibration: no env step could be timed (every env raised); the bound omits steps")
+    return step_busy / max(1.0, steps), reset_busy / max(1, starts)
+
+
+def _time_server(policy: Callable, obs: list[dict], sizes: list[int], budget_s: float) -> dict[int, float]:
+    """Median server seconds per request of each size, after one untimed request of that size."""
+    latency = {}
+    share = budget_s / max(1, len(sizes))
+    for b in sizes:
+        batch = [obs[i % len(obs)] for i in range(b)]
+        policy(batch)  # untimed: a cold first call of this shape
+        times: list[float] = []
+        deadline = time.perf_counter() + share
+        while not times or (time.perf_counter() < deadline and len(times) < MAX_TIMED_CALLS):
+            times.append(float(policy(batch)[1]))
+        latency[b] = statistics.median(times)
+    return latency
