@@ -40,18 +40,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
 log = logging.getLogger("wamkit")
 
 
-class NotBuilt(RuntimeError):
-    pass
-
-
 def _load(name: str):
-    module, _ = COMMANDS[name]
-    try:
-        return importlib.import_module(module)
-    except ModuleNotFoundError as err:
-        if err.name and (module == err.name or module.startswith(err.name + ".")):
-            raise NotBuilt(f"'wamkit {name}' is not built yet ({module} does not exist)") from None
-        raise
+    return importlib.import_module(COMMANDS[name][0])
 
 
 def build_parser(command: str | None = None, argv: list[str] | None = None) -> argparse.ArgumentParser:
@@ -67,12 +57,9 @@ def build_parser(command: str | None = None, argv: list[str] | None = None) -> a
     for name, (_, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         if name == command:
-            try:
-                add = _load(name).add_arguments
-                # a command with nested choices (bench) looks at argv to load only the chosen one
-                add(p, argv or []) if "argv" in inspect.signature(add).parameters else add(p)
-            except NotBuilt:
-                p.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+            add = _load(name).add_arguments
+            # a command with nested choices (bench) looks at argv to load only the chosen one
+            add(p, argv or []) if "argv" in inspect.signature(add).parameters else add(p)
     return parser
 
 
@@ -94,9 +81,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         module = _load(args.command)
         return int(module.main(args) or 0)
-    except NotBuilt as err:
-        print(f"wamkit: {err}", file=sys.stderr)
-        return 3
     except ConfigError as err:
         print(f"wamkit {args.command}: config error: {err}", file=sys.stderr)
         return 2

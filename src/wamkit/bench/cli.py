@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import sys
 
 BENCHES = {
     "data": "dataset reader samples/s against bare PyAV decoding",
@@ -24,20 +23,8 @@ def add_arguments(parser: argparse.ArgumentParser, argv: list[str]) -> None:
     for name, help_text in BENCHES.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         if name == chosen:
-            try:
-                importlib.import_module(f"wamkit.bench.{name}").add_arguments(p)
-            except ModuleNotFoundError as err:
-                if err.name != f"wamkit.bench.{name}":
-                    raise
-                p.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+            importlib.import_module(f"wamkit.bench.{name}").add_arguments(p)
 
 
 def main(args: argparse.Namespace) -> int:
-    try:
-        module = importlib.import_module(f"wamkit.bench.{args.bench}")
-    except ModuleNotFoundError as err:
-        if err.name != f"wamkit.bench.{args.bench}":
-            raise
-        print(f"wamkit: 'wamkit bench {args.bench}' is not built yet", file=sys.stderr)
-        return 3
-    return int(module.main(args) or 0)
+    return int(importlib.import_module(f"wamkit.bench.{args.bench}").main(args) or 0)
