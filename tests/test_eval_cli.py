@@ -50,7 +50,8 @@ def test_eval_cli_with_a_local_server_and_resume(serve_dir, tmp_path):
     assert "| metaworld | reach-v3 | 2 |" in run.stdout
     summary = json.loads((out / "summary.json").read_text())
     assert summary["throughput"]["stages"] == 2 and summary["all"]["episodes"] == 2
-    assert json.loads((out / "plan.json").read_text())["server"] == {"serve_dir": str(serve_dir.resolve())}
+    server = json.loads((out / "plan.json").read_text())["server"]
+    assert server["serve_dir"] == str(serve_dir.resolve()) and server["identity"]["model"] == "delay"
     assert (out / "server.log").is_file()
 
     again = wamkit(*args)  # results exist: refuse rather than overwrite or count twice

@@ -11,8 +11,11 @@ training resumes from its newest complete checkpoint, evaluation from its journa
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
+import shutil
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -151,16 +154,30 @@ def _print_expert_and_paths(evaluated: dict[str, Any], cfg: RunConfig) -> None:
     overall = evaluated["all"]
     print(f"\nModel success over all tasks: {overall['rate']:.1%} of {overall['episodes']} episodes")
     tp = evaluated.get("throughput")
-    if tp:
-        print(
-            f"Evaluator: {tp['env_steps_per_s']:.0f} env-steps/s, wall {tp['wall']:.1f} s against the bound "
-            f"{tp['bound']:.1f} s ({tp['bound_side']}-bound), efficiency {tp['efficiency']:.0%}"
-        )
+    if tp and "utilisation" in tp:
+        from wamkit.eval.report import throughput_line
+
+        print(f"Evaluator: {throughput_line(tp)}")
+    elif tp:  # an eval stage finished before the calibrated bound existed
+        print(f"Evaluator: {tp['env_steps_per_s']:.0f} env-steps/s")
     print(f"\nTensorBoard: tensorboard --logdir {Path(cfg.train.run_dir) / 'tb'}")
     print(
         f"Reports:     {Path(cfg.eval.out_dir)}/results.md, summary.json, success_per_task.png, timeline.png"
     )
     print(f"Videos:      {Path(cfg.eval.out_dir) / 'videos'}")
+    _print_next_steps(cfg)
+
+
+def _print_next_steps(cfg: RunConfig) -> None:
+    """The commands a user types next, with what puts ``wamkit`` on their PATH when it is not."""
+    print("\nNext:")
+    if shutil.which("wamkit") is None:  # `make demo` ran .venv/bin/wamkit without activating the venv
+        activate = Path(sys.prefix) / "bin" / "activate"
+        with contextlib.suppress(ValueError):
+            activate = activate.relative_to(Path.cwd())
+        print(f"  source {activate}   # puts wamkit (and tensorboard) on your PATH in this shell")
+    print(f"  wamkit runs {cfg.train.run_dir}")
+    print(f"  wamkit serve {cfg.eval.serve_dir} --port 8000")
 
 
 def main(args: argparse.Namespace) -> int:

@@ -7,8 +7,8 @@ and against the very server, :func:`calibrate` measures:
 
 - ``t_step``: one worker's busy seconds per env step, with no server in the loop: every slot applies
   ``replan_interval`` actions per call (actions from one warm-up reply), all workers at once, IPC
-  included; ``t_reset``: the same per episode start. The first start and chunk of each slot (simulator
-  construction, caches) are not timed;
+  included; ``t_reset``: the same per episode start; each the median over rounds. The first start and
+  chunk of each slot (simulator construction, caches) are not timed;
 - ``latency(b)``: the server's seconds for one request of ``b`` observations (its reported model time,
   the round trip when it reports none), for each batch size the run can send; every size is sent once
   untimed first (a cold first call of a shape is compilation or allocation, not inference), then timed
@@ -186,21 +186,25 @@ def calibrate(
 
 
 def _time_sim(sim: _Sim, chunks: np.ndarray, budget_s: float) -> tuple[float, float]:
-    """``(t_step, t_reset)``: one untimed chunk, timed starts of every slot, then timed chunks."""
+    """``(t_step, t_reset)``: one untimed chunk, timed starts of every slot, then timed chunks.
+
+    Each is the median over rounds of a round's busy seconds per step (per start), so a spell of
+    another process on a shared machine moves it less than a mean would."""
     sim.advance(chunks)  # untimed: the first steps warm caches
-    starts = len(sim.slots)
-    reset_busy = sim.start(list(range(len(sim.slots))))
-    steps = step_busy = 0.0
+    per_start = [sim.start(list(range(len(sim.slots)))) / len(sim.slots)]
+    per_step: list[float] = []
     deadline, rounds = time.perf_counter() + budget_s, 0
-    while rounds < MAX_SIM_ROUNDS and (steps == 0 or time.perf_counter() < deadline):
+    while rounds < MAX_SIM_ROUNDS and (not per_step or time.perf_counter() < deadline):
         ended = sim.ended()
-        reset_busy += sim.start(ended)
-        starts += len(ended)
+        if ended:
+            per_start.append(sim.start(ended) / len(ended))
         n, busy = sim.advance(chunks)
-        steps, step_busy, rounds = steps + n, step_busy + busy, rounds + 1
-    if not steps:
+        rounds += 1
+        if n:
+            per_step.append(busy / n)
+    if not per_step:
         log.warning("calibration: no env step could be timed (every env raised); the bound omits steps")
-    return step_busy / max(1.0, steps), reset_busy / max(1, starts)
+    return statistics.median(per_step or [0.0]), statistics.median(per_start)
 
 
 def _time_server(policy: Callable, obs: list[dict], sizes: list[int], budget_s: float) -> dict[int, float]:

@@ -113,7 +113,7 @@ def throughput_line(tp: dict[str, Any]) -> str:
     """One sentence: wall, steps/s, efficiency against the calibrated bound, utilisation."""
     head = (
         f"{tp.get('num_envs', '?')} envs in {tp.get('stages', '?')} stages: wall {tp['wall']:.1f} s for "
-        f"{tp['env_steps']} env steps ({tp['env_steps_per_s']:.1f} steps/s); "
+        f"{tp['env_steps']} env steps ({tp['env_steps_per_s']:.1f} env-steps/s); "
     )
     busy = (
         f"utilisation {100 * tp['utilisation']:.0f}% (busy: sim {tp['sim']:.1f} s over {tp['workers']} "

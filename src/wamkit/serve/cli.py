@@ -5,17 +5,24 @@
 
 Flags override the ``serve`` section of ``--config`` (a YAML preset) and ``--set`` overrides; the
 defaults live in :class:`wamkit.config.ServeConfig`. ``--port 0`` picks a free port and logs it.
+
+The metadata sent on connect names what is served (``identity``: model, weights sha256, stats sha256,
+action transform; :meth:`ServedPolicy.identity`), and the start-up log repeats it, so an evaluation
+can refuse to mix results of two models (``wamkit eval --resume``).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 
 from wamkit.config import ConfigError, RunConfig, load_config, parse_override
 from wamkit.serve.loading import load_served, random_init
 from wamkit.serve.policy import ServedPolicy
 from wamkit.serve.server import PolicyServer, run_server
+
+log = logging.getLogger(__name__)
 
 # flag -> ServeConfig field; a flag left unset keeps the config's value
 FLAGS = {
@@ -105,6 +112,14 @@ def build_policy(args: argparse.Namespace, cfg: RunConfig) -> ServedPolicy:
 def main(args: argparse.Namespace) -> int:
     cfg = resolve_config(args)
     policy = build_policy(args, cfg)
+    ident = policy.identity()
+    log.info(
+        "serving %s: weights sha256 %s, stats sha256 %s, actions %s",
+        ident["model"],
+        ident["weights_sha256"][:16],
+        ident["stats_sha256"][:16],
+        ident["action_transform"],
+    )
     s = cfg.serve
     server = PolicyServer(policy, s.host, s.port, s.max_batch, s.max_wait_ms, s.max_message_mb)
     run_server(server)
