@@ -356,8 +356,10 @@ class Cosmos3Adapter(Cosmos3Inference):
 
 
 def resolve_dtype(option: str, device: torch.device) -> torch.dtype:
+    """``auto``: bf16 for a model built on a GPU (serving, benchmarks), fp32 on the CPU (where the
+    trainer builds it: FSDP2's mixed precision then computes in bf16 and keeps fp32 master weights)."""
     if option == "bfloat16":
         return torch.bfloat16
     if option not in ("auto", "float32"):
         raise ConfigError(f"model.options.dtype: {option!r}; expected auto, float32 or bfloat16")
-    return torch.float32
+    return torch.bfloat16 if option == "auto" and torch.device(device).type == "cuda" else torch.float32
