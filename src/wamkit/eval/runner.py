@@ -180,18 +180,8 @@ def _run(
         t_warm = time.perf_counter()
         if prebuild:
             _prebuild(executor, per_worker, todo)
-        stages, cal = ecfg.pipeline_stages, None
         new_policy = functools.partial(make_policy, url, env_cfg)
-        if ecfg.calibrate_s > 0:
-            sizes = batch_sizes(num_envs, stages)
-            cal = calibrate(
-                executor, new_policy, todo, num_envs, sizes, ecfg.calibrate_s, ecfg.replan_interval
-            )
-        if stages == 0:
-            from wamkit.eval.autotune import choose_stages
-
-            assert cal is not None  # EvalConfig refuses auto without calibration
-            stages, _ = choose_stages(cal, num_envs, workers, ecfg.replan_interval)
+        stages, cal = _calibrate(executor, new_policy, todo, ecfg, workers)
         stage_slots, _ = layout(num_envs, stages, workers)
         pipeline = Pipeline(
             executor,
@@ -230,6 +220,23 @@ def _run(
         }
     atomic_write_json(out / "timeline.json", {"stages": stages, "events": pipeline.events}, indent=None)
     return timing, pipeline.events, stages
+
+
+def _calibrate(
+    executor, new_policy, todo: list[EpisodeSpec], ecfg: EvalConfig, workers: int
+) -> tuple[int, Calibration | None]:
+    """``(stages, calibration)``: the calibration unless ``eval.calibrate_s=0``, and P chosen from it
+    for ``--pipeline auto`` (``eval.pipeline_stages=0``, which EvalConfig refuses without one)."""
+    stages, n, cal = ecfg.pipeline_stages, ecfg.num_envs, None
+    if ecfg.calibrate_s > 0:
+        sizes = batch_sizes(n, stages)
+        cal = calibrate(executor, new_policy, todo, n, sizes, ecfg.calibrate_s, ecfg.replan_interval)
+    if stages == 0:
+        from wamkit.eval.autotune import choose_stages
+
+        assert cal is not None
+        stages, _ = choose_stages(cal, n, workers, ecfg.replan_interval)
+    return stages, cal
 
 
 def _bound(cal: Calibration | None, workers: int, pipeline: Pipeline) -> dict[str, Any]:
