@@ -23,7 +23,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "does a dataset agree with a suite's conventions? (state, gripper, images, fps)",
     ),
     "stats": ("wamkit.data.stats_cli", "compute the normalisation stats file of a dataset"),
-    "convert-dataset": ("wamkit.data.cli_convert_dataset", "LeRobot dataset v2.1 <-> v3.0, video streams copied, verified"),
+    "convert-dataset": (
+        "wamkit.data.cli_convert_dataset",
+        "LeRobot dataset v2.1 <-> v3.0, video streams copied, verified",
+    ),
     "train": ("wamkit.train.cli", "supervised fine-tuning (one process, or FSDP2 under torchrun)"),
     "runs": ("wamkit.train.runs_cli", "print the scalars of a training run from its event files"),
     "convert": (
