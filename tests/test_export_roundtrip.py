@@ -14,7 +14,7 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from tests.test_train_support import tiny_data
 from wamkit.config import load_config
 from wamkit.export import ConversionError, checkpoint_to_serving, serving_to_dcp
-from wamkit.export.cli import main as convert_main
+from wamkit.export.cli_convert import main as convert_main
 from wamkit.models.pretrained import load_pretrained
 from wamkit.train import train
 

@@ -142,7 +142,7 @@ def main(argv: list[str]) -> int:
     import argparse
 
     from wamkit.log import setup_logging
-    from wamkit.train.cli import add_arguments, load_train_config
+    from wamkit.train.cli_train import add_arguments, load_train_config
     from wamkit.train.loop import train
 
     parser = argparse.ArgumentParser()

@@ -17,11 +17,11 @@ from wamkit.config import ConfigError, load_config
 from wamkit.models.base import ParamGroup
 from wamkit.train import NonFiniteLoss, train
 from wamkit.train import checkpoint as ckpt
+from wamkit.train.cli_runs import main as runs_main
+from wamkit.train.cli_runs import read_scalars
 from wamkit.train.loop import accumulation_steps
 from wamkit.train.metrics import read_losses, truncate_losses
 from wamkit.train.optim import PowerEMA, build_optimizer, lr_factor
-from wamkit.train.runs_cli import main as runs_main
-from wamkit.train.runs_cli import read_scalars
 
 
 def _cfg(tmp_path, *more):

@@ -1,6 +1,10 @@
-"""The ``wamkit`` command. Each subcommand lives in its stage's module and is imported only when used.
+"""The ``wamkit`` command. Each subcommand is imported only when used.
 
-A subcommand module exposes ``add_arguments(parser)`` and ``main(args) -> int``.
+One convention: ``wamkit X`` lives in ``wamkit/<stage>/cli_X.py`` (``wamkit collect`` in
+``envs/cli_collect.py``, ``wamkit convert-dataset`` in ``data/cli_convert_dataset.py``), which exposes
+``add_arguments(parser)`` and ``main(args) -> int`` and holds no logic of its own beyond parsing and
+printing. Two exceptions follow from what they are: ``wamkit demo`` spans every stage and is
+``wamkit/demo.py``; ``wamkit bench NAME`` runs the benchmark module ``wamkit/bench/NAME.py``.
 """
 
 from __future__ import annotations
@@ -17,26 +21,32 @@ from wamkit.log import LEVELS, setup_logging
 
 # name -> (module, one-line help). Order is the flow of data.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "collect": ("wamkit.envs.collect", "run scripted experts in a simulator and write a LeRobot v3 dataset"),
+    "collect": (
+        "wamkit.envs.cli_collect",
+        "run scripted experts in a simulator and write a LeRobot v3 dataset",
+    ),
     "check": (
-        "wamkit.check.cli",
+        "wamkit.check.cli_check",
         "does a dataset agree with a suite's conventions? (state, gripper, images, fps)",
     ),
-    "stats": ("wamkit.data.stats_cli", "compute the normalisation stats file of a dataset"),
+    "stats": ("wamkit.data.cli_stats", "compute the normalisation stats file of a dataset"),
     "convert-dataset": (
         "wamkit.data.cli_convert_dataset",
         "LeRobot dataset v2.1 <-> v3.0, video streams copied, verified",
     ),
-    "train": ("wamkit.train.cli", "supervised fine-tuning (one process, or FSDP2 under torchrun)"),
-    "runs": ("wamkit.train.runs_cli", "print the scalars of a training run from its event files"),
+    "train": ("wamkit.train.cli_train", "supervised fine-tuning (one process, or FSDP2 under torchrun)"),
+    "runs": ("wamkit.train.cli_runs", "print the scalars of a training run from its event files"),
     "convert": (
-        "wamkit.export.cli",
+        "wamkit.export.cli_convert",
         "checkpoint -> serving directory (safetensors + config + preprocessing spec), etc.",
     ),
-    "serve": ("wamkit.serve.cli", "serve a model over the OpenPI websocket protocol with dynamic batching"),
-    "infer": ("wamkit.serve.infer", "batch inference from JSON sample files"),
-    "eval": ("wamkit.eval.cli", "pipelined closed-loop evaluation in simulated benchmarks"),
-    "bench": ("wamkit.bench.cli", "throughput benchmarks that print ratios measured in one run"),
+    "serve": (
+        "wamkit.serve.cli_serve",
+        "serve a model over the OpenPI websocket protocol with dynamic batching",
+    ),
+    "infer": ("wamkit.serve.cli_infer", "batch inference from JSON sample files"),
+    "eval": ("wamkit.eval.cli_eval", "pipelined closed-loop evaluation in simulated benchmarks"),
+    "bench": ("wamkit.bench.cli_bench", "throughput benchmarks that print ratios measured in one run"),
     "demo": ("wamkit.demo", "the whole flow on MetaWorld with the built-in model, on a CPU"),
 }
 

@@ -21,8 +21,6 @@ An invalid sample is reported by file and field and skipped; the exit code is 1 
 
 from __future__ import annotations
 
-import argparse
-import glob
 from pathlib import Path
 from typing import Any
 
@@ -32,10 +30,9 @@ import torch
 
 from wamkit.constants import OBS_STATE, TASK, image_key
 from wamkit.files import atomic_write_json, atomic_write_with
-from wamkit.serve.cli import add_model_arguments, build_policy, resolve_config
-from wamkit.serve.samples import SampleError, read_frames, resolve_sample
+from wamkit.serve.samples import SampleError, read_frames
 
-__all__ = ["SampleError", "read_frames", "write_video", "run_sample", "main"]
+__all__ = ["SampleError", "read_frames", "write_video", "run_sample"]
 
 
 def write_video(path: Path, frames: np.ndarray, fps: float) -> None:
@@ -150,38 +147,3 @@ def _sample_args(policy, s: dict[str, Any], out: Path) -> dict[str, Any]:
         "unused_fields": s["unused"],
     }
     return {**s["raw"], **resolved, "output_dir": str(out), "wamkit": meta}
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "-i", "--input", required=True, help='sample files, a glob in quotes: "samples/*.json"'
-    )
-    parser.add_argument("-o", "--output", required=True, help="output folder (one sub-folder per sample)")
-    add_model_arguments(parser)
-
-
-def main(args: argparse.Namespace) -> int:
-    files = sorted(Path(p) for p in glob.glob(args.input))
-    if not files:
-        print(f"wamkit infer: no files match {args.input!r}")
-        return 2
-    policy = build_policy(args, resolve_config(args))
-    out, failed, done, names = Path(args.output), [], 0, {}
-    for path in files:
-        try:
-            sample = resolve_sample(path, policy)
-            if sample["name"] in names:
-                raise SampleError(
-                    f"{path}: field 'name': {sample['name']!r} is already used by {names[sample['name']]}"
-                )
-            names[sample["name"]] = path
-            run_sample(policy, sample, out / sample["name"])
-            done += 1
-            if sample["unused"]:
-                print(f"  {path.name}: fields recorded but not used: {', '.join(sample['unused'])}")
-        except SampleError as err:
-            failed.append(str(err))
-    print(f"wamkit infer: {done} sample(s) written to {out}, {len(failed)} invalid")
-    for line in failed:
-        print(f"  invalid: {line}")
-    return 1 if failed else 0
