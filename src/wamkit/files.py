@@ -160,9 +160,15 @@ class JournalError(ValueError):
     """A journal has a bad line that is not the torn last one."""
 
 
-def read_jsonl(path: str | os.PathLike, repair: bool = False) -> list[Any]:
+def read_jsonl(
+    path: str | os.PathLike, repair: bool = False, check: Callable[[Any], None] | None = None
+) -> list[Any]:
     """The records of a JSONL journal, dropping a torn last line (and with ``repair`` truncating the file
-    to its last whole line). A missing file has no records; a bad line elsewhere raises JournalError."""
+    to its last whole line). A missing file has no records; a bad line elsewhere raises JournalError.
+
+    The last line is torn when it has no newline after it (every append writes one), is not JSON, or
+    fails ``check`` (a callable that raises ValueError for a record that is not whole).
+    """
     path = Path(path)
     if not path.is_file():
         return []
@@ -171,16 +177,22 @@ def read_jsonl(path: str | os.PathLike, repair: bool = False) -> list[Any]:
     out: list[Any] = []
     good_end = 0
     for i, line in enumerate(lines):
+        last = i == len(lines) - 1 or (i == len(lines) - 2 and lines[-1] == b"")
         if not line.strip():
             good_end += len(line) + (1 if i < len(lines) - 1 else 0)
             continue
         try:
-            out.append(json.loads(line))
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            if i == len(lines) - 1:  # no newline after it: a write cut short
+            if i == len(lines) - 1:
+                raise ValueError("no newline after it")
+            record = json.loads(line)
+            if check is not None:
+                check(record)
+        except (ValueError, UnicodeDecodeError) as err:  # JSONDecodeError is a ValueError
+            if last:  # a write cut short
                 log.warning("%s: dropping a torn last line (%s)", path, err)
                 break
-            raise JournalError(f"{path}: line {i + 1} is not valid JSON: {err}") from None
+            raise JournalError(f"{path}: line {i + 1} is not a valid record: {err}") from None
+        out.append(record)
         good_end += len(line) + 1
     if repair and good_end < len(raw):
         with open(path, "r+b") as fh:

@@ -26,13 +26,12 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 from pathlib import Path
 from typing import Any
 
 from wamkit.config import ConfigError
-from wamkit.files import atomic_write_json
+from wamkit.files import append_jsonl, atomic_write_json, read_jsonl
 
 log = logging.getLogger(__name__)
 
@@ -103,14 +102,11 @@ class Journal:
         if missing:
             raise ValueError(f"journal record lacks {missing}: {record}")
         key = record_key(record)
-        line = json.dumps(record, sort_keys=True, default=_plain)
         with self._lock:
             if key in self.records:
                 log.warning("episode %s finished twice; keeping the first record", key)
                 return False
-            self._fh.write(line + "\n")
-            self._fh.flush()
-            os.fsync(self._fh.fileno())
+            append_jsonl(self._fh, record, sort_keys=True, default=_plain)
             self.records[key] = record
         return True
 
@@ -153,44 +149,23 @@ def _plain(value: Any) -> Any:
     raise TypeError(f"journal: cannot write {type(value).__name__} {value!r} as JSON")
 
 
+def _check_record(rec: Any) -> None:
+    missing = [k for k in REQUIRED if k not in rec] if isinstance(rec, dict) else list(REQUIRED)
+    if missing:
+        raise ValueError(f"lacks {missing}")
+
+
 def read_journal(path: str | Path, repair: bool = False) -> dict[str, dict[str, Any]]:
     """Records of ``path`` by episode key (first record wins). With ``repair``, a torn last line is cut.
 
     A malformed line that is not the last one means the file was edited or corrupted: that raises
-    ``ValueError`` naming the line, rather than silently dropping results.
+    ``ValueError`` naming the line, rather than silently dropping results (:func:`wamkit.files.read_jsonl`).
     """
-    path = Path(path)
-    if not path.exists():
-        return {}
-    raw = path.read_bytes()
     records: dict[str, dict[str, Any]] = {}
-    good_end = 0
-    lines = raw.split(b"\n")
-    for i, line in enumerate(lines):
-        last = i == len(lines) - 1
-        if last and line == b"":
-            break
-        try:
-            if last:  # no trailing newline: the write was cut short
-                raise ValueError("line has no newline")
-            rec = json.loads(line)
-            missing = [k for k in REQUIRED if k not in rec]
-            if missing:
-                raise ValueError(f"lacks {missing}")
-        except ValueError as err:
-            if last or (i == len(lines) - 2 and lines[-1] == b""):
-                log.warning("%s: dropping a torn last line (%s)", path, err)
-                break
-            raise ValueError(f"{path}: line {i + 1} is not a valid episode record: {err}") from None
-        good_end += len(line) + 1
+    for rec in read_jsonl(path, repair=repair, check=_check_record):
         key = record_key(rec)
         if key in records:
             log.warning("%s: episode %s appears twice; keeping the first record", path, key)
             continue
         records[key] = rec
-    if repair and good_end < len(raw):
-        with open(path, "r+b") as fh:
-            fh.truncate(good_end)
-            fh.flush()
-            os.fsync(fh.fileno())
     return records
