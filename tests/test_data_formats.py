@@ -16,7 +16,7 @@ from wamkit.data import DatasetError, LeRobotDataset, compute_stats
 from wamkit.data.meta import tasks_from_table
 
 from .conftest import FIXTURES, REPO
-from .test_data_fixture import CAMS, check_pattern
+from .test_data_fixture import CAMS, check_against_truth
 
 V21 = FIXTURES / "libero_tiny_v21"
 TASK_TABLES = REPO / "tests" / "fixtures" / "tasks_parquet"  # written by pandas 3.1.1 (see README there)
@@ -24,19 +24,6 @@ TASK_TABLES = REPO / "tests" / "fixtures" / "tasks_parquet"  # written by pandas
 
 def truth_of(root) -> list[dict]:
     return [json.loads(line) for line in root.with_name(root.name + ".truth.jsonl").read_text().splitlines()]
-
-
-def check_against_truth(ds: LeRobotDataset, truth: list[dict]) -> None:
-    """Every frame: indices, state, action and task exact, both cameras' colour pattern."""
-    assert len(ds) == len(truth)
-    for i, t in enumerate(truth):
-        item = ds[i]
-        assert (int(item["episode_index"]), int(item["frame_index"])) == (t["episode"], t["frame"])
-        assert np.array_equal(item[OBS_STATE].numpy(), np.asarray(t["state"], np.float32))
-        assert np.array_equal(item[ACTION].numpy(), np.asarray(t["action"], np.float32))
-        assert item["task"] == t["task"]
-        for c, key in enumerate(CAMS):
-            check_pattern(item[key].numpy(), t["episode"], t["frame"], c)
 
 
 def test_v21_fixture_reads_every_frame_exactly():
