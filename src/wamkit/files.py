@@ -104,6 +104,18 @@ def atomic_write_with(path: str | os.PathLike, write: Callable[[Path], Any]) -> 
     return Path(path)
 
 
+def read_json(path: str | os.PathLike, error: type[Exception] = ValueError, missing: str = "") -> Any:
+    """The JSON in ``path``; a missing file or invalid JSON raises ``error`` naming the file (and
+    ``missing``, what the caller expected there)."""
+    path = Path(path)
+    if not path.is_file():
+        raise error(f"{path} does not exist" + (f" ({missing})" if missing else ""))
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise error(f"{path}: not valid JSON ({err})") from None
+
+
 def fresh_tmp_dir(out: str | os.PathLike) -> Path:
     """An empty ``<out>.tmp/`` beside ``out`` (a leftover from a killed write is removed first)."""
     out = Path(out)

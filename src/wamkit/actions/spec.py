@@ -40,7 +40,7 @@ from wamkit.actions.normalize import make_normalizer
 from wamkit.actions.representations import get_representation
 from wamkit.actions.stats import FeatureStats, StatsError, StatsFile
 from wamkit.constants import ACTION, OBS_STATE
-from wamkit.files import SPEC_FILE, atomic_write_json
+from wamkit.files import SPEC_FILE, atomic_write_json, read_json
 
 FORMAT = "wamkit-preprocess/1"
 NORMALIZATIONS = ("quantile", "mean_std", "min_max", "none")
@@ -254,10 +254,5 @@ class PreprocessSpec:
         path = Path(path)
         if path.is_dir():
             path = path / SPEC_FILE
-        if not path.is_file():
-            raise SpecError(f"{path} does not exist (every checkpoint, serving directory and export has one)")
-        try:
-            data = json.loads(path.read_text())
-        except json.JSONDecodeError as err:
-            raise SpecError(f"{path}: not valid JSON ({err})") from None
+        data = read_json(path, SpecError, "every checkpoint, serving directory and export has one")
         return cls.from_json(data, source=str(path))

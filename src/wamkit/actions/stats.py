@@ -16,7 +16,6 @@ Loading stats for a run whose fps or representation differs is an error naming t
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import dataclass, field
@@ -25,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from wamkit.files import atomic_write_json
+from wamkit.files import atomic_write_json, read_json
 
 FORMAT = "wamkit-stats/1"
 STAT_KEYS = ("mean", "std", "min", "max", "q01", "q99")
@@ -221,12 +220,6 @@ class StatsFile:
     def load(cls, path: str | os.PathLike, **expected: Any) -> StatsFile:
         """Read and validate a stats file; ``expected`` metadata (e.g. ``fps=20``) must match."""
         path = Path(path)
-        if not path.is_file():
-            raise StatsError(f"stats file {path} does not exist")
-        try:
-            data = json.loads(path.read_text())
-        except json.JSONDecodeError as err:
-            raise StatsError(f"{path}: not valid JSON ({err})") from None
-        stats = cls.from_json(data, source=str(path))
+        stats = cls.from_json(read_json(path, StatsError, "a stats file"), source=str(path))
         stats.check(source=str(path), **expected)
         return stats
