@@ -165,7 +165,12 @@ class PreprocessSpec:
 
     # -- the transforms ----------------------------------------------------------------------------
     def _norm(self, feature: str, clip: bool = False):
-        return make_normalizer(self.normalization, self.stats[feature], clip)
+        """The normalizer of ``feature``, built once per spec (it runs for every sample and request)."""
+        cache = self.__dict__.setdefault("_normalizers", {})  # frozen: the cache is not a field
+        key = (feature, clip)
+        if key not in cache:
+            cache[key] = make_normalizer(self.normalization, self.stats[feature], clip)
+        return cache[key]
 
     def encode_state(self, state) -> np.ndarray:
         """Raw state (..., state_dim) -> normalised float32 (never clipped: states may leave the range)."""
