@@ -83,24 +83,25 @@ def get_convention(name: str) -> GripperConvention:
     return CONVENTIONS[name]
 
 
-def _polarity(g: np.ndarray, finger_width: np.ndarray) -> float | None:
-    """Correlation between the gripper action and the change of finger width that follows it.
+def polarity(g, finger_width, episodes=None) -> float | None:
+    """Correlation between the gripper value and the change of finger width that follows it.
 
     The fingers open after an "open" command, so a positive value means "high = open". ``g`` and
-    ``finger_width`` are per-frame series of one episode (or concatenated episodes: a boundary adds one
-    spurious difference, which is noise against thousands of frames). None when it cannot tell.
+    ``finger_width`` are per-frame series; ``episodes`` (the episode of each frame) keeps the steps
+    from one episode's last frame to the next one's first out. None when it cannot tell (too few steps,
+    a constant command or fingers that never move).
     """
     g, w = np.asarray(g, np.float64).ravel(), np.asarray(finger_width, np.float64).ravel()
-    if len(g) < 3 or len(g) != len(w):
+    if len(g) != len(w):
         return None
-    dw = np.diff(w)
-    a = g[:-1]
-    if a.std() < 1e-9 or dw.std() < 1e-9:
+    same = np.ones(max(len(g) - 1, 0), bool) if episodes is None else np.diff(np.asarray(episodes)) == 0
+    a, dw = g[:-1][same], np.diff(w)[same]
+    if len(a) < 3 or a.std() < 1e-9 or dw.std() < 1e-9:
         return None
     return float(np.corrcoef(a, dw)[0, 1])
 
 
-def detect_gripper(actions_gripper, finger_width=None) -> tuple[str, str]:
+def detect_gripper(actions_gripper, finger_width=None, episodes=None) -> tuple[str, str]:
     """``(convention name, evidence)`` for a dataset's gripper action channel.
 
     Range decides between ``env`` (values below 0 occur) and the [0, 1] conventions; among those, the
@@ -118,7 +119,7 @@ def detect_gripper(actions_gripper, finger_width=None) -> tuple[str, str]:
         return "env", f"{span}: outside [-1, 1], not a known gripper encoding; passed through unchanged"
     if lo < -1e-6:
         return "env", f"{span}: negative values, so the env command itself (-1 open, +1 close)"
-    corr = _polarity(g, finger_width) if finger_width is not None else None
+    corr = polarity(g, finger_width, episodes) if finger_width is not None else None
     if corr is not None and abs(corr) >= 0.1:
         name = "open_1" if corr > 0 else "close_1"
         return (

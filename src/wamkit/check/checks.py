@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from wamkit.actions.gripper import CONVENTIONS, detect_gripper, get_convention
+from wamkit.actions.gripper import CONVENTIONS, detect_gripper, get_convention, polarity
 from wamkit.check.probe import DataView, EnvProbe
 from wamkit.check.report import Report
 
@@ -64,16 +64,6 @@ def check_action(data: DataView, env: EnvProbe, report: Report, names: tuple[str
     report.add("action", "ok", f"{dim}-D [{', '.join(names)}], within the env's [-1, 1]")
 
 
-def _polarity(cmd_env: np.ndarray, width: np.ndarray, episode_of_row: np.ndarray) -> float | None:
-    """Correlation of the env command with the finger-width change that follows it, within episodes.
-    Negative when +1 closes (the width shrinks)."""
-    same = episode_of_row[1:] == episode_of_row[:-1]
-    a, dw = cmd_env[:-1][same], np.diff(width)[same]
-    if len(a) < 3 or a.std() < 1e-9 or dw.std() < 1e-9:
-        return None
-    return float(np.corrcoef(a, dw)[0, 1])
-
-
 def check_gripper(data: DataView, env: EnvProbe, report: Report, width_of) -> None:
     g = data.actions[:, -1]
     if g.std() < 1e-9:
@@ -97,7 +87,7 @@ def check_gripper(data: DataView, env: EnvProbe, report: Report, width_of) -> No
         report.add("gripper", "ok", f"{evidence}; the env's convention (measured: {env_says})")
     if width is None:
         return
-    r = _polarity(get_convention(name).to_env(g), width, data.episode_of_row)
+    r = polarity(get_convention(name).to_env(g), width, data.episode_of_row)
     if r is None or abs(r) < 0.1:
         report.add(
             "gripper", "info", "polarity: the fingers barely move in the data; cannot tell which end opens"

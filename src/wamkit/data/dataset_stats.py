@@ -68,6 +68,7 @@ def compute_stats(
     act_acc = state_acc = None
     grip_acc: list[np.ndarray] = []
     width_acc: list[np.ndarray] = []
+    episode_acc: list[np.ndarray] = []
     for data_file, eps in sorted(files.items()):
         path = data_file
         table = read_parquet(path, columns=[ACTION, OBS_STATE, EPISODE_INDEX])
@@ -94,6 +95,7 @@ def compute_stats(
             act_acc.update(a)
             state_acc.update(state[rows])  # type: ignore[union-attr]
             grip_acc.append(action[rows, -1])
+            episode_acc.append(np.full(len(rows), ep))
             if finger_dims is not None:
                 width_acc.append(state[rows, finger_dims[0]] - state[rows, finger_dims[1]])
     if act_acc is None or state_acc is None:
@@ -101,7 +103,8 @@ def compute_stats(
     if gripper is None:
         try:
             widths = np.concatenate(width_acc) if width_acc else None
-            gripper, evidence = detect_gripper(np.concatenate(grip_acc), widths)
+            episodes = np.concatenate(episode_acc)
+            gripper, evidence = detect_gripper(np.concatenate(grip_acc), widths, episodes)
         except GripperError as err:
             raise DatasetError(f"{meta.root}: {err}; pass the convention explicitly (--gripper)") from None
     else:
