@@ -58,7 +58,7 @@ def weights_sha256(module: torch.nn.Module | None) -> str:
     for name, tensor in sorted(module.state_dict().items()):
         t = tensor.detach().contiguous().reshape(-1)
         h.update(f"{name}|{t.dtype}|{list(tensor.shape)}|".encode())
-        h.update(t.view(torch.uint8).cpu().numpy().tobytes())
+        h.update(t.view(torch.uint8).cpu().numpy())  # the buffer itself: no second copy of the weights
     return h.hexdigest()
 
 
