@@ -56,6 +56,10 @@ class EnvConfig:
     # LIBERO: rebuild the simulator at every reset, as openpi's client does (seconds per reset); false
     # reuses it and clears what it keeps (tested identical, see docs/libero.md).
     hard_reset: bool = False
+    # Which GPU env workers render on with EGL (MUJOCO_GL=egl): -1 lets EGL choose (its first device;
+    # Mesa's software renderer on a machine without a GPU); N renders on EGL device N (on a 2-GPU machine,
+    # rendering on one GPU and serving on the other). Recorded in an evaluation's plan.json.
+    render_gpu: int = -1
 
 
 @dataclass

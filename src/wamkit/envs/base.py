@@ -142,6 +142,28 @@ def check_env_config(cfg: EnvConfig) -> None:
         raise ConfigError("env.cameras: at least one camera is needed")
     if cfg.max_steps < 0:
         raise ConfigError(f"env.max_steps: expected >= 0 (0: the suite's limit), got {cfg.max_steps}")
+    if cfg.render_gpu < -1:
+        raise ConfigError(
+            f"env.render_gpu: expected -1 (EGL's choice) or a GPU index >= 0, got {cfg.render_gpu}"
+        )
+    if cfg.render_gpu >= 0 and os.environ.get("MUJOCO_GL", "egl") != "egl":
+        raise ConfigError(
+            f"env.render_gpu: {cfg.render_gpu} picks an EGL device, but MUJOCO_GL is "
+            f"{os.environ['MUJOCO_GL']!r}; unset it or set MUJOCO_GL=egl"
+        )
+
+
+def render_environ(render_gpu: int) -> dict[str, str]:
+    """The environment variables an env worker needs before it imports MuJoCo, for ``env.render_gpu``:
+    EGL (unless ``MUJOCO_GL`` says otherwise) and, for a GPU index, ``MUJOCO_EGL_DEVICE_ID``, which both
+    MuJoCo's and robosuite's EGL contexts read (robosuite falls back to ``CUDA_VISIBLE_DEVICES``, so a
+    worker started from a process restricted to one CUDA device would otherwise render on that one)."""
+    env = {"MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl")}
+    if env["MUJOCO_GL"] == "egl":
+        env["PYOPENGL_PLATFORM"] = os.environ.get("PYOPENGL_PLATFORM", "egl")
+    if render_gpu >= 0:
+        env["MUJOCO_EGL_DEVICE_ID"] = str(render_gpu)
+    return env
 
 
 def render_info(cfg: EnvConfig) -> dict[str, Any]:

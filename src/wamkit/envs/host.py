@@ -6,6 +6,8 @@ child, and the evaluator's Ray executor wraps the same class in an actor.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from wamkit.config import EnvConfig
@@ -59,6 +61,11 @@ class EnvHost:
         """Each reset slot's episode step limit."""
         names = self.specs if slots is None else {s: self.specs[s] for s in slots}
         return {s: self.envs[s].max_steps(spec) for s, spec in names.items()}
+
+    def gl_info(self, payload: Any = None) -> dict[str, str]:
+        """Which GL device slot 0 renders with (vendor/renderer/version; {} before its first render)."""
+        info = getattr(self.envs[0], "gl_info", None)
+        return info() if info is not None else {}
 
     def close(self) -> None:
         for env in self.envs:

@@ -337,6 +337,16 @@ class LiberoEnv:
             f"{self.suite} has no scripted expert; collect demonstrations with metaworld"
         )
 
+    def gl_info(self) -> dict[str, str]:
+        """The offscreen GL context's vendor/renderer/version strings ({} before one exists)."""
+        from wamkit.envs.render import current_gl_info
+
+        ctx = self._env.sim._render_context_offscreen if self._env is not None else None
+        if ctx is None:
+            return {}
+        ctx.gl_ctx.make_current()
+        return current_gl_info()
+
     def close(self) -> None:
         if self._env is not None:
             self._env.close()

@@ -242,6 +242,10 @@ class MetaWorldEnv:
             a = self._sim.expert.get_action(np.asarray(obs[OBS_STATE], dtype=np.float64))
         return np.clip(np.asarray(a, dtype=np.float32), -1.0, 1.0)
 
+    def gl_info(self) -> dict[str, str]:
+        """The GL context's vendor/renderer/version strings ({} before the first render)."""
+        return dict(self._sim.renderer.gl_info) if self._sim is not None else {}
+
     def close(self) -> None:
         for sim in self._sims.values():
             sim.close()

@@ -14,6 +14,18 @@ import numpy as np
 from wamkit.envs.base import RENDER_QUALITIES
 
 
+def current_gl_info() -> dict[str, str]:
+    """Vendor, renderer and version strings of the GL context current in this thread (e.g. ``NVIDIA
+    Corporation`` / ``NVIDIA H200/PCIe/SSE2``, or Mesa's ``llvmpipe``): which device drew the pixels."""
+    from OpenGL import GL
+
+    def text(name: int) -> str:
+        raw = GL.glGetString(name)
+        return raw.decode(errors="replace") if raw else "?"
+
+    return {"vendor": text(GL.GL_VENDOR), "renderer": text(GL.GL_RENDERER), "version": text(GL.GL_VERSION)}
+
+
 class CameraRenderer:
     """Renders named cameras of one MuJoCo model to uint8 [size, size, 3] upright images.
 
@@ -39,6 +51,7 @@ class CameraRenderer:
         self.model, self.cameras, self.size, self.quality = model, list(cameras), size, quality
         self.rotate_180 = rotate_180
         self._renderer: mujoco.Renderer | None = None
+        self.gl_info: dict[str, str] = {}  # filled on the first render
 
     def _open(self) -> mujoco.Renderer:
         if self.quality == "fast":
@@ -46,7 +59,8 @@ class CameraRenderer:
         # the offscreen buffer must hold the image; models ship 640x480 by default
         self.model.vis.global_.offwidth = max(self.model.vis.global_.offwidth, self.size)
         self.model.vis.global_.offheight = max(self.model.vis.global_.offheight, self.size)
-        r = mujoco.Renderer(self.model, self.size, self.size)
+        r = mujoco.Renderer(self.model, self.size, self.size)  # makes its GL context current
+        self.gl_info = current_gl_info()
         if self.quality == "fast":
             r.scene.flags[mujoco.mjtRndFlag.mjRND_SHADOW] = 0
             r.scene.flags[mujoco.mjtRndFlag.mjRND_REFLECTION] = 0

@@ -18,6 +18,7 @@ import contextlib
 import logging
 import multiprocessing as mp
 import os
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -25,7 +26,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from wamkit.config import EnvConfig
-from wamkit.envs.base import EpisodeSpec
+from wamkit.envs.base import EpisodeSpec, render_environ
 from wamkit.envs.host import EnvHost
 
 log = logging.getLogger(__name__)
@@ -90,6 +91,25 @@ def _worker_main(
         host.close()
 
 
+_ENVIRON_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _environ(values: dict[str, str]):
+    """Set ``values`` in ``os.environ`` for the duration (a child started inside inherits them)."""
+    with _ENVIRON_LOCK:
+        old = {k: os.environ.get(k) for k in values}
+        os.environ.update(values)
+        try:
+            yield
+        finally:
+            for k, v in old.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
 class EnvWorker:
     """A spawned process hosting ``num_envs`` envs. ``host_factory(env_cfg, num_envs)`` builds the host
     in the child (default :class:`EnvHost`; it must be importable by name, e.g. a module-level class).
@@ -111,7 +131,8 @@ class EnvWorker:
             name=f"wamkit-env-{worker_id}",
             daemon=True,  # terminated by multiprocessing at a normal parent exit
         )
-        self.process.start()
+        with _environ(render_environ(env_cfg.render_gpu)):  # a spawned child copies it at start
+            self.process.start()
         child_conn.close()  # only the child holds that end: its EOF tells us the child is gone
         self._pending: list[str] = ["__init__"]  # methods whose replies are not read yet, in order
         self.episodes: dict[int, EpisodeSpec] = {}  # slot -> episode currently hosted
