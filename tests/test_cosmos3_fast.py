@@ -145,6 +145,24 @@ def test_bucketed_static_step_equals_stock(adapter):
         adapter.fast.clear()
 
 
+def test_flex_attention_step_equals_stock(adapter):
+    """What a compiled step runs (the text padding masked by prompt length in a flex-attention kernel,
+    the text keys/values at their KV heads, not expanded), checked eagerly on the CPU for a mixed batch
+    of prompts of different lengths."""
+    adapter.fast.bucketed, adapter.fast.attention = True, "flex"
+    try:
+        batch = make_batch(TASKS, seed=9)
+        stock, fast = both_paths(adapter, batch, seed=5)
+        assert_same(stock, fast)
+        (step,) = adapter.fast._steps.values()
+        ctx, attn = step.ctx, adapter.module.layers[0].self_attn
+        assert ctx.key_bias is None and len(set(ctx.text_len.tolist())) > 1  # prompts of several lengths
+        assert ctx.text_k[0].shape[1] == attn.num_key_value_heads < attn.num_attention_heads
+    finally:
+        adapter.fast.bucketed, adapter.fast.attention = False, "auto"
+        adapter.fast.clear()
+
+
 def test_graph_capture_is_a_no_op_on_cpu(adapter):
     batch = make_batch(TASKS[:2], seed=4)
     eager = adapter.predict(batch, seed=1, return_latents=True)
@@ -166,15 +184,19 @@ def test_the_step_traces_as_one_graph(adapter):
     segs = ad._requests(texts, hw, (8, 5, 4, 8), (0,), ())  # latents [8, 5, 4, 8]: 5 frames x 2 x 4 patches
     kvs = [ad.fast.text_kv((text, hw), s) for text, s in zip(texts, segs)]
     pos = [torch.cat([s.vision["vision_mrope_ids"], s.action["action_mrope_ids"]], 1) for s in segs]
-    ctx = build_context(ad.module, kvs, pos, 5, 2 * 4, (0,), (), ad.domain_id, masked=True)
     lat_v, lat_a, t = torch.randn(2, 8, 5, 4, 8), torch.randn(2, 16, 10), torch.tensor([700.0])
-    torch._dynamo.reset()
-    traced = torch.compile(gen_step, fullgraph=True, backend="eager")
-    want = gen_step(ad.module, ctx, lat_v, lat_a, t)
-    got = traced(ad.module, ctx, lat_v, lat_a, t)
-    for a, b in zip(got, want):
-        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
-    assert want[0][:, :, 0].abs().max() == 0 and want[0][:, :, 1:].abs().max() > 0  # frame 0 is held
+    for attention in ("sdpa", "flex"):
+        ctx = build_context(
+            ad.module, kvs, pos, 5, 2 * 4, (0,), (), ad.domain_id, masked=True, attention=attention
+        )
+        torch._dynamo.reset()
+        traced = torch.compile(gen_step, fullgraph=True, backend="eager")
+        with torch.no_grad():  # as predictions run (flex attention has no CPU backward)
+            want = gen_step(ad.module, ctx, lat_v, lat_a, t)
+            got = traced(ad.module, ctx, lat_v, lat_a, t)
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+        assert want[0][:, :, 0].abs().max() == 0 and want[0][:, :, 1:].abs().max() > 0  # frame 0 is held
 
 
 def test_fast_options_are_checked():

@@ -8,7 +8,9 @@ batch size every path predicts the very same batch with the same seed:
 - ``stock``: diffusers' ``Cosmos3OmniTransformer.forward`` over the packed requests (text and
   generation tokens every step; packed attention by ``--stock-attention``);
 - ``fast``: cached text keys/values, requests on a batch axis (``models/cosmos3/fast.py``), eager;
-- ``fast+cuda_graph`` / ``fast+compile``: the fast step captured per batch bucket (CUDA only).
+- ``fast+cuda_graph`` / ``fast+compile``: the fast step captured per batch bucket (CUDA only);
+  ``fast+compile`` masks each request's text padding inside a flex-attention kernel (grouped-query),
+  ``fast+compile_sdpa`` compiles the SDPA step instead (text keys/values expanded to every head).
 
 Columns: seconds per prediction (``--steps`` denoising steps, VAE encode included), obs/s, ms per
 denoising step (the step function alone, median of 5 calls), TFLOP/s of the transformer work that path does per step (the fast path skips the text
@@ -40,7 +42,7 @@ TASKS = [
     "put the black bowl in the bottom drawer of the cabinet and close it",
     "pick up the book and place it in the back compartment of the caddy",
 ]
-PATHS = ("stock", "fast", "fast+cuda_graph", "fast+compile")
+PATHS = ("stock", "fast", "fast+cuda_graph", "fast+compile", "fast+compile_sdpa")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -122,7 +124,13 @@ def _timed(fn, device: torch.device, repeats: int = 1) -> float:
 def _use_path(ad, path: str, stock_attention: str) -> None:
     """Point the adapter at one path (the same weights and caches)."""
     ad.options["fast_inference"] = path != "stock"
-    ad.fast.step_graph = path.split("+")[1] if "+" in path else "none"
+    graph = path.split("+")[1] if "+" in path else "none"
+    # fast+compile masks the text padding in a flex-attention kernel; fast+compile_sdpa keeps the
+    # captured SDPA step (text keys/values expanded to every head), for comparison
+    ad.fast.step_graph, ad.fast.attention = (
+        graph.removesuffix("_sdpa"),
+        "sdpa" if graph.endswith("_sdpa") else "auto",
+    )
     ad.processor.mode = stock_attention
 
 

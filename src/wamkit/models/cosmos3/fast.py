@@ -101,7 +101,9 @@ class StepContext:
     text_k / text_v: per layer [B, heads, U_pad, d]; ``heads`` is the KV heads without ``key_bias``, all
     attention heads with it (the masked SDPA kernels lack grouped-query attention, so the text is
     expanded once here rather than at every step). key_bias: [B, 1, 1, U_pad + G], 0 for a key a
-    request sees, -inf for its text padding; None when no request is padded.
+    request sees, -inf for its text padding; None when no request is padded. text_len: with
+    ``attention="flex"`` the padding is masked inside a flex-attention kernel instead, from each
+    request's prompt length, and the text keeps its KV heads (no expanded copies at every step).
     cos / sin: [B, G, 1, d] rotary of the generation positions (they start after each prompt).
     noisy_vision [1, n_vision, 1] / noisy_action [1, A, 1] / noisy_frames [1, 1, T, 1, 1]: bool, True
     where the token (frame) is generated, not a held condition. action_*: the domain's action heads.
@@ -110,6 +112,7 @@ class StepContext:
     text_k: list[torch.Tensor]
     text_v: list[torch.Tensor]
     key_bias: torch.Tensor | None
+    text_len: torch.Tensor | None  # [B] int32 prompt lengths: the flex-attention path's padding mask
     cos: torch.Tensor
     sin: torch.Tensor
     noisy_vision: torch.Tensor
@@ -148,18 +151,24 @@ def build_context(
     domain_id: int,
     text_length: int | None = None,
     masked: bool = False,
+    attention: str = "sdpa",
 ) -> StepContext:
     """The :class:`StepContext` of B requests. ``gen_positions``: per request the mRoPE positions
     [3, G] of its vision then action tokens; ``frame_tokens``: vision tokens per latent frame;
     ``text_length``: pad the text to this many tokens (default: the longest prompt); ``masked``: give a
-    key bias even when nothing is padded (a fixed structure for captured graphs)."""
+    key bias even when nothing is padded (a fixed structure for captured graphs); ``attention``:
+    ``"sdpa"`` or ``"flex"`` (padding masked from the prompt lengths inside a flex-attention kernel, for
+    compiled steps: eager flex attention is a slow reference path)."""
+    if attention not in ("sdpa", "flex"):
+        raise ValueError(f"attention {attention!r}; expected 'sdpa' or 'flex'")
+    flex = attention == "flex"
     dev, dt = module.proj_in.weight.device, module.proj_in.weight.dtype
     lengths = [t.length for t in texts]
     u_pad = max(lengths) if text_length is None else text_length
     if u_pad < max(lengths):
         raise ValueError(f"text_length={u_pad} is shorter than a prompt of {max(lengths)} tokens")
     g = int(gen_positions[0].shape[1])
-    masked = masked or any(n < u_pad for n in lengths)
+    masked = (masked or any(n < u_pad for n in lengths)) and not flex
     attn = module.layers[0].self_attn
     groups = attn.num_attention_heads // attn.num_key_value_heads
     text_k, text_v = [], []
@@ -187,6 +196,7 @@ def build_context(
         text_k=text_k,
         text_v=text_v,
         key_bias=key_bias,
+        text_len=torch.tensor(lengths, device=dev, dtype=torch.int32) if flex else None,
         cos=torch.stack([c for c, _ in rope]).unsqueeze(2),
         sin=torch.stack([s for _, s in rope]).unsqueeze(2),
         noisy_vision=frames.repeat_interleave(frame_tokens).view(1, -1, 1),
@@ -222,6 +232,22 @@ def time_embedding(module: torch.nn.Module, t: torch.Tensor, dtype: torch.dtype)
     return module.time_embedder(module.time_proj(scaled).to(emb_dtype)).to(dtype)
 
 
+def _flex_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, text_len: torch.Tensor
+) -> torch.Tensor:
+    """Attention of the generation queries [B, H, G, d] over ``[text | generation]`` keys/values
+    [B, KV, U_pad + G, d] (grouped-query: KV heads as they are), the text padding of request b (keys
+    ``text_len[b]`` .. ``U_pad - 1``) masked out."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    u_pad = k.shape[2] - q.shape[2]
+
+    def keep_seen(score, b, h, q_idx, kv_idx):
+        return torch.where((kv_idx < text_len[b]) | (kv_idx >= u_pad), score, -float("inf"))
+
+    return flex_attention(q, k, v, score_mod=keep_seen, enable_gqa=q.shape[1] != k.shape[1])
+
+
 def _gen_layer(layer, gen: torch.Tensor, text_k, text_v, ctx: StepContext) -> torch.Tensor:
     """The generation half of one ``Cosmos3VLTextMoTDecoderLayer`` for [B, G, hidden]."""
     attn = layer.self_attn
@@ -232,15 +258,18 @@ def _gen_layer(layer, gen: torch.Tensor, text_k, text_v, ctx: StepContext) -> to
     k = _rope(attn.norm_added_k(attn.add_k_proj(h).view(b, g, kv, d)), ctx.cos, ctx.sin)
     v = attn.add_v_proj(h).view(b, g, kv, d)
     q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, heads, G, d]
-    if ctx.key_bias is not None:  # the text is expanded to all heads (see StepContext)
-        k, v = k.repeat_interleave(heads // kv, dim=1), v.repeat_interleave(heads // kv, dim=1)
-    out = F.scaled_dot_product_attention(
-        q,
-        torch.cat([text_k, k], dim=2),
-        torch.cat([text_v, v], dim=2),
-        attn_mask=ctx.key_bias,
-        enable_gqa=ctx.key_bias is None and heads != kv,
-    )
+    if ctx.text_len is not None:
+        out = _flex_attention(q, torch.cat([text_k, k], dim=2), torch.cat([text_v, v], dim=2), ctx.text_len)
+    else:
+        if ctx.key_bias is not None:  # the text is expanded to all heads (see StepContext)
+            k, v = k.repeat_interleave(heads // kv, dim=1), v.repeat_interleave(heads // kv, dim=1)
+        out = F.scaled_dot_product_attention(
+            q,
+            torch.cat([text_k, k], dim=2),
+            torch.cat([text_v, v], dim=2),
+            attn_mask=ctx.key_bias,
+            enable_gqa=ctx.key_bias is None and heads != kv,
+        )
     gen = gen + attn.to_add_out(out.transpose(1, 2).reshape(b, g, heads * d))
     return gen + layer.mlp_moe_gen(layer.post_attention_layernorm_moe_gen(gen))
 

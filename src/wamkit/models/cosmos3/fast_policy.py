@@ -11,7 +11,10 @@
   by repeating its last request; the text to a multiple of ``TEXT_BUCKET`` tokens) and the step of that
   bucket is captured once as a CUDA graph on static buffers; each call copies the latents in, replays,
   and returns clones of the outputs, so no buffer of one call is handed out by the next. ``"compile"``:
-  the same static buffers run through ``torch.compile(mode="reduce-overhead")``.
+  the same static buffers run through ``torch.compile(mode="reduce-overhead")``, with the attention
+  as a flex-attention kernel that masks each request's text padding from its prompt length (the SDPA
+  kernels that take a mask lack grouped-query attention, so the captured SDPA step expands the text
+  keys/values to every head and copies them at every step).
 """
 
 from __future__ import annotations
@@ -150,6 +153,9 @@ class FastPolicy:
         # pad to buckets on static buffers even without a graph (the tests check the captured path's
         # padding and masking this way on the CPU)
         self.bucketed = False
+        # auto: compiled steps mask the text padding inside a flex-attention kernel (grouped-query, no
+        # expanded text copies), the others use SDPA; "sdpa" / "flex" force one (benchmarks, CPU checks)
+        self.attention = "auto"
 
     def usable(self) -> bool:
         """False for an FSDP2-sharded module: the fast step calls the layers' submodules directly,
@@ -200,7 +206,10 @@ class FastPolicy:
         n, nb = len(texts), batch_bucket(len(texts))
         texts, gen_pos = texts + [texts[-1]] * (nb - n), gen_pos + [gen_pos[-1]] * (nb - n)
         u = -(-max(t.length for t in texts) // TEXT_BUCKET) * TEXT_BUCKET
-        ctx = build_context(self.module, texts, gen_pos, *args, text_length=u, masked=True)
+        attention = self.attention if self.attention != "auto" else "flex" if mode == "compile" else "sdpa"
+        ctx = build_context(
+            self.module, texts, gen_pos, *args, text_length=u, masked=True, attention=attention
+        )
         key = (mode, ctx.signature(), latent_shape, action_shape, vision_cond, action_cond)
         if key not in self._steps:
             if self._pool is None and mode == "cuda_graph":
