@@ -161,7 +161,9 @@ class EvalConfig:
     """Closed-loop evaluation through the server protocol."""
 
     out_dir: str = "runs/eval"
-    server_url: str = ""  # ws://host:port; empty: start a local server from serve_dir
+    # ws://host:port, or several (a list, or comma-separated) serving one model: each serves whole
+    # pipeline stages (docs/eval.md); empty: start a local server from serve_dir
+    server_url: str | list[str] = ""
     serve_dir: str = ""
     trials: int = 0  # per task; 0: the suite's protocol (LIBERO 50, MetaWorld 10)
     seed: int = 1000  # env.seed_rule=per_trial: trial t uses seed + t; keep it apart from collection seeds
@@ -177,10 +179,21 @@ class EvalConfig:
     # bound); 0 skips it (then only the utilisation figure is reported; auto stages need it)
     calibrate_s: float = 3.0
     env_retries: int = 2  # an episode whose env raises is rerun from the start this often, then recorded
+    # a server that answers no request within this many seconds is dropped like a closed one (its
+    # stages move to the other servers); 0: wait forever
+    server_timeout_s: float = 600.0
+    ray_address: str = ""  # executor=ray: the cluster (host:port); empty: RAY_ADDRESS, else a local one
+
+    @property
+    def server_urls(self) -> list[str]:
+        """``server_url`` as a list (one entry per server)."""
+        urls = self.server_url if isinstance(self.server_url, list) else self.server_url.split(",")
+        return [u.strip() for u in urls if u.strip()]
 
     def __post_init__(self) -> None:
         for key in ("num_envs", "workers", "replan_interval"):
             _positive(self, "eval", key)
+        self._check_servers()
         if self.calibrate_s < 0:
             raise ConfigError(f"eval.calibrate_s: expected >= 0 seconds (0: skip), got {self.calibrate_s}")
         if self.calibrate_s == 0 and self.pipeline_stages == 0:
@@ -206,6 +219,27 @@ class EvalConfig:
             )
         if self.videos < 0:
             raise ConfigError(f"eval.videos: expected >= 0 episodes per task, got {self.videos}")
+
+    def _check_servers(self) -> None:
+        """Each server serves whole stages (stage i on server i mod S), so there must be a stage for each."""
+        urls, s = self.server_urls, len(self.server_urls)
+        if len(set(urls)) != s:
+            raise ConfigError(f"eval.server_url: a server is listed twice in {urls}")
+        if self.server_timeout_s < 0:
+            raise ConfigError(
+                f"eval.server_timeout_s: expected >= 0 seconds (0: wait forever), got {self.server_timeout_s}"
+            )
+        if s > 1 and 0 < self.pipeline_stages < s:
+            raise ConfigError(
+                f"eval.pipeline_stages={self.pipeline_stages} is fewer than the {s} servers of eval.server_url: "
+                f"each server serves whole stages, so {s - self.pipeline_stages} would stand idle; "
+                f"set eval.pipeline_stages to a multiple of {s}, or use --pipeline auto"
+            )
+        if s > 1 and self.pipeline_stages == 0 and self.num_envs % s:
+            raise ConfigError(
+                f"eval.num_envs={self.num_envs} is not a multiple of the {s} servers of eval.server_url: "
+                f"--pipeline auto picks P among multiples of {s} that divide eval.num_envs"
+            )
 
 
 @dataclass

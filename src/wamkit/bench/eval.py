@@ -18,6 +18,11 @@ By default the server is the FIXED-LATENCY ``delay`` model: inference is a sleep
 ``--per-obs-ms`` per observation; by default 20 ms + 2 ms, the shape of a 1B-class policy on one GPU:
 launch-bound at small batches), which measures the scheduler alone; ``--model NAME --preset P`` serves
 a real model with random weights instead, ``--server-url`` any running server.
+
+``--servers S`` (or ``--devices cuda:0,cuda:1``, one server per device, or ``--server-url`` given S
+times) compares one server with S: each pipelined schedule of ``--stages`` runs once against the first
+server and once against all S (:mod:`wamkit.eval.servers`: whole stages per server), the two runs
+interleaved in every repeat; printed side by side with the ratio of their env-steps/s.
 """
 
 from __future__ import annotations
@@ -80,7 +85,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a model option for --model (repeatable)",
     )
     server.add_argument("--device", default="auto", help="server device (default: auto)")
-    server.add_argument("--server-url", default="", help="use a running server instead of starting one")
+    server.add_argument(
+        "--server-url",
+        action="append",
+        default=[],
+        help="use a running server instead of starting one (repeat it for several servers)",
+    )
+    server.add_argument(
+        "--servers",
+        type=int,
+        default=0,
+        help="compare 1 server with this many, started locally (default: as many as --devices or "
+        "--server-url name, else 1)",
+    )
+    server.add_argument(
+        "--devices",
+        default="",
+        help="one device per started server, comma-separated (e.g. cuda:0,cuda:1; default: --device "
+        "for each); a cuda:N server sees GPU N only (CUDA_VISIBLE_DEVICES)",
+    )
     server.add_argument(
         "--fit-shapes",
         action="store_true",
@@ -92,10 +115,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", default="", help="also write the figures to this JSON file")
 
 
-def _serve_args(args: argparse.Namespace) -> tuple[list[str], str]:
+def _serve_args(args: argparse.Namespace, device: str = "") -> tuple[list[str], str]:
     """``wamkit serve`` arguments and a label saying what the server is."""
+    device = device or args.device
     if args.model:
-        cmd = ["--model", args.model, "--random-init", "--device", args.device]
+        cmd = ["--model", args.model, "--random-init", "--device", device]
         if args.preset:
             cmd += ["--preset", args.preset]
         for opt in args.option:
@@ -103,7 +127,7 @@ def _serve_args(args: argparse.Namespace) -> tuple[list[str], str]:
         fitted = ", observations fitted to its input shapes (--fit-shapes)" if args.fit_shapes else ""
         name = f"model '{args.model}'" + (f" preset {args.preset}" if args.preset else "")
         name += "".join(f" {opt}" for opt in args.option)
-        return cmd, f"{name}, random weights, {args.device}{fitted}"
+        return cmd, f"{name}, random weights, {device}{fitted}"
     cmd = ["--model", "delay", "--random-init", "--device", "cpu"]
     cmd += ["--option", f"delay_ms={args.delay_ms}", "--option", f"per_obs_ms={args.per_obs_ms}"]
     if args.suite.startswith("libero"):
@@ -117,21 +141,32 @@ def _serve_args(args: argparse.Namespace) -> tuple[list[str], str]:
     return cmd, label
 
 
-def _modes(args: argparse.Namespace) -> list[tuple[str, int, int]]:
-    """``(label, num_envs, stages)``; stages 0 = auto."""
+def _modes(args: argparse.Namespace, servers: int = 1) -> list[tuple[str, int, int]]:
+    """``(label, num_envs, stages)``; stages 0 = auto. Comparing servers: the pipelined ones only, each
+    with a stage per server at least."""
     n = args.num_envs
     modes = [
         ("(a) serial, 1 obs/request (openpi)", 1, 1),
         ("(b) lock-step, 1 batched request (LeRobot)", n, 1),
     ]
+    if servers > 1:
+        modes = []
+        if n % servers:
+            raise ConfigError(f"--num-envs={n} must be a multiple of the {servers} servers")
     for token in [t.strip() for t in args.stages.split(",") if t.strip()]:
         if token == "auto":
             modes.append(("(c) pipelined, auto", n, 0))
             continue
         if not token.isdigit() or int(token) < 1 or n % int(token):
             raise ConfigError(f"--stages: {token!r} must be 'auto' or a divisor of --num-envs={n}")
+        if servers > 1 and int(token) < servers:
+            raise ConfigError(
+                f"--stages: P={token} is fewer than the {servers} servers (each serves whole stages)"
+            )
         if int(token) > 1:
             modes.append((f"(c) pipelined, P={token}", n, int(token)))
+    if not modes:
+        raise ConfigError("--stages: no pipelined schedule to compare the servers on (e.g. --stages auto)")
     return modes
 
 
@@ -143,11 +178,11 @@ class FittedPolicy:
     (request size, model call) are the model's; the behaviour means nothing, which random weights never do.
     """
 
-    def __init__(self, url: str, env_cfg) -> None:
+    def __init__(self, url: str, env_cfg, patience) -> None:
         from wamkit.envs import suite_info
-        from wamkit.serve.client import PolicyClient
 
-        self.client = PolicyClient(url)
+        self.client = patience.client(url)
+        self.reply_timeout_s = patience.reply_timeout_s
         inputs = self.client.metadata.get("inputs") or {}
         self.image_keys = list(inputs.get("image_keys") or [])
         self.state_dim = int(inputs.get("state_dim") or 0)
@@ -155,7 +190,7 @@ class FittedPolicy:
         self.action_dim = suite_info(env_cfg.suite).action_dim
 
     def __call__(self, obs_list: list[dict[str, Any]]) -> tuple[np.ndarray, float, int]:
-        from wamkit.eval.remote import reply_timing
+        from wamkit.eval.remote import infer_within, reply_timing
 
         req: dict[str, Any] = {}
         for i, key in enumerate(self.image_keys or self.cameras):
@@ -169,7 +204,7 @@ class FittedPolicy:
         req[OBS_STATE] = state
         req["prompt"] = [str(o[TASK]) for o in obs_list]
         t0 = time.perf_counter()
-        reply = self.client.infer(req)
+        reply = infer_within(self.client, req, self.reply_timeout_s)
         rtt = time.perf_counter() - t0
         actions = np.asarray(reply["actions"], np.float32)
         out = np.zeros((*actions.shape[:2], self.action_dim), np.float32)
@@ -181,7 +216,7 @@ class FittedPolicy:
         self.client.close()
 
 
-def _run_mode(args, url: str, out: Path, num_envs: int, stages: int, workers: int) -> dict[str, Any]:
+def _run_mode(args, urls: list[str], out: Path, num_envs: int, stages: int, workers: int) -> dict[str, Any]:
     from wamkit.eval.runner import run_eval
 
     cameras = [c for c in args.cameras.split(",") if c]
@@ -191,7 +226,7 @@ def _run_mode(args, url: str, out: Path, num_envs: int, stages: int, workers: in
         f"env.image_size={args.image_size}",
         f"env.render_quality={args.render_quality}",
         f"env.max_steps={args.max_steps}",
-        f"eval.server_url={url}",
+        f"eval.server_url={','.join(urls)}",
         f"eval.out_dir={out}",
         f"eval.trials={args.trials}",
         f"eval.num_envs={num_envs}",
@@ -215,9 +250,46 @@ def _run_mode(args, url: str, out: Path, num_envs: int, stages: int, workers: in
     return {"throughput": summary["throughput"], "outcome": outcome}
 
 
-def main(args: argparse.Namespace) -> int:
+def _server_count(args: argparse.Namespace) -> int:
+    """How many servers: ``--servers``, else as many as ``--devices`` or ``--server-url`` name, else 1."""
+    devices = [d for d in args.devices.split(",") if d]
+    n = args.servers or max(len(devices), len(args.server_url), 1)
+    for option, given in (("--devices", len(devices)), ("--server-url", len(args.server_url))):
+        if given and given != n:
+            raise ConfigError(f"{option} names {given} server(s) but --servers={n}: give one per server")
+    return n
+
+
+def _device_env(device: str) -> tuple[str, dict[str, str]]:
+    """``(serve --device, environment)``: a ``cuda:N`` server sees only GPU N, as ``cuda``."""
+    kind, _, index = device.partition(":")
+    if kind != "cuda" or not index:
+        return device, {}
+    visible = [v for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v]
+    return "cuda", {"CUDA_VISIBLE_DEVICES": visible[int(index)] if visible else index}
+
+
+def _start_servers(args, stack: contextlib.ExitStack, root: Path, n: int) -> tuple[list[str], str]:
+    """The servers' URLs (started here unless ``--server-url``) and a label saying what they are."""
     from wamkit.eval.server_proc import start_server_process
 
+    if args.server_url:
+        return list(args.server_url), f"running server(s) at {', '.join(args.server_url)}"
+    devices = [d for d in args.devices.split(",") if d] or [args.device] * n
+    urls, labels = [], []
+    for i, device in enumerate(devices):
+        serve_device, env = _device_env(device)
+        cmd, label = _serve_args(args, serve_device)
+        log_path = root / ("server.log" if n == 1 else f"server{i}.log")
+        urls.append(stack.enter_context(start_server_process(cmd, log_path=log_path, env=env)).url)
+        labels.append(label)
+    if n == 1:
+        return urls, labels[0]
+    where = f", one per device: {', '.join(devices)}" if args.model or args.devices else ""
+    return urls, f"{labels[0]}; {n} servers{where}"
+
+
+def main(args: argparse.Namespace) -> int:
     if args.repeats < 2:
         raise ConfigError(
             f"--repeats: expected >= 2 runs per schedule (medians of one run mislead), got {args.repeats}"
@@ -225,32 +297,50 @@ def main(args: argparse.Namespace) -> int:
     if args.calibrate_s <= 0:
         raise ConfigError("--calibrate-s: expected > 0 seconds: the efficiency column needs the calibration")
     workers = args.workers or os.cpu_count() or 1
-    modes = _modes(args)
-    serve_cmd, label = _serve_args(args)
-    runs: list[list[dict[str, Any]]] = [[] for _ in modes]
+    servers = _server_count(args)
+    modes = _modes(args, servers)
+    counts = [1, servers] if servers > 1 else [1]  # servers per run: one, and all of them
+    runs: dict[tuple[int, int], list[dict[str, Any]]] = {
+        (i, c): [] for i in range(len(modes)) for c in counts
+    }
     with contextlib.ExitStack() as stack:
         root = Path(args.out) if args.out else Path(stack.enter_context(tempfile.TemporaryDirectory()))
         root.mkdir(parents=True, exist_ok=True)  # --out may name a folder that does not exist yet
-        if args.server_url:
-            url, label = args.server_url, f"running server at {args.server_url}"
-        else:
-            url = stack.enter_context(start_server_process(serve_cmd, log_path=root / "server.log")).url
-        for r in range(args.repeats):  # interleaved: a, b, c, ..., a, b, c, ...
+        urls, label = _start_servers(args, stack, root, servers)
+        for r in range(args.repeats):  # interleaved: a, b, c, ..., a, b, c, ... (1 and S servers each)
             for i, (_, n, p) in enumerate(modes):
-                out = root / f"mode{i}_run{r}"
-                if out.exists():
-                    raise ConfigError(f"--out: {out} already exists; choose an empty folder")
-                runs[i].append(_run_mode(args, url, out, n, p, workers))
-    rows = [(name, n, _median(results)) for (name, n, _), results in zip(modes, runs)]
+                for c in counts:
+                    out = root / (f"mode{i}_run{r}" if c == servers == 1 else f"mode{i}_servers{c}_run{r}")
+                    if out.exists():
+                        raise ConfigError(f"--out: {out} already exists; choose an empty folder")
+                    runs[(i, c)].append(_run_mode(args, urls[:c], out, n, p, workers))
+    deterministic = not args.model and not args.server_url  # the delay model: results must agree
+    everything = [x["outcome"] for results in runs.values() for x in results]
+    same = all(o == everything[0] for o in everything)
+    if servers > 1:
+        _print_servers(args, label, workers, modes, runs, servers, same)
+        if args.json:
+            figures = [
+                {"mode": name, "num_envs": n, "servers": c, **_median(runs[(i, c)])["throughput"],
+                 "runs": [x["throughput"] for x in runs[(i, c)]]}
+                for i, (name, n, _) in enumerate(modes)
+                for c in counts
+            ]  # fmt: skip
+            Path(args.json).write_text(json.dumps({"server": label, "runs": figures}, indent=1))
+        return 0 if same or not deterministic else 1
+    rows = [(name, n, _median(runs[(i, 1)])) for i, (name, n, _) in enumerate(modes)]
     _print(args, label, workers, rows)
     if args.json:
         figures = [
-            {"mode": name, "num_envs": n, **res["throughput"], "runs": [x["throughput"] for x in results]}
-            for (name, n, res), results in zip(rows, runs)
+            {
+                "mode": name,
+                "num_envs": n,
+                **res["throughput"],
+                "runs": [x["throughput"] for x in runs[(i, 1)]],
+            }
+            for i, (name, n, res) in enumerate(rows)
         ]
         Path(args.json).write_text(json.dumps({"server": label, "runs": figures}, indent=1))
-    same = all(res["outcome"] is not None and res["outcome"] == rows[0][2]["outcome"] for _, _, res in rows)
-    deterministic = not args.model and not args.server_url  # the delay model: results must agree
     return 0 if same or not deterministic else 1
 
 
@@ -328,3 +418,47 @@ def _print(args, label: str, workers: int, rows) -> None:
         print(
             "episode results identical across schedules and repeats: NO (a scheduling bug: the delay model is deterministic)"
         )
+
+
+def _print_servers(args, label: str, workers: int, modes, runs, servers: int, same: bool) -> None:
+    """One row per schedule: one server and all S side by side (medians), and the ratio."""
+    n_ep = len(runs[(0, 1)][0]["outcome"])
+    print(
+        f"wamkit bench eval: {args.suite} {args.tasks}, {n_ep} episodes of <= {args.max_steps} steps, "
+        f"{args.image_size} px {args.render_quality} render, replan every {args.replan_interval}, "
+        f"{workers} workers ({args.executor}); 1 server vs {servers}, medians of {args.repeats} "
+        "interleaved runs each"
+    )
+    print(f"server: {label}")
+    s = str(servers)
+    print(
+        f"{'schedule':24} {'envs':>4} {'P(1)':>5} {'steps/s (1)':>11} {'side (1)':>10} {'effic.':>6} "
+        f"{'P(' + s + ')':>5} {'steps/s (' + s + ')':>11} {'side (' + s + ')':>10} {'effic.':>6} "
+        f"{s + ' vs 1':>7}"
+    )
+    for i, (name, n, _) in enumerate(modes):
+        one, many = (_median(runs[(i, c)])["throughput"] for c in (1, servers))
+        cells = []
+        for tp in (one, many):
+            eff = f"{100 * tp['efficiency']:.0f}%" if tp["efficiency"] is not None else "-"
+            cells.append(
+                f"{_stages_label(tp):>5} {tp['env_steps_per_s']:>11.1f} {tp['bound_side']:>10} {eff:>6}"
+            )
+        ratio = many["env_steps_per_s"] / max(one["env_steps_per_s"], 1e-9)
+        print(f"{name[4:]:24} {n:>4} {cells[0]} {cells[1]} {ratio:>6.2f}x")
+    cal = _median(runs[(0, servers)])["throughput"].get("calibration") or {}
+    for k, table in enumerate(cal.get("server_latency") or []):
+        lat = ", ".join(f"{b}: {1000 * v:.1f}" for b, v in table.items())
+        print(f"calibration: server {k} ms by batch size {{{lat}}}")
+    print(
+        f"side: which side of the calibrated bound is the larger (inference divides over the {servers} "
+        "servers); efficiency = bound / wall"
+    )
+    if same:
+        print("episode results identical across server counts, schedules and repeats: yes")
+    elif args.model or args.server_url:
+        print(
+            "episode results differ across runs: expected, the model samples (only 'delay' is deterministic)"
+        )
+    else:
+        print("episode results identical across server counts, schedules and repeats: NO (a scheduling bug)")

@@ -12,13 +12,16 @@ and against the very server, :func:`calibrate` measures:
 - ``latency(b)``: the server's seconds for one request of ``b`` observations (its reported model time,
   the round trip when it reports none), for each batch size the run can send; every size is sent once
   untimed first (a cold first call of a shape is compilation or allocation, not inference), then timed
-  a few times; the median is kept. Sizes in between are interpolated linearly.
+  a few times; the median is kept. Sizes in between are interpolated linearly. With S servers every
+  server is measured (and so warmed) in turn, each in 1/S of the inference half.
 
 :func:`independent_bound` turns them into ``max(sim, infer)`` for the work the run did:
 ``sim = (t_step × env steps + t_reset × episode starts) / workers`` and ``infer = Σ latency(B)`` over
 the server's model calls (a request of ``b`` observations served in a call of ``B`` counts
-``latency(B) × b / B``, so a call that merged several stages' requests counts once). The whole takes
-about ``eval.calibrate_s`` seconds, half on each side (at least one timed round of each).
+``latency(B) × b / B``, so a call that merged several stages' requests counts once), each request at
+its own server's latency, divided by S: S servers answer S requests at once. A server that drops out
+mid-run therefore shows as lost efficiency, not as a lower capacity. The whole takes about
+``eval.calibrate_s`` seconds, half on each side (at least one timed round of each).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import logging
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -42,54 +45,73 @@ MAX_TIMED_CALLS = 10  # per batch size: enough for a median
 MAX_SIM_ROUNDS = 200
 
 
+def interpolate(table: dict[int, float], b: float) -> float:
+    """Seconds for a call of ``b`` observations: piecewise linear through the measured sizes, extended
+    along the nearest segment (or proportionally, when one size was measured)."""
+    sizes = sorted(table)
+    if len(sizes) == 1:
+        return table[sizes[0]] * b / sizes[0]
+    if b in table:
+        return table[int(b)]
+    i = 1
+    while i < len(sizes) - 1 and sizes[i] < b:
+        i += 1
+    lo, hi = sizes[i - 1], sizes[i]
+    slope = (table[hi] - table[lo]) / (hi - lo)
+    return max(0.0, table[lo] + slope * (b - lo))
+
+
 @dataclass
 class Calibration:
     t_step: float  # one worker's busy seconds per env step
     t_reset: float  # one worker's busy seconds per episode start
-    latency: dict[int, float]  # batch size -> server seconds per request of that many observations
+    # batch size -> server seconds per request of that many observations (the servers' mean)
+    latency: dict[int, float]
     seconds: float = 0.0  # how long the calibration took
+    server_latency: list[dict[int, float]] = field(default_factory=list)  # per server, when several
 
-    def latency_at(self, b: float) -> float:
-        """Seconds for a call of ``b`` observations: piecewise linear through the measured sizes,
-        extended along the nearest segment (or proportionally, when one size was measured)."""
-        sizes = sorted(self.latency)
-        if len(sizes) == 1:
-            return self.latency[sizes[0]] * b / sizes[0]
-        if b in self.latency:
-            return self.latency[int(b)]
-        i = 1
-        while i < len(sizes) - 1 and sizes[i] < b:
-            i += 1
-        lo, hi = sizes[i - 1], sizes[i]
-        slope = (self.latency[hi] - self.latency[lo]) / (hi - lo)
-        return max(0.0, self.latency[lo] + slope * (b - lo))
+    def latency_at(self, b: float, server: int | None = None) -> float:
+        """Seconds for a call of ``b`` observations (:func:`interpolate`), at server ``server``'s
+        latency when it was measured apart, else the servers' mean."""
+        if server is not None and server < len(self.server_latency):
+            return interpolate(self.server_latency[server], b)
+        return interpolate(self.latency, b)
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["latency"] = {str(b): s for b, s in sorted(self.latency.items())}
+        out["server_latency"] = [{str(b): s for b, s in sorted(t.items())} for t in self.server_latency]
         return out
 
 
-def batch_sizes(num_envs: int, stages: int) -> list[int]:
+def batch_sizes(num_envs: int, stages: int, servers: int = 1) -> list[int]:
     """The request sizes a run can send: 1 (a last straggler), N/P, N (merged calls); with ``stages``
     0 (auto), N/P for every candidate P."""
     if stages:
         return sorted({1, num_envs // stages, num_envs})
-    return sorted({1} | {num_envs // p for p in auto_candidates(num_envs)})
+    return sorted({1} | {num_envs // p for p in auto_candidates(num_envs, servers)})
 
 
-def auto_candidates(num_envs: int) -> list[int]:
-    """The stage counts ``--pipeline auto`` chooses from: divisors of N up to 8."""
-    return [p for p in range(1, num_envs + 1) if num_envs % p == 0 and p <= 8]
+def auto_candidates(num_envs: int, servers: int = 1) -> list[int]:
+    """The stage counts ``--pipeline auto`` chooses from: divisors of N up to 8 (up to S with more
+    servers) that are multiples of the S servers, so that every server serves as many stages."""
+    top = max(8, servers)
+    return [p for p in range(1, num_envs + 1) if num_envs % p == 0 and p % servers == 0 and p <= top]
 
 
 def independent_bound(
-    cal: Calibration, workers: int, env_steps: int, resets: int, requests: list[tuple[int, int]]
+    cal: Calibration,
+    workers: int,
+    env_steps: int,
+    resets: int,
+    requests: list[tuple[int, ...]],
+    servers: int = 1,
 ) -> dict[str, float]:
-    """``bound_sim`` and ``bound_infer`` (seconds) of the work a run did; see the module docstring."""
+    """``bound_sim`` and ``bound_infer`` (seconds) of the work a run did; see the module docstring.
+    ``requests``: ``(observations, model call size[, server index])`` per request."""
     sim = (cal.t_step * env_steps + cal.t_reset * resets) / max(1, workers)
-    infer = sum(cal.latency_at(call) * b / call for b, call in requests)
-    return {"bound_sim": sim, "bound_infer": infer}
+    infer = sum(cal.latency_at(r[1], r[2] if len(r) > 2 else None) * r[0] / r[1] for r in requests)
+    return {"bound_sim": sim, "bound_infer": infer / max(1, servers)}
 
 
 def _by_worker(slots: list[tuple[int, int]], items: list[Any]) -> dict[int, dict[int, Any]]:
@@ -150,37 +172,44 @@ class _Sim:
 
 def calibrate(
     ex: Executor,
-    make_policy: Callable[[], Callable],
+    make_policies: list[Callable[[], Callable]],
     episodes: list[EpisodeSpec],
     num_envs: int,
     sizes: list[int],
     budget_s: float,
     replan_interval: int,
 ) -> Calibration:
-    """Measure ``t_step``, ``t_reset`` and ``latency(b)`` for ``b`` in ``sizes`` (module docstring)."""
+    """Measure ``t_step``, ``t_reset`` and ``latency(b)`` for ``b`` in ``sizes`` on each server (one
+    policy factory per server; module docstring)."""
     t0 = time.perf_counter()
     sim = _Sim(ex, num_envs, episodes)
     sim.start(list(range(num_envs)))  # untimed: builds the simulators
     sim.start(sim.ended())  # an env that raised gets one more chance
-    policy = make_policy()
-    try:
-        obs = [o for o in sim.obs if o is not None]
-        if not obs:
-            raise RuntimeError("calibration: every env raised on its first episode")
-        chunks = np.asarray(policy([obs[i % len(obs)] for i in range(num_envs)])[0])[:, :replan_interval]
-        t_step, t_reset = _time_sim(sim, chunks, budget_s / 2)
-        latency = _time_server(policy, obs, sizes, budget_s / 2)
-    finally:
-        close = getattr(policy, "close", None)
-        if close is not None:
-            close()
-    cal = Calibration(t_step, t_reset, latency, time.perf_counter() - t0)
+    obs = [o for o in sim.obs if o is not None]
+    if not obs:
+        raise RuntimeError("calibration: every env raised on its first episode")
+    per_server: list[dict[int, float]] = []
+    for i, make_policy in enumerate(make_policies):
+        policy = make_policy()
+        try:
+            if i == 0:
+                reply = policy([obs[j % len(obs)] for j in range(num_envs)])
+                chunks = np.asarray(reply[0])[:, :replan_interval]
+                t_step, t_reset = _time_sim(sim, chunks, budget_s / 2)
+            per_server.append(_time_server(policy, obs, sizes, budget_s / 2 / len(make_policies)))
+        finally:
+            close = getattr(policy, "close", None)
+            if close is not None:
+                close()
+    latency = {b: statistics.fmean(t[b] for t in per_server) for b in sizes}
+    several = per_server if len(per_server) > 1 else []
+    cal = Calibration(t_step, t_reset, latency, time.perf_counter() - t0, several)
     log.info(
         "calibration (%.1f s): %.2f ms per env step, %.1f ms per episode start, server %s ms by batch size",
         cal.seconds,
         1000 * t_step,
         1000 * t_reset,
-        {b: round(1000 * s, 1) for b, s in latency.items()},
+        [{b: round(1000 * s, 1) for b, s in t.items()} for t in per_server],
     )
     return cal
 

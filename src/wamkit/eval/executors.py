@@ -105,6 +105,10 @@ class Executor:
     def generation(self, worker: int) -> int:
         return self._gen[worker]
 
+    def nodes(self) -> list[Any]:
+        """Where each worker runs now: a Ray actor's ``{"node_id", "ip"}``, None for a local process."""
+        return [getattr(h, "node", None) for h in self._handles]
+
     def pid(self, worker: int) -> int:
         """The process id of worker ``worker`` now (tests SIGKILL it)."""
         h = self._handles[worker]
@@ -245,6 +249,12 @@ class _HostActor:
     def pid(self) -> int:
         return os.getpid()
 
+    def node(self) -> dict[str, str]:
+        """The Ray node this actor was placed on: its id and IP address."""
+        import ray
+
+        return {"node_id": ray.get_runtime_context().get_node_id(), "ip": ray.util.get_node_ip_address()}
+
 
 class RayEnvWorker:
     """One Ray actor behind the :class:`WorkerHandle` interface (``num_cpus=1`` per actor)."""
@@ -262,6 +272,7 @@ class RayEnvWorker:
         )
         self._ref = None
         self.pid = ray.get(self.actor.pid.remote())
+        self.node = ray.get(self.actor.node.remote())
 
     def submit(self, method: str, payload: Any) -> None:
         self._ref = self.actor.call.remote(method, payload)
@@ -289,14 +300,18 @@ class RayEnvWorker:
         ray.kill(self.actor, no_restart=True)
 
 
-def ray_executor(env_cfg: EnvConfig, slots_per_worker: list[int], watchdog_s: float) -> Executor:
-    """Actors on the Ray cluster found by ``ray.init()`` (``RAY_ADDRESS``), or a local one."""
+def ray_executor(
+    env_cfg: EnvConfig, slots_per_worker: list[int], watchdog_s: float, address: str = ""
+) -> Executor:
+    """Actors on the Ray cluster at ``address`` (``eval.ray_address``), else the one ``RAY_ADDRESS``
+    names, else a local one. Each actor asks for one CPU, so a head started with ``--num-cpus 0``
+    (the GPU node of docs/eval.md) hosts none."""
     import ray
 
     if not ray.is_initialized():
         env_vars = {k: os.environ[k] for k in ("MUJOCO_GL", "PYOPENGL_PLATFORM") if k in os.environ}
-        kwargs: dict[str, Any] = {}
-        if not os.environ.get("RAY_ADDRESS"):  # a local cluster: room for one actor per worker
+        kwargs: dict[str, Any] = {"address": address} if address else {}
+        if not address and not os.environ.get("RAY_ADDRESS"):  # a local cluster: one actor per worker
             kwargs["num_cpus"] = max(os.cpu_count() or 1, len(slots_per_worker))
         ray.init(runtime_env={"env_vars": env_vars}, log_to_driver=False, include_dashboard=False, **kwargs)
 
@@ -312,8 +327,10 @@ def make_executor(
     slots_per_worker: list[int],
     watchdog_s: float,
     host_factory: Callable | None = None,
+    ray_address: str = "",
 ) -> Executor:
-    """``host_factory`` (local only) replaces the env host class of every worker."""
+    """``host_factory`` (local only) replaces the env host class of every worker; ``ray_address``
+    (ray only) names the cluster."""
     if kind == "local":
         return local_executor(env_cfg, slots_per_worker, watchdog_s, host_factory)
     if kind == "ray":
@@ -323,7 +340,7 @@ def make_executor(
             from wamkit.config import ConfigError
 
             raise ConfigError("eval.executor=ray needs Ray: pip install 'wamkit[ray]'") from None
-        return ray_executor(env_cfg, slots_per_worker, watchdog_s)
+        return ray_executor(env_cfg, slots_per_worker, watchdog_s, ray_address)
     from wamkit.config import ConfigError
 
     raise ConfigError(f"eval.executor: {kind!r} is not one of 'local', 'ray'")

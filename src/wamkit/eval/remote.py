@@ -16,17 +16,75 @@ the fast look evaluated on the default one) is refused before any episode runs. 
 A wamkit server also names what it serves (metadata ``identity``: model name, weights hash, stats
 hash, action transform); :func:`served_identity` reads it for ``plan.json``, so ``--resume`` against a
 server serving something else is refused.
+
+How long a connection waits for its server is a :class:`Patience`: with one server, a dropped
+connection is reopened (with backoff) and the request sent again; with several, :data:`FAILOVER`
+gives up at once so that the stage can move to another server (:mod:`wamkit.eval.servers`). A request
+that gets no reply within ``reply_timeout_s`` fails like a dropped one (:func:`infer_within`).
 """
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from wamkit.config import ConfigError
 from wamkit.constants import OBS_STATE, TASK, image_key
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Patience:
+    """How long one connection waits for its server before the request fails with ``ConnectionError``.
+
+    ``retries``: a dropped connection is reopened this often (with backoff, for up to
+    ``connect_timeout_s``) and the request sent again; ``reply_timeout_s``: seconds a request may wait
+    for its reply (0: forever)."""
+
+    retries: int = 1
+    connect_timeout_s: float = 30.0
+    reply_timeout_s: float = 0.0
+
+    def client(self, url: str):
+        from wamkit.serve.client import PolicyClient
+
+        return PolicyClient(url, connect_timeout_s=self.connect_timeout_s, retries=self.retries)
+
+    def failover(self) -> Patience:
+        """The same reply timeout, no retry and a short connect: another server can take the request."""
+        return replace(self, retries=0, connect_timeout_s=min(self.connect_timeout_s, FAILOVER_CONNECT_S))
+
+
+FAILOVER_CONNECT_S = 5.0  # a server that refuses a new connection this long is dropped when others are up
+
+
+def infer_within(client: Any, request: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    """``client.infer(request)``, but a reply that has not come within ``timeout_s`` closes the
+    connection (again every ``timeout_s``), so a hung server's request fails like a dropped one
+    (``ConnectionError`` once the client's retries are spent) instead of blocking the stage forever.
+    The client has no reply timeout of its own; closing from this watcher thread is what interrupts its
+    blocking ``recv``."""
+    if timeout_s <= 0:
+        return client.infer(request)
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(timeout_s):
+            log.warning("no reply from %s within %g s; closing the connection", client.url, timeout_s)
+            client.close()
+
+    watcher = threading.Thread(target=watch, name="reply-timeout", daemon=True)
+    watcher.start()
+    try:
+        return client.infer(request)
+    finally:
+        done.set()
 
 
 def check_spec_fits(spec: dict[str, Any], suite: Any, url: str, render_quality: str | None = None) -> None:
@@ -70,10 +128,17 @@ class RemotePolicy:
     """One connection (one pipeline stage): ``policy(obs_list) -> (actions [B, H, D], infer seconds,
     call size)`` (see :func:`reply_timing`)."""
 
-    def __init__(self, url: str, cameras: list[str], suite: Any = None, render_quality: str | None = None):
-        from wamkit.serve.client import PolicyClient
-
-        self.client = PolicyClient(url)
+    def __init__(
+        self,
+        url: str,
+        cameras: list[str],
+        suite: Any = None,
+        render_quality: str | None = None,
+        patience: Patience | None = None,
+    ):
+        patience = patience or Patience()
+        self.client = patience.client(url)
+        self.reply_timeout_s = patience.reply_timeout_s
         meta = getattr(self.client, "metadata", None) or {}
         if suite is not None and isinstance(meta.get("preprocess"), dict):
             check_spec_fits(meta["preprocess"], suite, url, render_quality)
@@ -100,7 +165,7 @@ class RemotePolicy:
     def __call__(self, obs_list: list[dict[str, Any]]) -> tuple[np.ndarray, float, int]:
         req = self.request(obs_list)
         t0 = time.perf_counter()
-        reply = self.client.infer(req)
+        reply = infer_within(self.client, req, self.reply_timeout_s)
         rtt = time.perf_counter() - t0
         if "actions" not in reply:
             raise RuntimeError(f"server reply lacks 'actions' (keys: {sorted(reply)})")

@@ -4,9 +4,9 @@
 ``episodes.jsonl`` (the journal), ``plan.json``, ``summary.json``, ``results.md``, ``timeline.json``,
 the plots and ``videos/<task>/trial<t>_seed<s>.mp4``.
 
-Order of a run: plan and journal (a resume with other settings is refused) -> reach the server and
-check what it serves against the journal's (``plan.json`` ``server.identity``) -> start the env
-workers -> calibrate (:mod:`wamkit.eval.calibrate`; also picks P for ``--pipeline auto``) -> the timed
+Order of a run: plan and journal (a resume with other settings is refused) -> reach the server(s),
+check that they all serve one model (:func:`wamkit.eval.servers.same_model`) and that it is the
+journal's (``plan.json`` ``server.identity``) -> start the env workers -> calibrate (:mod:`wamkit.eval.calibrate`; also picks P for ``--pipeline auto``) -> the timed
 pipeline -> reports, with the efficiency against the calibrated bound beside the utilisation.
 """
 
@@ -29,9 +29,10 @@ from wamkit.eval.calibrate import Calibration, batch_sizes, calibrate, independe
 from wamkit.eval.episodes import plan_episodes, plan_record
 from wamkit.eval.executors import make_executor
 from wamkit.eval.journal import Journal, episode_key
-from wamkit.eval.remote import RemotePolicy, served_identity
+from wamkit.eval.remote import Patience, RemotePolicy, served_identity
 from wamkit.eval.report import write_reports
 from wamkit.eval.scheduler import Pipeline, layout
+from wamkit.eval.servers import ServerPool, same_model
 from wamkit.eval.video import filmed, frame_of, write_mp4
 from wamkit.files import atomic_write_json
 
@@ -40,31 +41,36 @@ log = logging.getLogger(__name__)
 
 def check_eval_config(ecfg: EvalConfig) -> None:
     """What only a run needs (ranges are checked when the config is built: EvalConfig.__post_init__)."""
-    if not ecfg.server_url and not ecfg.serve_dir:
+    if not ecfg.server_urls and not ecfg.serve_dir:
         raise ConfigError(
             "eval.server_url or eval.serve_dir: one is needed (a ws:// URL, or a serving directory)"
         )
 
 
 def server_location(ecfg: EvalConfig) -> dict[str, Any]:
-    """Where plan.json says the model was reached: the URL, or the serving directory (resolved)."""
-    if ecfg.server_url:
-        return {"url": ecfg.server_url}
+    """Where plan.json says the model was reached: the URL (the URLs, with several servers), or the
+    serving directory (resolved). With an identity, only the identity is compared on ``--resume``: how
+    many servers answered is a throughput setting, like the stage count."""
+    urls = ecfg.server_urls
+    if len(urls) == 1:
+        return {"url": urls[0]}
+    if urls:
+        return {"urls": urls}
     return {"serve_dir": str(Path(ecfg.serve_dir).resolve())}
 
 
 @contextlib.contextmanager
-def reach_server(ecfg: EvalConfig) -> Iterator[str]:
-    """Yield the server URL: ``eval.server_url``, or a local server started from ``eval.serve_dir`` in
+def reach_servers(ecfg: EvalConfig) -> Iterator[list[str]]:
+    """Yield the server URLs: ``eval.server_url``, or a local server started from ``eval.serve_dir`` in
     its own process (log in ``<out_dir>/server.log``), stopped on exit."""
-    if ecfg.server_url:
-        yield ecfg.server_url
+    if ecfg.server_urls:
+        yield ecfg.server_urls
         return
     from wamkit.eval.server_proc import start_server_process
 
     Path(ecfg.out_dir).mkdir(parents=True, exist_ok=True)
     with start_server_process(ecfg.serve_dir, log_path=Path(ecfg.out_dir) / "server.log") as srv:
-        yield srv.url
+        yield [srv.url]
 
 
 class Progress:
@@ -90,14 +96,15 @@ def run_eval(
     cfg: RunConfig,
     resume: bool = False,
     progress: bool = True,
-    policy_factory: Callable[[str, EnvConfig], Callable] | None = None,
+    policy_factory: Callable[[str, EnvConfig, Patience], Callable] | None = None,
     on_pipeline: Callable[[Pipeline], None] | None = None,
     prebuild: bool = False,
     host_factory: Callable | None = None,
 ) -> dict[str, Any]:
     """Evaluate ``cfg.env`` against the server of ``cfg.eval``; return the summary (also on disk).
 
-    ``policy_factory(url, env_cfg)`` makes one stage's policy (default :class:`RemotePolicy`);
+    ``policy_factory(url, env_cfg, patience)`` makes one connection to one server (default
+    :class:`RemotePolicy`);
     ``on_pipeline`` sees the pipeline once it runs (tests use it to kill workers). ``prebuild`` resets
     every env once on every task before the clock starts, so the measured wall time holds no simulator
     construction (the benchmark uses it; results do not change). ``host_factory`` replaces the env
@@ -110,7 +117,9 @@ def run_eval(
     from wamkit.envs.suites import resolve_env_config
 
     info, look = suite_info(env_cfg.suite), resolve_env_config(env_cfg).render_quality
-    make_policy = policy_factory or (lambda url, e: RemotePolicy(url, list(e.cameras), info, look))
+    make_policy = policy_factory or (
+        lambda url, e, patience: RemotePolicy(url, list(e.cameras), info, look, patience)
+    )
     out = Path(ecfg.out_dir)
     plan = plan_record(env_cfg, ecfg, server_location(ecfg))
     with Journal(out, plan, resume=resume or ecfg.resume) as journal:
@@ -118,12 +127,13 @@ def run_eval(
         log.info("%d episodes planned, %d to run", len(episodes), len(todo))
         timing, events, stages = None, [], ecfg.pipeline_stages or 1
         if todo:
-            with reach_server(ecfg) as url:
-                # fail fast (no server, cameras the env does not render, another model than the
-                # journal's) before workers start
-                journal.check_server({**server_location(ecfg), "identity": _probe(make_policy, url, env_cfg)})
+            with reach_servers(ecfg) as urls:
+                # fail fast (no server, cameras the env does not render, servers serving different
+                # models, another model than the journal's) before workers start
+                identity = same_model(urls, [_probe(make_policy, url, env_cfg) for url in urls])
+                journal.check_server({**server_location(ecfg), "identity": identity})
                 timing, events, stages = _run(
-                    cfg, todo, journal, url, make_policy, progress, on_pipeline, prebuild, host_factory
+                    cfg, todo, journal, urls, make_policy, progress, on_pipeline, prebuild, host_factory
                 )
         summary = write_reports(out, list(journal.records.values()), journal.plan, timing, events, stages)
     all_ = summary["all"]
@@ -140,7 +150,7 @@ def run_eval(
 
 def _probe(make_policy, url: str, env_cfg: EnvConfig) -> dict[str, Any] | None:
     """Connect once (checks the server's inputs against the env) and return what it says it serves."""
-    probe = make_policy(url, env_cfg)
+    probe = make_policy(url, env_cfg, Patience())
     try:
         return served_identity(getattr(probe, "metadata", None) or {})
     finally:
@@ -153,7 +163,7 @@ def _run(
     cfg,
     todo: list[EpisodeSpec],
     journal: Journal,
-    url: str,
+    urls: list[str],
     make_policy,
     progress,
     on_pipeline,
@@ -176,22 +186,29 @@ def _run(
         if journal.append(record):
             bar.update(record)
 
-    with make_executor(ecfg.executor, env_cfg, per_worker, ecfg.watchdog_s, host_factory) as executor:
+    executor_cm = make_executor(
+        ecfg.executor, env_cfg, per_worker, ecfg.watchdog_s, host_factory, ray_address=ecfg.ray_address
+    )
+    with executor_cm as executor:
         t_warm = time.perf_counter()
         if prebuild:
             _prebuild(executor, per_worker, todo)
-        new_policy = functools.partial(make_policy, url, env_cfg)
-        stages, cal = _calibrate(executor, new_policy, todo, ecfg, workers)
+        # calibration: patient connections, one server after the other
+        per_server = [functools.partial(make_policy, url, env_cfg, Patience()) for url in urls]
+        stages, cal = _calibrate(executor, per_server, todo, ecfg, workers)
         stage_slots, _ = layout(num_envs, stages, workers)
+        patience = Patience(reply_timeout_s=ecfg.server_timeout_s)
+        pool = ServerPool(urls, lambda url, pat: make_policy(url, env_cfg, pat), stages, patience)
         pipeline = Pipeline(
             executor,
             stage_slots,
-            new_policy,
+            pool.stage_policy,
             ecfg.replan_interval,
             on_finish,
             film=lambda spec: filmed(spec.trial, ecfg.videos),
             frame=lambda obs: frame_of(obs, list(env_cfg.cameras)),
             max_env_retries=ecfg.env_retries,
+            servers=len(urls),
         )
         if on_pipeline is not None:
             on_pipeline(pipeline)
@@ -212,30 +229,42 @@ def _run(
             "stages": stages,
             "env_steps": pipeline.env_steps,
             "executor": ecfg.executor,
+            "servers": len(urls),
+            "servers_dropped": pool.report(),
             "worker_restarts": executor.restarts,
             "warmup_s": warmup,
             "resets": pipeline.resets,
             "requests": len(pipeline.requests),
             **_bound(cal, workers, pipeline),
         }
+        if ecfg.executor == "ray":  # where the env actors ran (node id and address)
+            timing["worker_nodes"] = executor.nodes()
     atomic_write_json(out / "timeline.json", {"stages": stages, "events": pipeline.events}, indent=None)
     return timing, pipeline.events, stages
 
 
 def _calibrate(
-    executor, new_policy, todo: list[EpisodeSpec], ecfg: EvalConfig, workers: int
+    executor, per_server: list[Callable], todo: list[EpisodeSpec], ecfg: EvalConfig, workers: int
 ) -> tuple[int, Calibration | None]:
     """``(stages, calibration)``: the calibration unless ``eval.calibrate_s=0``, and P chosen from it
-    for ``--pipeline auto`` (``eval.pipeline_stages=0``, which EvalConfig refuses without one)."""
-    stages, n, cal = ecfg.pipeline_stages, ecfg.num_envs, None
+    for ``--pipeline auto`` (``eval.pipeline_stages=0``, which EvalConfig refuses without one).
+    ``per_server``: one policy factory per server (each server is measured, and so warmed)."""
+    stages, n, cal, s = ecfg.pipeline_stages, ecfg.num_envs, None, len(per_server)
     if ecfg.calibrate_s > 0:
-        sizes = batch_sizes(n, stages)
-        cal = calibrate(executor, new_policy, todo, n, sizes, ecfg.calibrate_s, ecfg.replan_interval)
+        sizes = batch_sizes(n, stages, s)
+        cal = calibrate(executor, per_server, todo, n, sizes, ecfg.calibrate_s, ecfg.replan_interval)
     if stages == 0:
         from wamkit.eval.autotune import choose_stages
 
         assert cal is not None
-        stages, _ = choose_stages(cal, n, workers, ecfg.replan_interval)
+        stages, _ = choose_stages(cal, n, workers, ecfg.replan_interval, s)
+    elif stages % s:
+        log.warning(
+            "%d stages over %d servers: stage i goes to server i mod %d, so some serve one stage more",
+            stages,
+            s,
+            s,
+        )
     return stages, cal
 
 
@@ -243,7 +272,9 @@ def _bound(cal: Calibration | None, workers: int, pipeline: Pipeline) -> dict[st
     """The calibration and the independent bound's two sides for the work the pipeline did."""
     if cal is None:
         return {}
-    sides = independent_bound(cal, workers, pipeline.env_steps, pipeline.resets, pipeline.requests)
+    sides = independent_bound(
+        cal, workers, pipeline.env_steps, pipeline.resets, pipeline.requests, pipeline.servers
+    )
     return {"calibration": cal.to_dict(), **sides}
 
 

@@ -11,7 +11,8 @@ in its own thread and loops:
    ``replan_interval`` actions of each returned chunk.
 
 While stage ``s`` waits for the server, stage ``s + 1`` simulates; with P = 1 the two strictly
-alternate. A slot whose worker was replaced (the executor's generation moved on) reruns its episode
+alternate. With several servers each stage's requests go to its own server
+(:mod:`wamkit.eval.servers`), which the stage's policy says with each reply. A slot whose worker was replaced (the executor's generation moved on) reruns its episode
 from the start, so an episode's record never mixes two simulator states. An episode whose env raises
 (the host answers ``{"error": ...}`` for its slot) is rerun from the start up to ``max_env_retries``
 times; after that it is recorded as a failure with ``failure: "env_error: <message>"`` and the run goes
@@ -34,8 +35,9 @@ from wamkit.envs.base import EpisodeSpec
 from wamkit.eval.executors import Executor, WorkerLost
 from wamkit.eval.host import ERROR
 
-# obs list -> (actions [B, H, D], server seconds, observations in the model call that served them)
-Policy = Callable[[list[dict[str, Any]]], tuple[np.ndarray, float, int]]
+# obs list -> (actions [B, H, D], server seconds, observations in the model call that served them,
+# index of the server that answered)
+Policy = Callable[[list[dict[str, Any]]], tuple[np.ndarray, float, int, int]]
 ENV_ERROR = "env_error"
 
 
@@ -104,7 +106,8 @@ class Slot:
 class Pipeline:
     """Runs ``episodes`` to completion; ``on_finish(record, frames)`` is called once per episode.
 
-    ``policy_factory()`` makes one policy per stage (each stage has its own server connection).
+    ``policy_factory(stage)`` makes one policy per stage (each stage has its own server connection);
+    ``servers`` is how many servers the stages share (their busy time is averaged over them).
     ``film(spec)`` says whether to keep an episode's frames. ``max_episode_restarts`` bounds how often
     one episode may be rerun after losing its worker before the run gives up; ``max_env_retries`` how
     often one whose env raised is rerun before it is recorded as an ``env_error`` failure.
@@ -114,15 +117,17 @@ class Pipeline:
         self,
         executor: Executor,
         stage_slots: list[list[tuple[int, int]]],
-        policy_factory: Callable[[], Policy],
+        policy_factory: Callable[[int], Policy],
         replan_interval: int,
         on_finish: Callable[[dict[str, Any], list[np.ndarray] | None], None],
         film: Callable[[EpisodeSpec], bool] = lambda spec: False,
         frame: Callable[[dict[str, Any]], np.ndarray] | None = None,
         max_episode_restarts: int = 3,
         max_env_retries: int = 2,
+        servers: int = 1,
     ):
         self.ex = executor
+        self.servers = servers
         self.stages = [[Slot(s, w, k) for w, k in row] for s, row in enumerate(stage_slots)]
         self.policy_factory = policy_factory
         self.replan = replan_interval
@@ -134,11 +139,12 @@ class Pipeline:
         self.events: list[tuple[int, str, float, float]] = []  # (stage, "sim"|"infer", t0, t1)
         n = len(stage_slots)
         self.stage_infer_s = [0.0] * n  # per stage: summed inference time of its requests
-        # server busy intervals on the run's clock, one per request: (reply - server infer s, reply)
-        self.infer_intervals: list[tuple[float, float]] = []
+        # server busy intervals on the run's clock, one per request: (server, reply - infer s, reply)
+        self.infer_intervals: list[tuple[int, float, float]] = []
         self.stage_steps = [0] * n  # per stage: env steps applied (reruns included: real work)
         self.resets = 0  # episode starts answered by an env (reruns included)
-        self.requests: list[tuple[int, int]] = []  # per request: (its observations, its model call's)
+        # per request: (its observations, its model call's, the server's index)
+        self.requests: list[tuple[int, int, int]] = []
         self._queue: collections.deque[EpisodeSpec] = collections.deque()
         self._qlock = threading.Lock()
         self._stop = threading.Event()
@@ -147,14 +153,18 @@ class Pipeline:
 
     @property
     def infer_s(self) -> float:
-        """Seconds the server was busy for this run: the union of the requests' busy intervals.
+        """Seconds a server was busy for this run: the union of its requests' busy intervals, averaged
+        over the servers (as the workers' busy time is over the workers).
 
-        A request's interval is ``[reply time - its inference seconds, reply time]``. When the server
+        A request's interval is ``[reply time - its inference seconds, reply time]``. When a server
         merges the requests of several stages into one model call, they all report that call's time
-        and their intervals (nearly) coincide, so the call counts once, not once per stage; the union
-        lies within the run, so it never exceeds the wall time. ``stage_infer_s`` keeps the per-stage
-        sums (each stage's own wait on the model)."""
-        return union_length(list(self.infer_intervals))
+        and their intervals (nearly) coincide, so the call counts once, not once per stage; each union
+        lies within the run, so the average never exceeds the wall time. ``stage_infer_s`` keeps the
+        per-stage sums (each stage's own wait on the model)."""
+        spans = collections.defaultdict(list)
+        for server, t0, t1 in list(self.infer_intervals):
+            spans[server].append((t0, t1))
+        return sum(union_length(s) for s in spans.values()) / self.servers
 
     @property
     def env_steps(self) -> int:
@@ -186,7 +196,7 @@ class Pipeline:
 
     def _stage_main(self, s: int) -> None:
         try:
-            policy = self.policy_factory()
+            policy = self.policy_factory(s)
             try:
                 self._stage_loop(s, policy)
             finally:
@@ -209,13 +219,13 @@ class Pipeline:
             self.events.append((s, "sim", t0, t1))
             if not ready:
                 continue
-            chunks, infer_s, call_batch = policy([sl.obs for sl in ready])
+            chunks, infer_s, call_batch, server = policy([sl.obs for sl in ready])
             t2 = self.now()
-            self.requests.append((len(ready), max(int(call_batch), len(ready))))
+            self.requests.append((len(ready), max(int(call_batch), len(ready)), server))
             self.events.append((s, "infer", t1, t2))
             self.stage_infer_s[s] += infer_s
             # within the request's round trip [t1, t2], even if the server's clock or report is off
-            self.infer_intervals.append((max(t1, t2 - infer_s), t2))
+            self.infer_intervals.append((server, max(t1, t2 - infer_s), t2))
             chunks = np.asarray(chunks)
             if chunks.ndim != 3 or chunks.shape[0] != len(ready):
                 raise EvalError(

@@ -4,6 +4,7 @@ and the benchmark. A separate process keeps the model's threads and the GIL away
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import subprocess
 import sys
@@ -30,11 +31,13 @@ def start_server_process(
     host: str = "127.0.0.1",
     log_path: Path | None = None,
     port: int = 0,
+    env: dict[str, str] | None = None,
 ) -> Iterator[ServerProcess]:
     """Run ``wamkit serve <serve_args> --host H --port P`` until the block ends.
 
     ``serve_args`` is a serving directory, or the argument list of ``wamkit serve`` (e.g.
-    ``["--model", "delay", "--random-init", "--option", "delay_ms=20"]``); ``port`` 0 picks a free one.
+    ``["--model", "delay", "--random-init", "--option", "delay_ms=20"]``); ``port`` 0 picks a free one;
+    ``env`` adds environment variables (e.g. ``CUDA_VISIBLE_DEVICES`` to give it one GPU).
     Waits until ``/healthz`` answers (a large model may take minutes to build or load); a server that exits first raises with the
     end of its log.
     """
@@ -48,7 +51,9 @@ def start_server_process(
     cmd = [sys.executable, "-m", "wamkit", "--log-level", "warning", "serve", *serve_args]
     cmd += ["--host", host, "--port", str(port)]
     log_file = open(log_path, "w+") if log_path else tempfile.TemporaryFile("w+")  # noqa: SIM115
-    proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        cmd, stdout=log_file, stderr=subprocess.STDOUT, text=True, env={**os.environ, **(env or {})}
+    )
     srv = ServerProcess(proc, host, port, log_file)
     try:
         srv.wait_ready(timeout_s)

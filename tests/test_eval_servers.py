@@ -1,0 +1,204 @@
+"""Several servers for one evaluation: real delay servers in their own processes, real sockets, real
+MetaWorld workers. Whole stages go to each server; results equal a one-server run's; a server killed
+mid-run hands its stages to the other without losing or repeating an episode; servers that serve
+different models are refused before any episode runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from wamkit.config import ConfigError, load_config
+from wamkit.eval.autotune import choose_stages
+from wamkit.eval.calibrate import Calibration, auto_candidates, independent_bound
+from wamkit.eval.journal import read_journal
+from wamkit.eval.runner import run_eval
+from wamkit.eval.scheduler import Pipeline
+from wamkit.eval.server_proc import start_server_process
+
+DELAY = ["--model", "delay", "--random-init", "--device", "cpu", "--option", "delay_ms=5"]
+TRIALS = 6
+SCHEDULING = ("timing", "stage", "worker", "restarts", "video")  # how an episode ran, not what happened
+
+
+@pytest.fixture(scope="module")
+def servers():
+    with start_server_process(DELAY) as a, start_server_process(DELAY) as b:
+        yield a, b
+
+
+def config(urls, out, *extra):
+    return load_config(
+        None,
+        [
+            f"eval.server_url={','.join(urls)}",
+            f"eval.out_dir={out}",
+            "env.tasks=reach-v3",
+            "env.image_size=32",
+            "env.max_steps=16",
+            f"eval.trials={TRIALS}",
+            "eval.num_envs=4",
+            "eval.pipeline_stages=2",
+            "eval.workers=2",
+            "eval.replan_interval=4",
+            "eval.videos=0",
+            "eval.calibrate_s=1",
+            *extra,
+        ],
+    )
+
+
+def results(out) -> dict[str, dict]:
+    return {
+        key: {k: v for k, v in r.items() if k not in SCHEDULING}
+        for key, r in read_journal(out / "episodes.jsonl").items()
+    }
+
+
+def keys_in_order(out) -> list[str]:
+    lines = (out / "episodes.jsonl").read_text().splitlines()
+    return [f"{r['task']}/{r['trial']}" for r in map(json.loads, lines)]
+
+
+@pytest.fixture(scope="module")
+def one_server(servers, tmp_path_factory):
+    out = tmp_path_factory.mktemp("one_server")
+    run_eval(config([servers[0].url], out), progress=False)
+    return out
+
+
+def _keep(pipelines: list[Pipeline]):
+    return pipelines.append
+
+
+def test_two_servers_serve_whole_stages_with_the_results_of_one(servers, one_server, tmp_path):
+    pipelines: list[Pipeline] = []
+    urls = [s.url for s in servers]
+    summary = run_eval(config(urls, tmp_path), progress=False, on_pipeline=_keep(pipelines))
+    assert results(tmp_path) == results(one_server)
+    assert len(keys_in_order(tmp_path)) == len(set(keys_in_order(tmp_path))) == TRIALS
+    # stage i asked server i mod 2, every request whole (the stage's N/P = 2 observations)
+    requests = pipelines[0].requests
+    assert {server for _, _, server in requests} == {0, 1}
+    stage_of = {(stage, "infer") for stage, kind, _, _ in pipelines[0].events if kind == "infer"}
+    assert stage_of == {(0, "infer"), (1, "infer")}
+    assert all(b <= 2 for b, _, _ in requests)
+    tp = summary["throughput"]
+    assert tp["servers"] == 2 and tp["servers_dropped"] == []
+    # both servers were calibrated (and so warmed); the bound's inference side divides over them
+    assert len(tp["calibration"]["server_latency"]) == 2
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert plan["server"]["urls"] == urls and plan["server"]["identity"]["model"] == "delay"
+
+
+def test_a_killed_server_hands_its_stages_to_the_other(one_server, tmp_path):
+    """Server b is SIGKILLed once it has answered two requests, mid-episode: its stage moves to server
+    a, the request in flight is sent again there, and every episode is recorded once, with the results
+    of the undisturbed run and no episode restarted."""
+    pipelines: list[Pipeline] = []
+    killed = threading.Event()
+    with start_server_process(DELAY) as a, start_server_process(DELAY) as b:
+
+        def killer(pipeline):
+            pipelines.append(pipeline)
+
+            def run():
+                while not pipeline._stop.is_set():
+                    if sum(server == 1 for _, _, server in pipeline.requests) >= 2:
+                        os.kill(b.proc.pid, signal.SIGKILL)
+                        killed.set()
+                        return
+                    time.sleep(0.01)
+
+            threading.Thread(target=run, daemon=True).start()
+
+        summary = run_eval(config([a.url, b.url], tmp_path), progress=False, on_pipeline=killer)
+    assert killed.is_set()
+    keys = keys_in_order(tmp_path)
+    assert len(keys) == len(set(keys)) == TRIALS
+    assert results(tmp_path) == results(one_server)
+    assert all(r["restarts"] == 0 for r in read_journal(tmp_path / "episodes.jsonl").values())
+    dropped = summary["throughput"]["servers_dropped"]
+    assert [(d["url"], d["stages"]) for d in dropped] == [(b.url, [1])]
+    # after the kill, stage 1 was answered by server a (index 0)
+    assert pipelines[0].requests[-1][2] == 0
+
+
+def test_servers_serving_different_models_are_refused(servers, tmp_path):
+    tiny = ["--model", "tiny", "--preset", "small", "--random-init", "--device", "cpu"]
+    with start_server_process(tiny) as other:
+        urls = [servers[0].url, other.url]
+        with pytest.raises(
+            ConfigError, match=rf"{other.url} serves another model .*model: 'delay' -> 'tiny'"
+        ):
+            run_eval(config(urls, tmp_path), progress=False)
+    assert not (tmp_path / "episodes.jsonl").read_text()  # refused before any episode ran
+
+
+def test_server_settings_are_checked_where_they_are_defined(tmp_path):
+    urls = ["ws://127.0.0.1:1", "ws://127.0.0.1:2"]
+    assert config(urls, tmp_path).eval.server_urls == urls  # comma-separated
+    yaml_list = load_config(None, [f"eval.server_url=[{', '.join(urls)}]"]).eval
+    assert yaml_list.server_urls == urls and load_config(
+        None, ["eval.server_url=ws://x:1"]
+    ).eval.server_urls == ["ws://x:1"]
+    with pytest.raises(ConfigError, match="eval.pipeline_stages=1 is fewer than the 2 servers"):
+        config(urls, tmp_path, "eval.pipeline_stages=1")
+    with pytest.raises(ConfigError, match="listed twice"):
+        config([urls[0], urls[0]], tmp_path)
+    with pytest.raises(ConfigError, match="eval.num_envs=3 is not a multiple of the 2 servers"):
+        config(urls, tmp_path, "eval.pipeline_stages=0", "eval.num_envs=3")
+
+
+def test_auto_and_the_bound_count_every_server():
+    assert auto_candidates(16) == [1, 2, 4, 8] and auto_candidates(16, 2) == [2, 4, 8]
+    assert auto_candidates(12, 4) == [4]  # 12 stages would exceed 8
+    # inference-bound: 40 ms per request whatever its size; one server wants few stages, and two
+    # servers halve the inference side of the cycle and of the bound
+    cal = Calibration(t_step=0.0001, t_reset=0.0, latency={1: 0.04, 8: 0.04, 16: 0.04})
+    assert choose_stages(cal, 16, 2, 8)[0] == 1 and choose_stages(cal, 16, 2, 8, servers=2)[0] == 2
+    reqs = [(8, 8, 0), (8, 8, 1)] * 5
+    one = independent_bound(cal, 2, env_steps=1600, resets=0, requests=reqs)
+    two = independent_bound(cal, 2, env_steps=1600, resets=0, requests=reqs, servers=2)
+    assert one["bound_infer"] == pytest.approx(0.4) and two["bound_infer"] == pytest.approx(0.2)
+    # each request at its own server's calibrated latency
+    per = Calibration(0.001, 0.0, {8: 0.03}, server_latency=[{8: 0.02}, {8: 0.04}])
+    assert independent_bound(per, 2, 0, 0, [(8, 8, 0), (8, 8, 1)], 2)["bound_infer"] == pytest.approx(0.03)
+
+
+@contextlib.contextmanager
+def _stopped(proc):
+    """The server process frozen (SIGSTOP): it accepts connections but answers nothing."""
+    os.kill(proc.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+
+
+@pytest.mark.slow
+def test_a_hung_server_is_dropped_after_the_timeout(one_server, tmp_path):
+    """Server b freezes (SIGSTOP) mid-run: after eval.server_timeout_s its request goes to server a."""
+    with start_server_process(DELAY) as a, start_server_process(DELAY) as b, contextlib.ExitStack() as stack:
+
+        def freezer(pipeline):
+            def run():
+                while not pipeline._stop.is_set():
+                    if sum(server == 1 for _, _, server in pipeline.requests) >= 2:
+                        stack.enter_context(_stopped(b.proc))
+                        return
+                    time.sleep(0.01)
+
+            threading.Thread(target=run, daemon=True).start()
+
+        cfg = config([a.url, b.url], tmp_path, "eval.server_timeout_s=2")
+        summary = run_eval(cfg, progress=False, on_pipeline=freezer)
+    assert [d["url"] for d in summary["throughput"]["servers_dropped"]] == [b.url]
+    assert results(tmp_path) == results(one_server)
