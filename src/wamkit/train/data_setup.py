@@ -104,6 +104,8 @@ def build_data(cfg: RunConfig, rank: int, world_size: int, run_dir: Path):
 
     ``make_loader(future_offsets, extras)`` builds the loader; it is separate because which future
     frames and per-sample extras a model wants is known only once the model is built from ``io``.
+    With ``model.options.latent_cache`` its samples carry the cached clip latents instead of the
+    future frames (:mod:`wamkit.train.latent_cache`).
     """
     from wamkit.data import LeRobotDataset, make_train_dataset, make_train_loader
 
@@ -116,8 +118,15 @@ def build_data(cfg: RunConfig, rank: int, world_size: int, run_dir: Path):
     if rank == 0:
         spec.save(spec_path)
 
+    cache = cfg.model.options.get("latent_cache", "")  # a `wamkit cache-latents` folder
+
     def make_loader(future_offsets: tuple[int, ...], extras: tuple[str, ...] = ()):
-        dataset = make_train_dataset(cfg.data, spec, future_offsets, extras)
+        # with a latent cache the future frames are not decoded: their latents come from the cache
+        dataset = make_train_dataset(cfg.data, spec, () if cache else future_offsets, extras)
+        if cache:
+            from wamkit.train.latent_cache import with_latents
+
+            dataset = with_latents(dataset, cache, spec, ds.fps)
         return make_train_loader(
             dataset, cfg.train.micro_batch, cfg.data.seed, cfg.data.num_workers, rank, world_size
         )

@@ -23,6 +23,10 @@ The LIBERO SFT example, as cosmos-framework builds it (docs/cosmos3_libero.md ci
 The proprio state is not a model input (Cosmos3 has none). ``predict`` lives in
 :class:`wamkit.models.cosmos3.inference.Cosmos3Inference`; policy mode takes the fast path of
 :mod:`wamkit.models.cosmos3.fast` unless ``options.fast_inference`` is false.
+
+With ``options.latent_cache`` (a folder written by ``wamkit cache-latents``) the batch carries the clip
+latents (:data:`latents.LATENTS`) and ``sft_loss`` skips the VAE; the cache's fingerprint is checked
+against this model's at build (:mod:`wamkit.models.cosmos3.latents`).
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from wamkit.constants import ACTION, ACTION_IS_PAD, IDLE_FRAMES, TASK, future_im
 from wamkit.models.base import ModelIO, ParamGroup
 from wamkit.models.cosmos3.fast_policy import FastPolicy
 from wamkit.models.cosmos3.inference import Cosmos3Inference
+from wamkit.models.cosmos3.latents import LATENTS, LatentCache, weights_sha256
 from wamkit.models.cosmos3.packing import PackedLayout, RequestSegments, install_processor, pack
 from wamkit.models.cosmos3.recipe import action_prompt, train_sigmas
 from wamkit.models.cosmos3.towers import param_role, train_flops
@@ -94,6 +99,9 @@ class Cosmos3Adapter(Cosmos3Inference):
             p.requires_grad_(param_role(name) != "frozen")
         if options["gradient_checkpointing"]:
             transformer.enable_gradient_checkpointing()
+        self._vae_sha256: str | None = None
+        if options["latent_cache"]:  # refused now, not at the first step, if built with other settings
+            LatentCache(options["latent_cache"]).check(self.latent_fingerprint(), "model")
 
     # -- protocol: structure --------------------------------------------------------------------
     def param_groups(self) -> list[ParamGroup]:
@@ -115,11 +123,14 @@ class Cosmos3Adapter(Cosmos3Inference):
         return list(self.module.layers)
 
     def config_dict(self) -> dict[str, Any]:
+        # the latent cache is this run's training data, not part of the model: a served or exported
+        # model must not need the folder
+        options = {k: v for k, v in self.options.items() if k != "latent_cache"}
         return {
             "name": self.name,
             "preset": self.preset,
             "pretrained": self.pretrained,
-            "options": dict(self.options),
+            "options": options,
             "io": self.io.to_dict(),
         }
 
@@ -150,9 +161,10 @@ class Cosmos3Adapter(Cosmos3Inference):
         cams = [_np_images(batch[k]) for k in keys]
         return list(np.concatenate(cams, axis=2))
 
-    def _encode(self, clips: list[list[np.ndarray]]) -> torch.Tensor:
-        """Clips (per sample, a list of uint8 frames) -> cropped normalised latents [B, C, T, h, w] fp32."""
-        dev, frames, size = self.device, [], None
+    def _encode(self, clips: list[list[np.ndarray]], device: torch.device | None = None) -> torch.Tensor:
+        """Clips (per sample, a list of uint8 frames) -> cropped normalised latents [B, C, T, h, w] fp32,
+        encoded on ``device`` (default: the transformer's)."""
+        dev, frames, size = device or self.device, [], None
         for clip in clips:
             pil = [Image.fromarray(f) for f in clip]
             f, size, _, _ = self.pipe._prepare_action_video_conditioning(
@@ -279,6 +291,26 @@ class Cosmos3Adapter(Cosmos3Inference):
         side = np.concatenate(fut, axis=3)  # [B, K, H, n_cams * W, 3]
         return [[v, *side[i]] for i, v in enumerate(views)]
 
+    def encode_clips(self, batch: dict[str, Any], device: torch.device | None = None) -> torch.Tensor:
+        """The clean video latents ``sft_loss`` trains toward: fp32 [B, C, T, h, w] of each sample's
+        clip (what ``wamkit cache-latents`` stores)."""
+        return self._encode(self._clips(batch, self._views(batch)), device)
+
+    def latent_fingerprint(self) -> dict[str, Any]:
+        """The model's side of a latent cache's fingerprint (:data:`latents.MODEL_FIELDS`)."""
+        if self._vae_sha256 is None:
+            self._vae_sha256 = weights_sha256(self.vae)
+        return {
+            "encoder": self.name,
+            "vae_sha256": self._vae_sha256,
+            "vae_dtype": str(next(self.vae.parameters()).dtype).removeprefix("torch."),
+            "resolution_tier": int(self.options["resolution_tier"]),
+            "image_size": int(self.io.image_size),
+            "cameras": list(self.io.cameras),
+            "chunk": int(self.io.chunk),
+            "future_frame_offsets": list(self.future_frame_offsets),
+        }
+
     def _train_texts(self, batch: dict[str, Any], hw: tuple[int, int]) -> list[str]:
         """Captions with cosmos' idle-frame field and caption dropout (``""``)."""
         idle = batch.get(IDLE_FRAMES)
@@ -296,7 +328,10 @@ class Cosmos3Adapter(Cosmos3Inference):
         b = self.io.check_batch(batch, training=True)
         dev = self.device
         views = self._views(batch)
-        x0_v = self._encode(self._clips(batch, views))
+        if LATENTS in batch:  # from the latent cache: the VAE is skipped
+            x0_v = torch.as_tensor(batch[LATENTS]).to(dev, torch.float32)
+        else:
+            x0_v = self._encode(self._clips(batch, views))
         x0_a = torch.as_tensor(batch[ACTION], device=dev, dtype=torch.float32)
         pad = batch.get(ACTION_IS_PAD)
         keep = (

@@ -107,6 +107,10 @@ OPTIONS: dict[str, Any] = {
     # bucket); ignored on CPU. cuda_graph: 0.52 s per Nano prediction at batch 1 on an H200, against
     # 0.90 s eager (docs/benchmarks.md)
     "step_graph": "cuda_graph",
+    # training: a folder written by `wamkit cache-latents` for this run's data and settings; sft_loss
+    # then reads each clip's VAE latents from it instead of encoding them ("": encode on every step).
+    # Not saved with the model (models/cosmos3/latents.py)
+    "latent_cache": "",
 }
 
 _CHOICES = {
@@ -151,8 +155,9 @@ def resolve_options(options: dict[str, Any]) -> dict[str, Any]:
     steps = opts["num_inference_steps"]
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ConfigError(f"model.options.num_inference_steps: expected an integer >= 1, got {steps!r}")
-    if not isinstance(opts["base"], str):
-        raise ConfigError(f"model.options.base: expected a folder path, got {opts['base']!r}")
+    for key in ("base", "latent_cache"):
+        if not isinstance(opts[key], str):
+            raise ConfigError(f"model.options.{key}: expected a folder path, got {opts[key]!r}")
     for key in ("gradient_checkpointing", "fast_inference"):
         if not isinstance(opts[key], bool):
             raise ConfigError(f"model.options.{key}: expected true or false, got {opts[key]!r}")
