@@ -1,5 +1,5 @@
-"""``wamkit bench NAME``: each benchmark is a module ``wamkit.bench.<name>`` with
-``add_arguments(parser)`` and ``main(args)``."""
+"""``wamkit bench NAME``: each benchmark is a module ``wamkit.bench.<name>`` (``-`` in NAME is ``_``)
+with ``add_arguments(parser)`` and ``main(args)``."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ BENCHES = {
     "serve": "served obs/s and latency against in-process calls",
     "eval": "evaluator env-steps/s: serial, lock-step, pipelined, against the bound",
     "cosmos3": "Cosmos3 policy inference, stock and fast paths side by side (obs/s, s/prediction, memory)",
+    "cosmos3-sft": "Cosmos3 SFT samples/s and MFU: transformer alone, VAE on the fly, cached latents",
 }
 
 
@@ -23,8 +24,8 @@ def add_arguments(parser: argparse.ArgumentParser, argv: list[str]) -> None:
     for name, help_text in BENCHES.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         if name == chosen:
-            importlib.import_module(f"wamkit.bench.{name}").add_arguments(p)
+            importlib.import_module(f"wamkit.bench.{name.replace('-', '_')}").add_arguments(p)
 
 
 def main(args: argparse.Namespace) -> int:
-    return int(importlib.import_module(f"wamkit.bench.{args.bench}").main(args) or 0)
+    return int(importlib.import_module(f"wamkit.bench.{args.bench.replace('-', '_')}").main(args) or 0)

@@ -1,91 +1,298 @@
-"""Cosmos3 SFT throughput (``wamkit bench cosmos3 --sft``): samples/s and MFU of the adapter's
-``sft_loss`` + AdamW on one device, end to end and without the Wan-VAE encoding of the 17-frame clips.
+"""``wamkit bench cosmos3-sft``: Cosmos3 SFT steps/s and MFU, three ways side by side in one run.
 
-The default preset ``nano_l8`` (Nano width, 8 layers; 4.35B parameters, 1.57B trained) fits one H200
-unsharded: fp32 master weights, bf16 autocast on CUDA. MFU is against the H200's dense bf16 peak.
+A size preset with random weights (default ``nano_l8``: Nano width, 8 layers; 4.35B parameters, 1.57B
+trained) is built as the trainer runs it: fp32 weights (the master copy), bf16 autocast on CUDA, the
+Wan VAE in fp32 with autocast off. A step is the adapter's ``sft_loss`` + backward + AdamW over B
+synthetic LIBERO samples (two ``--image-size`` views side by side, the current frame and 16 future
+frames, a 16-step action chunk). For each batch size, three rows:
+
+- ``transformer``: the clip latents already on the device: the transformer's step alone;
+- ``encode``: from the clips' uint8 frames, the VAE encoding 17 frames per sample in every step (a run
+  without a latent cache);
+- ``cached``: the latents read from a latent cache folder on disk (``LatentCache.get`` per sample, as a
+  loader worker does, here inside the timed step) and copied to the device (a run with
+  ``model.options.latent_cache``; the folder is written once before timing, ``--cache-dir``).
+
+Columns: ms per step, samples/s, MFU (the adapter's training FLOPs per nominal sample against the
+H100/H200 dense bf16 peak; CUDA only), peak GPU memory, samples/s over the transformer row's. The VAE
+encode of one batch alone is printed after each batch's rows. ``--profile N`` prints a
+``torch.profiler`` table of N steps of one row (``--profile-path``, default the transformer step), top
+ops by device time on CUDA, CPU time otherwise. ``wamkit bench cosmos3 --sft`` runs this at one batch.
 """
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
+import json
+import tempfile
 import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
+from wamkit.device import resolve_device
+
 PEAK_BF16 = 989.4e12  # H100/H200 SXM dense bf16
+PATHS = ("transformer", "encode", "cached")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--preset", default="nano_l8", help="cosmos3 size preset (default: nano_l8)")
+    parser.add_argument("--device", default="auto", help="auto | cpu | cuda (auto: cuda if available)")
+    parser.add_argument("--batches", default="8,32", help="comma-separated batch sizes (default: 8,32)")
+    parser.add_argument("--steps", type=int, default=4, help="timed steps per row (default: 4)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps before each row (default: 2)")
+    parser.add_argument("--image-size", type=int, default=256, help="camera image size (default: 256)")
+    parser.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        default="float32",
+        help="weights (default: float32, the trainer's master weights; compute is bf16 autocast on CUDA)",
+    )
+    parser.add_argument(
+        "--gradient-checkpointing", action="store_true", help="recompute each layer in backward (less memory)"
+    )
+    parser.add_argument("--attention", choices=("mask", "loop"), default="mask", help="packed attention")
+    parser.add_argument("--threads", type=int, default=0, help="CPU intra-op threads (0: torch's default)")
+    parser.add_argument("--cache-dir", help="latent cache folder for the cached row (default: a temp dir)")
+    parser.add_argument("--profile", type=int, default=0, metavar="N", help="profile N steps (0: none)")
+    parser.add_argument("--profile-path", choices=PATHS, default="transformer", help="the row to profile")
+    parser.add_argument("--profile-batch", type=int, default=0, help="batch to profile (0: the largest)")
+    parser.add_argument("--profile-rows", type=int, default=15, help="ops listed in the profile")
+    parser.add_argument("--json", help="write every row here")
+
+
+@dataclass
+class Row:
+    path: str
+    batch: int
+    step_s: float
+    samples_per_s: float
+    mfu: float | None
+    peak_gib: float | None
+    vs_transformer: float | None = None
+
+
+class SftBench:
+    """One adapter and optimizer; ``step(path, b)`` runs one SFT step of a row at batch ``b``."""
+
+    def __init__(self, preset: str, image_size: int, device: torch.device, options: dict[str, Any],
+                 cache_dir: Path):  # fmt: skip
+        from wamkit.config import ModelConfig
+        from wamkit.models import build_model
+        from wamkit.models.cosmos3 import DEFAULT_IO
+
+        self.device = device
+        self.io = dataclasses.replace(DEFAULT_IO, image_size=image_size)
+        cfg = ModelConfig(name="cosmos3", preset=preset, options=options)
+        self.ad = build_model(cfg, self.io, device=device)
+        self.groups = [g for g in self.ad.param_groups() if g.params]
+        self.opt = torch.optim.AdamW(
+            [
+                {"params": g.params, "lr": 1e-5 * g.lr_mult, "weight_decay": 0.01 if g.weight_decay else 0.0}
+                for g in self.groups
+            ],
+            fused=device.type == "cuda",
+        )
+        self.cache_dir = cache_dir
+        self.cache = None
+        self.batches: dict[int, dict[str, Any]] = {}
+        self.latents: dict[int, torch.Tensor] = {}
+
+    def batch(self, b: int) -> dict[str, Any]:
+        """B synthetic samples: random uint8 views and future frames, random actions, the LIBERO tasks."""
+        if b not in self.batches:
+            from wamkit.bench.cosmos3 import make_batch
+            from wamkit.constants import ACTION, ACTION_IS_PAD, IDLE_FRAMES, future_image_key
+
+            io, rng = self.io, np.random.default_rng(b)
+            batch = make_batch(io, b)
+            s = io.image_size
+            for c in io.cameras:
+                fut = rng.integers(0, 256, (b, io.chunk, s, s, 3), dtype=np.uint8)
+                batch[future_image_key(c)] = torch.from_numpy(fut)
+            batch[ACTION] = torch.from_numpy(
+                rng.uniform(-1, 1, (b, io.chunk, io.action_dim)).astype(np.float32)
+            )
+            batch[ACTION_IS_PAD] = torch.zeros(b, io.chunk, dtype=torch.bool)
+            batch[IDLE_FRAMES] = torch.zeros(b, dtype=torch.int64)
+            self.batches[b] = batch
+        return self.batches[b]
+
+    def encode(self, b: int) -> torch.Tensor:
+        with torch.no_grad():
+            return self.ad.encode_clips(self.batch(b))
+
+    def prepare(self, batches: list[int]) -> None:
+        """Encode each batch once, and write the largest one's latents as a cache folder on disk."""
+        from wamkit.models.cosmos3.latents import LatentCache, LatentCacheWriter
+
+        for b in batches:
+            self.latents[b] = self.encode(b)
+        top = max(batches)
+        writer = LatentCacheWriter(
+            self.cache_dir, self.ad.latent_fingerprint(), "bfloat16", 256, {"bench": top}
+        )
+        for suite, k, rows in writer.todo():
+            writer.write(suite, k, self.latents[top][rows.start : rows.stop])
+        self.cache = LatentCache(self.cache_dir)
+
+    def _inputs(self, path: str, b: int) -> dict[str, Any]:
+        from wamkit.constants import future_image_key
+        from wamkit.models.cosmos3.latents import LATENTS
+
+        batch = self.batch(b)
+        if path == "encode":
+            return batch
+        lean = {k: v for k, v in batch.items() if not k.startswith(future_image_key(""))}
+        if path == "transformer":
+            lean[LATENTS] = self.latents[b]
+        else:
+            rows = torch.stack([self.cache.get("bench", i) for i in range(b)])
+            lean[LATENTS] = rows.to(self.device, non_blocking=True)
+        return lean
+
+    def step(self, path: str, b: int) -> None:
+        dev = self.device
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
+            loss = self.ad.sft_loss(self._inputs(path, b))["loss"]
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        self.opt.step()
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
 
 
 def _timed(fn, device: torch.device, repeats: int) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
+    _sync(device)
     start = time.perf_counter()
     for _ in range(repeats):
         fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
+    _sync(device)
     return (time.perf_counter() - start) / repeats
 
 
-def bench_sft(args, device: torch.device) -> dict[str, Any]:
-    """Measure and print one SFT row; ``args``: sft_preset, sft_batch, sft_steps, image_size."""
-    import dataclasses
+def measure(bench: SftBench, path: str, b: int, steps: int, warmup: int) -> Row:
+    dev = bench.device
+    for _ in range(warmup):
+        bench.step(path, b)
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+    s = _timed(lambda: bench.step(path, b), dev, steps)
+    mfu = bench.ad.flops_per_sample() * b / s / PEAK_BF16 if dev.type == "cuda" else None
+    peak = torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else None
+    return Row(path, b, s, b / s, mfu, peak)
 
-    import numpy as np
 
-    from wamkit.bench.cosmos3 import make_batch
-    from wamkit.config import ModelConfig
-    from wamkit.constants import ACTION, ACTION_IS_PAD
-    from wamkit.models import build_model
-    from wamkit.models.cosmos3 import DEFAULT_IO
+def profile_steps(bench: SftBench, path: str, b: int, n: int, rows: int) -> str:
+    """A torch.profiler table of ``n`` steps of one row (after a warm-up step)."""
+    from torch.profiler import ProfilerActivity, profile
 
-    io = dataclasses.replace(DEFAULT_IO, image_size=args.image_size)
-    ad = build_model(ModelConfig(name="cosmos3", preset=args.sft_preset), io, device=device)
-    groups = [g for g in ad.param_groups() if g.params]
-    opt = torch.optim.AdamW(
-        [
-            {"params": g.params, "lr": 1e-5 * g.lr_mult, "weight_decay": 0.01 if g.weight_decay else 0.0}
-            for g in groups
-        ],
-        fused=device.type == "cuda",
-    )
-    b = args.sft_batch
-    batch = make_batch(io, b)
-    rng = np.random.default_rng(0)
-    batch[ACTION] = torch.from_numpy(rng.uniform(-1, 1, (b, io.chunk, io.action_dim)).astype(np.float32))
-    batch[ACTION_IS_PAD] = torch.zeros(b, io.chunk, dtype=torch.bool)
+    dev = bench.device
+    bench.step(path, b)
+    _sync(dev)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        for _ in range(n):
+            bench.step(path, b)
+        _sync(dev)
+    key = "self_cuda_time_total" if dev.type == "cuda" else "self_cpu_time_total"
+    return prof.key_averages().table(sort_by=key, row_limit=rows)
 
-    def step() -> None:
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-            loss = ad.sft_loss(batch)["loss"]
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
 
-    for _ in range(2):
-        step()
-    s = _timed(step, device, args.sft_steps)
-    views = ad._views(batch)
-    enc = _timed(lambda: ad._encode([[v] * (io.chunk + 1) for v in views]), device, 2)
-    model_s = s - enc if s > enc else float("nan")  # the transformer's share of a step
-    fps = ad.flops_per_sample()
-    row = dict(
-        preset=args.sft_preset,
-        params=sum(p.numel() for p in ad.module.parameters()),
-        trainable=sum(p.numel() for g in groups for p in g.params),
-        batch=b,
-        step_s=s,
-        samples_per_s=b / s,
-        vae_encode_s=enc,
-        samples_per_s_without_vae=b / model_s,
-        mfu=fps * b / model_s / PEAK_BF16,
-        mfu_end_to_end=fps * b / s / PEAK_BF16,
-        peak_gib=torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None,
-    )
+def _print_row(r: Row) -> None:
+    mfu = f"{r.mfu * 100:6.1f}%" if r.mfu is not None else f"{'-':>7}"
+    peak = f"{r.peak_gib:8.1f}" if r.peak_gib is not None else f"{'-':>8}"
+    vs = f"{r.vs_transformer:8.2f}x" if r.vs_transformer is not None else f"{'':>9}"
     print(
-        f"sft {args.sft_preset} ({row['params'] / 1e9:.2f}B params, {row['trainable'] / 1e9:.2f}B trained), "
-        f"batch {b}: {s * 1e3:.0f} ms/step = {b / s:.2f} samples/s end to end; VAE encode {enc * 1e3:.0f} ms "
-        f"of it; without it {row['samples_per_s_without_vae']:.2f} samples/s, MFU {row['mfu'] * 100:.1f}% "
-        f"(end to end {row['mfu_end_to_end'] * 100:.1f}%)",
+        f"{r.path:<12} {r.batch:>5}  {r.step_s * 1e3:8.0f}  {r.samples_per_s:9.2f}  {mfu}  {peak}  {vs}",
         flush=True,
     )
-    return row
+
+
+def run(args, device: torch.device, batches: list[int]) -> dict[str, Any]:
+    """Build, prepare, print every row (and the profile); return the rows as plain data."""
+    start = time.perf_counter()
+    options = {"dtype": args.dtype, "gradient_checkpointing": args.gradient_checkpointing,
+               "attention": args.attention}  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        bench = SftBench(
+            args.preset, args.image_size, device, options, Path(args.cache_dir or tmp) / "latents"
+        )
+        ad = bench.ad
+        n_params = sum(p.numel() for p in ad.module.parameters())
+        trained = sum(p.numel() for g in bench.groups for p in g.params)
+        name = (
+            torch.cuda.get_device_name(device)
+            if device.type == "cuda"
+            else f"cpu, {torch.get_num_threads()} threads"
+        )
+        bench.prepare(batches)
+        lat = list(bench.latents[batches[0]].shape[1:])
+        print(
+            f"cosmos3-sft/{args.preset}: {n_params / 1e9:.2f}B parameters ({trained / 1e9:.2f}B trained), "
+            f"{args.dtype} weights{', bf16 autocast' if device.type == 'cuda' else ''}; {name}; latents {lat} "
+            f"per sample; gradient checkpointing {'on' if args.gradient_checkpointing else 'off'}; built in "
+            f"{time.perf_counter() - start:.0f} s",
+            flush=True,
+        )
+        print(
+            f"{'path':<12} {'batch':>5}  {'ms/step':>8}  {'samples/s':>9}  {'MFU':>7}  {'peak GiB':>8}  {'vs transf.':>9}"
+        )
+        rows: list[Row] = []
+        encode_s: dict[int, float] = {}
+        for b in batches:
+            base = None
+            for path in PATHS:
+                row = measure(bench, path, b, args.steps, args.warmup)
+                base = row if path == "transformer" else base
+                if base is not None and path != "transformer":
+                    row.vs_transformer = row.samples_per_s / base.samples_per_s
+                rows.append(row)
+                _print_row(row)
+            encode_s[b] = _timed(lambda b=b: bench.encode(b), device, 2)
+            print(f"{'':<12} VAE encode of {b} clips alone: {encode_s[b] * 1e3:.0f} ms", flush=True)
+        if args.profile:
+            pb = args.profile_batch or max(batches)
+            print(f"\nprofile: {args.profile_path}, batch {pb}, {args.profile} steps")
+            print(profile_steps(bench, args.profile_path, pb, args.profile, args.profile_rows), flush=True)
+    return {
+        "preset": args.preset,
+        "device": name,
+        "params": n_params,
+        "trainable": trained,
+        "flops_per_sample": ad.flops_per_sample(),
+        "rows": [asdict(r) for r in rows],
+        "vae_encode_s": encode_s,
+    }
+
+
+def main(args: argparse.Namespace) -> int:
+    device = resolve_device(args.device)
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    batches = [int(b) for b in args.batches.split(",") if b]
+    if not batches or min(batches) < 1:
+        raise SystemExit(f"wamkit bench cosmos3-sft: --batches {args.batches!r}; expected sizes >= 1")
+    start = time.perf_counter()
+    results = run(args, device, batches)
+    print(f"done in {time.perf_counter() - start:.0f} s")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    return 0
+
+
+def bench_sft(args, device: torch.device) -> dict[str, Any]:
+    """``wamkit bench cosmos3 --sft``: the three rows at ``args.sft_batch`` for ``args.sft_preset``."""
+    sub = argparse.Namespace(
+        preset=args.sft_preset, image_size=args.image_size, steps=args.sft_steps, warmup=2, dtype="float32",
+        gradient_checkpointing=False, attention="mask", cache_dir=None, profile=0,
+    )  # fmt: skip
+    return run(sub, device, [args.sft_batch])
