@@ -10,14 +10,30 @@ MFU = flops_per_sample x samples/s / peak; the peak is the H200's dense bf16 989
 ``--peak-tflops``); on a CPU there is no agreed peak, so MFU is printed only with ``--peak-tflops``.
 Batches are synthetic (random images/states/actions of the model's ModelIO): the data pipeline has
 its own benchmark (``wamkit bench data``).
+
+``--processes 1,2`` measures scaling instead: the trainer step alone, once per process count, each
+under its own ``torchrun --standalone --nproc_per_node=N`` (fresh processes: no memory or compiled
+state carries from one count to the next; NCCL on GPUs, gloo on a CPU). samples/s counts every
+process's micro-batch; the scaling ratio is N-process samples/s / 1-process samples/s at the same
+micro-batch per process. ``--micro-batch 32,64`` runs each count at each micro-batch, and the N-process
+rows are also compared with the best 1-process row (a bigger micro-batch on one device is the
+alternative a second device must beat): every count runs at the first micro-batch, the others on one
+process only.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from wamkit.models.synthetic import synthetic_batch
 
@@ -27,7 +43,24 @@ H200_BF16_PEAK = 989e12
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="tiny", help="registered model name (default: tiny)")
     parser.add_argument("--preset", default="small", help="the model's size preset (default: small)")
-    parser.add_argument("--micro-batch", type=int, default=8, help="samples per step (default: 8)")
+    parser.add_argument(
+        "--micro-batch",
+        type=_int_list,
+        default=[8],
+        help="samples per step and process (default: 8); with --processes a list, e.g. 32,64: every "
+        "process count runs the first, 1 process also runs the others (the best 1-process row)",
+    )
+    parser.add_argument(
+        "--processes",
+        type=_int_list,
+        default=None,
+        help="scaling: the trainer step under torchrun with each process count, e.g. 1,2",
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=600.0, help="seconds per torchrun launch (--processes; default 600)"
+    )
+    # internal: a process launched by --processes writes its measurement here (rank 0) and exits
+    parser.add_argument("--worker-json", default="", help=argparse.SUPPRESS)
     parser.add_argument("--steps", type=int, default=10, help="timed steps per variant (default: 10)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (default: 3)")
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
@@ -38,6 +71,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--profile", type=int, default=0, metavar="N", help="print the N costliest ops of one trainer step"
     )
     parser.add_argument("--compile", action="store_true", help="torch.compile each block (train.compile)")
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give positive integers, e.g. 1,2")
+    return values
 
 
 def _timed(fn, steps: int, warmup: int, device: torch.device) -> float:
@@ -53,8 +96,8 @@ def _timed(fn, steps: int, warmup: int, device: torch.device) -> float:
     return (time.perf_counter() - t0) / steps
 
 
-def _measure_bare(cfg, device: torch.device, bf16: bool, args: argparse.Namespace):
-    """Seconds per bare forward+backward, FLOPs per sample, parameter count, ModelIO (model freed)."""
+def _measure_bare(cfg, device: torch.device, bf16: bool, args: argparse.Namespace, micro_batch: int):
+    """Seconds per bare forward+backward, FLOPs per sample, parameter count (the model is freed)."""
     from wamkit.models import build_model
 
     torch.manual_seed(0)
@@ -63,7 +106,7 @@ def _measure_bare(cfg, device: torch.device, bf16: bool, args: argparse.Namespac
     if args.compile:  # the same regional compilation as the trainer's, so the two rows compare
         for block in bare.blocks():
             block.compile()
-    batch = synthetic_batch(bare.io, args.micro_batch, len(bare.future_frame_offsets), device)
+    batch = synthetic_batch(bare.io, micro_batch, len(bare.future_frame_offsets), device)
 
     def step():
         with torch.autocast(device.type, torch.bfloat16, enabled=bf16):
@@ -73,7 +116,7 @@ def _measure_bare(cfg, device: torch.device, bf16: bool, args: argparse.Namespac
 
     t = _timed(step, args.steps, args.warmup, device)
     n_params = sum(p.numel() for p in bare.module.parameters())
-    return t, bare.flops_per_sample(), n_params, bare.io, len(bare.future_frame_offsets)
+    return t, bare.flops_per_sample(), n_params
 
 
 def _profile(step, device: torch.device, rows: int) -> None:
@@ -89,35 +132,54 @@ def _profile(step, device: torch.device, rows: int) -> None:
     print(prof.key_averages().table(sort_by=key, row_limit=rows, max_name_column_width=60))
 
 
-def main(args: argparse.Namespace) -> int:
-    from wamkit.config import ModelConfig, parse_override
+def _trainer_step(cfg, device: torch.device, args: argparse.Namespace, micro_batch: int):
+    """The trainer's step on a synthetic batch: ``(step_fn, parameters, flops per sample)``."""
     from wamkit.models import build_model
-    from wamkit.train.dist import init_distributed, shard_adapter, shutdown
+    from wamkit.train.dist import shard_adapter
     from wamkit.train.optim import build_optimizer
 
+    torch.manual_seed(0)
+    adapter = build_model(cfg, None)
+    n_params, flops = sum(p.numel() for p in adapter.module.parameters()), adapter.flops_per_sample()
+    batch = synthetic_batch(adapter.io, micro_batch, len(adapter.future_frame_offsets), device)
+    root, groups, trained = shard_adapter(adapter, device, args.precision, args.compile)
+    opt = build_optimizer(groups, 1e-4, 0.01, [0.9, 0.95], fused=device.type == "cuda")
+    trainable = list(trained.values())
+
+    def step():
+        root(batch)["loss"].backward()
+        torch.nn.utils.clip_grad_norm_(trainable, 1.0, foreach=True)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step, n_params, flops
+
+
+def _model_config(args: argparse.Namespace):
+    from wamkit.config import ModelConfig, parse_override
+
     options = dict(parse_override(o) for o in args.option)
-    cfg = ModelConfig(name=args.model, preset=args.preset, options=options)
+    return ModelConfig(name=args.model, preset=args.preset, options=options)
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.processes:
+        return _scaling(args)
+    if len(args.micro_batch) > 1:
+        raise SystemExit("wamkit bench train: a list of micro-batches needs --processes (e.g. --processes 1)")
+    if args.worker_json:
+        return _worker(args)
+    from wamkit.train.dist import init_distributed, shutdown
+
+    cfg, mb = _model_config(args), args.micro_batch[0]
     info = init_distributed(args.device)
     device, bf16 = info.device, args.precision == "bf16"
     try:
-        t_bare, flops, n_params, io, future = _measure_bare(cfg, device, bf16, args)
-        batch = synthetic_batch(io, args.micro_batch, future, device)
+        t_bare, flops, n_params = _measure_bare(cfg, device, bf16, args, mb)
         if device.type == "cuda":
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(device)
-
-        torch.manual_seed(0)
-        adapter = build_model(cfg, None)
-        root, groups, trained = shard_adapter(adapter, device, args.precision, args.compile)
-        opt = build_optimizer(groups, 1e-4, 0.01, [0.9, 0.95], fused=device.type == "cuda")
-        trainable = list(trained.values())
-
-        def trainer_step():
-            root(batch)["loss"].backward()
-            torch.nn.utils.clip_grad_norm_(trainable, 1.0, foreach=True)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-
+        trainer_step, _, _ = _trainer_step(cfg, device, args, mb)
         t_train = _timed(trainer_step, args.steps, args.warmup, device)
         mem = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
         if args.profile:
@@ -128,13 +190,126 @@ def main(args: argparse.Namespace) -> int:
     peak = args.peak_tflops * 1e12 or (H200_BF16_PEAK if device.type == "cuda" and bf16 else 0.0)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"model {args.model}/{args.preset}: {n_params / 1e6:.1f}M parameters, {flops / 1e9:.2f} GFLOP/sample "
-          f"(fwd+bwd), micro-batch {args.micro_batch}, {args.precision} on {name}"
+          f"(fwd+bwd), micro-batch {mb}, {args.precision} on {name}"
           + (", blocks compiled" if args.compile else ""))  # fmt: skip
     print(f"{'variant':<34} {'s/step':>9} {'samples/s':>10} {'TFLOP/s':>8} {'MFU':>7}")
     for label, t in (("bare forward+backward", t_bare), ("trainer step (FSDP2+clip+AdamW)", t_train)):
-        sps = args.micro_batch / t
+        sps = mb / t
         achieved = flops * sps
         mfu = f"{100 * achieved / peak:6.1f}%" if peak else "    n/a"
         print(f"{label:<34} {t:>9.4f} {sps:>10.1f} {achieved / 1e12:>8.2f} {mfu}")
     print(f"trainer / bare samples/s: {t_bare / t_train:.2f}   peak device memory (trainer): {mem:.1f} GiB")
     return 0
+
+
+# -- scaling over processes ------------------------------------------------------------------------
+def _worker(args: argparse.Namespace) -> int:
+    """One launch of ``--processes``: every rank times the trainer step; the slowest rank's time counts
+    (a step is over when every rank is done). Rank 0 writes the row to ``--worker-json``."""
+    from wamkit.train.dist import init_distributed, shutdown
+
+    info = init_distributed(args.device)
+    device, mb = info.device, args.micro_batch[0]
+    try:
+        step, n_params, flops = _trainer_step(_model_config(args), device, args, mb)
+        t = _timed(step, args.steps, args.warmup, device)
+        mem = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
+        worst = torch.tensor([t, mem], dtype=torch.float64, device=device)
+        dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+        t, mem = worst.tolist()
+        name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+        row = dict(
+            processes=info.world_size, micro_batch=mb, s_step=t, samples_per_s=info.world_size * mb / t,
+            peak_gib=mem, params=n_params, flops_per_sample=flops, device=name,
+        )  # fmt: skip
+        if info.is_main:
+            Path(args.worker_json).write_text(json.dumps(row))
+    finally:
+        shutdown(info)
+    return 0
+
+
+def _worker_argv(args: argparse.Namespace, processes: int, micro_batch: int, out: Path) -> list[str]:
+    argv = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}",
+        "-m", "wamkit", "bench", "train", "--model", args.model, "--preset", args.preset,
+        "--micro-batch", str(micro_batch), "--steps", str(args.steps), "--warmup", str(args.warmup),
+        "--precision", args.precision, "--device", args.device, "--worker-json", str(out),
+    ]  # fmt: skip
+    for opt in args.option:
+        argv += ["--option", opt]
+    return argv + (["--compile"] if args.compile else [])
+
+
+def _worker_env(processes: int) -> dict[str, str]:
+    env = dict(os.environ)
+    # On a CPU the processes share the cores: each gets cores / N threads, so the ratio measures
+    # splitting the work, not a change of thread count (torchrun would give 1 thread to N > 1 only).
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // processes)))
+    return env
+
+
+def _launch(args: argparse.Namespace, processes: int, micro_batch: int) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "row.json"
+        argv = _worker_argv(args, processes, micro_batch, out)
+        try:
+            done = subprocess.run(
+                argv, env=_worker_env(processes), capture_output=True, text=True, timeout=args.timeout
+            )
+        except subprocess.TimeoutExpired:
+            raise SystemExit(
+                f"wamkit bench train: {processes} process(es) took over {args.timeout:.0f} s"
+            ) from None
+        if done.returncode != 0 or not out.is_file():
+            sys.stderr.write(done.stderr[-4000:])
+            raise SystemExit(
+                f"wamkit bench train: {processes} process(es), micro-batch {micro_batch} failed "
+                f"(exit {done.returncode}): {' '.join(argv)}"
+            )
+        row = json.loads(out.read_text())
+    if row["processes"] != processes:  # e.g. a launcher that did not start every rank
+        raise SystemExit(f"wamkit bench train: asked for {processes} processes, {row['processes']} ran")
+    return row
+
+
+def _scaling(args: argparse.Namespace) -> int:
+    if args.profile:
+        raise SystemExit("wamkit bench train: --profile measures one process; leave out --processes")
+    counts = sorted(set(args.processes))
+    if 1 not in counts:
+        counts = [1, *counts]  # the reference of every ratio
+    mb, *others = dict.fromkeys(args.micro_batch)  # in order, without repeats
+    rows = {}
+    for n, b in [(1, mb), *((1, b) for b in others), *((n, mb) for n in counts if n > 1)]:
+        rows[n, b] = _launch(args, n, b)
+        print(
+            f"  measured {n} process(es) x micro-batch {b}: {rows[n, b]['samples_per_s']:.1f} samples/s",
+            flush=True,
+        )
+    _print_scaling(args, rows)
+    return 0
+
+
+def _print_scaling(args: argparse.Namespace, rows: dict) -> None:
+    first = next(iter(rows.values()))
+    peak = args.peak_tflops * 1e12 or (
+        H200_BF16_PEAK if first["device"] != "cpu" and args.precision == "bf16" else 0.0
+    )
+    best1 = max((r for (n, _), r in rows.items() if n == 1), key=lambda r: r["samples_per_s"])
+    print(f"model {args.model}/{args.preset}: {first['params'] / 1e6:.1f}M parameters, "
+          f"{first['flops_per_sample'] / 1e9:.2f} GFLOP/sample (fwd+bwd), trainer step (FSDP2+clip+AdamW), "
+          f"{args.precision} on {first['device']}" + (", blocks compiled" if args.compile else ""))  # fmt: skip
+    print(f"{'processes':>9} {'micro-batch':>11} {'s/step':>9} {'samples/s':>10} {'per process':>11} "
+          f"{'MFU':>7} {'peak GiB':>8} {'scaling':>8} {'vs best 1':>9}")  # fmt: skip
+    for (n, mb), r in rows.items():
+        sps, one = r["samples_per_s"], rows[1, mb]["samples_per_s"]
+        mfu = f"{100 * r['flops_per_sample'] * sps / n / peak:6.1f}%" if peak else "    n/a"
+        mem = f"{r['peak_gib']:>8.1f}" if r["peak_gib"] == r["peak_gib"] else "     n/a"  # NaN on a CPU
+        print(f"{n:>9} {mb:>11} {r['s_step']:>9.4f} {sps:>10.1f} {sps / n:>11.1f} {mfu} "
+              f"{mem} {sps / one:>7.2f}x {sps / best1['samples_per_s']:>8.2f}x")  # fmt: skip
+    print(
+        f"scaling: N-process samples/s / 1-process samples/s at the same micro-batch per process; "
+        f"vs best 1: / the best 1-process row (micro-batch {best1['micro_batch']}, "
+        f"{best1['samples_per_s']:.1f} samples/s)"
+    )
