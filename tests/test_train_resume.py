@@ -135,3 +135,25 @@ def test_two_process_fsdp2_checkpoints_shard_resume_exactly_and_export(tmp_path)
     got = read_losses(run)
     assert [r["step"] for r in got] == list(range(1, 7))
     assert got == want
+
+
+def test_two_process_sigkill_mid_run_then_resume_auto_is_exact_and_serves(tmp_path):
+    """scripts/resume_check.py, the check a GPU machine runs over NCCL, here on 2 CPU processes (gloo):
+    the whole torchrun tree is killed after a random step past the first checkpoint; the resumed run
+    logs the uninterrupted run's losses and ends with its weights and EMA, bit for bit; its checkpoint
+    converts (``wamkit convert``) and predicts on the CPU."""
+    cmd = [
+        sys.executable, str(REPO / "scripts" / "resume_check.py"), "--processes", "2", "--device", "cpu",
+        "--steps", "12", "--save-interval", "4", "--out", str(tmp_path / "check"),
+    ]  # fmt: skip
+    done = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    result = json.loads(done.stdout.splitlines()[-1])
+    assert result["ok"] and result["tolerance"] == 0.0
+    assert set(result["max_diff"]) >= {"loss.loss", "loss.grad_norm", "weights.model", "weights.ema"}
+    assert all(v == 0.0 for v in result["max_diff"].values()), result["max_diff"]
+    assert 5 <= result["killed_at_step"] <= 8 and result["checkpoint_left"] in ("step_000004", "step_000008")
+    assert result["resumed"].startswith(
+        str(tmp_path / "check" / "cut" / "checkpoints" / result["checkpoint_left"])
+    )
+    assert result["served_action_shape"][0] > 0
