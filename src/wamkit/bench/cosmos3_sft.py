@@ -13,7 +13,8 @@ frames, a 16-step action chunk). For each batch size, three rows:
   loader worker does, here inside the timed step) and copied to the device (a run with
   ``model.options.latent_cache``; the folder is written once before timing, ``--cache-dir``).
 
-Columns: ms per step, samples/s, MFU (the adapter's training FLOPs per nominal sample against the
+Every row of a batch size runs ``--warmup`` untimed steps before any of them is timed (``--steps``
+steps each). Columns: ms per step, samples/s, MFU (the adapter's training FLOPs per nominal sample against the
 H100/H200 dense bf16 peak; CUDA only), peak GPU memory, samples/s over the transformer row's. The VAE
 encode of one batch alone is printed after each batch's rows. ``--profile N`` prints a
 ``torch.profiler`` table of N steps of one row (``--profile-path``, default the transformer step), top
@@ -45,7 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda (auto: cuda if available)")
     parser.add_argument("--batches", default="8,32", help="comma-separated batch sizes (default: 8,32)")
     parser.add_argument("--steps", type=int, default=4, help="timed steps per row (default: 4)")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed steps before each row (default: 2)")
+    parser.add_argument(
+        "--warmup", type=int, default=2, help="untimed steps of every row before timing a batch (default: 2)"
+    )
     parser.add_argument("--image-size", type=int, default=256, help="camera image size (default: 256)")
     parser.add_argument(
         "--dtype",
@@ -179,16 +182,31 @@ def _timed(fn, device: torch.device, repeats: int) -> float:
     return (time.perf_counter() - start) / repeats
 
 
-def measure(bench: SftBench, path: str, b: int, steps: int, warmup: int) -> Row:
+def measure(bench: SftBench, path: str, b: int, steps: int) -> Row:
+    """One row, timed after every row of the batch was warmed up (see :func:`warm`)."""
     dev = bench.device
-    for _ in range(warmup):
-        bench.step(path, b)
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
     s = _timed(lambda: bench.step(path, b), dev, steps)
     mfu = bench.ad.flops_per_sample() * b / s / PEAK_BF16 if dev.type == "cuda" else None
     peak = torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else None
     return Row(path, b, s, b / s, mfu, peak)
+
+
+def warm(bench: SftBench, b: int, steps: int) -> set[str]:
+    """Run ``steps`` untimed steps of every row at batch ``b`` before timing any: the first calls of a
+    batch size pay for kernel selection, the caption and layout caches and the allocator's growth,
+    which would otherwise land in whichever row comes first. Returns the rows that ran out of memory."""
+    oom = set()
+    for path in PATHS:
+        try:
+            for _ in range(steps):
+                bench.step(path, b)
+        except torch.OutOfMemoryError:
+            bench.opt.zero_grad(set_to_none=True)
+            torch.cuda.empty_cache()
+            oom.add(path)
+    return oom
 
 
 def profile_steps(bench: SftBench, path: str, b: int, n: int, rows: int) -> str:
@@ -249,9 +267,12 @@ def run(args, device: torch.device, batches: list[int]) -> dict[str, Any]:
         rows: list[Row] = []
         encode_s: dict[int, float] = {}
         for b in batches:
-            base = None
+            base, oom = None, warm(bench, b, args.warmup)
             for path in PATHS:
-                row = measure(bench, path, b, args.steps, args.warmup)
+                if path in oom:  # one row too big must not lose the others
+                    print(f"{path:<12} {b:>5}  out of memory (try --gradient-checkpointing)", flush=True)
+                    continue
+                row = measure(bench, path, b, args.steps)
                 base = row if path == "transformer" else base
                 if base is not None and path != "transformer":
                     row.vs_transformer = row.samples_per_s / base.samples_per_s
