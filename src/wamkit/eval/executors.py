@@ -309,10 +309,15 @@ def ray_executor(
     import ray
 
     if not ray.is_initialized():
-        env_vars = {k: os.environ[k] for k in ("MUJOCO_GL", "PYOPENGL_PLATFORM") if k in os.environ}
+        from wamkit.envs.base import render_environ
+
+        # what a local worker gets too (EGL, the render GPU): a node's own environment may set none
+        env_vars = render_environ(env_cfg.render_gpu)
         kwargs: dict[str, Any] = {"address": address} if address else {}
-        if not address and not os.environ.get("RAY_ADDRESS"):  # a local cluster: one actor per worker
-            kwargs["num_cpus"] = max(os.cpu_count() or 1, len(slots_per_worker))
+        if not address and not os.environ.get("RAY_ADDRESS"):
+            # a new local cluster with room for one actor per worker; "local", because ray.init()
+            # alone joins whatever cluster /tmp/ray/ray_current_cluster names, a stale one included
+            kwargs.update(address="local", num_cpus=max(os.cpu_count() or 1, len(slots_per_worker)))
         ray.init(runtime_env={"env_vars": env_vars}, log_to_driver=False, include_dashboard=False, **kwargs)
 
     def make(w: int) -> WorkerHandle:
