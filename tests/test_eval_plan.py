@@ -42,6 +42,9 @@ def test_metaworld_plan_seeds_each_trial_and_records_the_stack():
     )
     assert set(plan["stack"]) >= {"mujoco", "robosuite", "libero", "metaworld"}
     assert plan["stack"]["metaworld"] == "3.1.1"
+    # where the env workers render (env.render_gpu) is recorded, so a resume elsewhere is refused
+    assert plan["render_gpu"] == -1
+    assert plan_record(EnvConfig(tasks=["reach-v3"], render_gpu=1), EvalConfig(), {})["render_gpu"] == 1
     with pytest.raises(ConfigError, match="env.seed_rule"):
         plan_episodes(EnvConfig(seed_rule="openpi"), ev)
 

@@ -55,6 +55,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--image-size", type=int, default=64, help="camera resolution in px (default: 64)")
     parser.add_argument("--cameras", default="", help="comma-separated cameras (default: the suite's first)")
     parser.add_argument("--render-quality", default="fast", choices=["fast", "default"])
+    parser.add_argument(
+        "--render-gpu",
+        type=int,
+        default=-1,
+        help="env.render_gpu: EGL device the env workers render on (-1: EGL's choice)",
+    )
     parser.add_argument("--num-envs", type=int, default=8, help="envs for (b) and (c) (default: 8)")
     parser.add_argument("--workers", type=int, default=0, help="env worker processes (default: CPU count)")
     parser.add_argument(
@@ -225,6 +231,7 @@ def _run_mode(args, urls: list[str], out: Path, num_envs: int, stages: int, work
         f"env.tasks={args.tasks}",
         f"env.image_size={args.image_size}",
         f"env.render_quality={args.render_quality}",
+        f"env.render_gpu={args.render_gpu}",
         f"env.max_steps={args.max_steps}",
         f"eval.server_url={','.join(urls)}",
         f"eval.out_dir={out}",

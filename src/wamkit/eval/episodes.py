@@ -67,6 +67,7 @@ def plan_record(env_cfg: EnvConfig, eval_cfg: EvalConfig, server: dict[str, Any]
         "cameras": list(env_cfg.cameras),
         "image_size": env_cfg.image_size,
         "render_quality": env_cfg.render_quality,
+        "render_gpu": env_cfg.render_gpu,  # which renderer draws the frames is part of the stack
         "seed_rule": env_cfg.seed_rule,
         "hard_reset": env_cfg.hard_reset,
         "max_steps": env_cfg.max_steps,

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# The GPU benchmark runs behind docs/benchmarks.md, grouped so that each group fits one call of at most
+# 10 minutes on a 2-GPU H200 machine (nvidia-h200-x2). Run on that machine, in the checkout's root,
+# after the carried wheels are in place (`source scripts/gpu_env.sh`; which groups of scripts/gpu_carry.sh
+# each needs is said below). Every command's output goes to $OUT/<name>.log (and its figures to
+# $OUT/<name>.json); a failing command is reported and the group goes on.
+#
+#   bash scripts/gpu_runs.sh inference     # core: Cosmos3 inference and serving (GPU 0) beside Cosmos3 SFT (GPU 1)
+#   bash scripts/gpu_runs.sh eval          # sim + core: MetaWorld schedules, two servers, training on 1 and 2 GPUs
+#   bash scripts/gpu_runs.sh cosmos3-eval  # sim + serve: the schedules against a Cosmos3-Nano-shaped server
+set -uo pipefail
+OUT=${OUT:-/tmp/gpu_runs}
+mkdir -p "$OUT"
+W="python3 -m wamkit"
+
+run() {  # run NAME SECONDS CMD... : one command with a time limit, output to $OUT/NAME.log
+  local name=$1 limit=$2
+  shift 2
+  local t0=$SECONDS
+  echo "=== $name: $*" | tee -a "$OUT/index.txt"
+  timeout --signal=INT --kill-after=20 "$limit" "$@" >"$OUT/$name.log" 2>&1
+  local rc=$?
+  echo "=== $name: rc=$rc in $((SECONDS - t0)) s" | tee -a "$OUT/index.txt"
+  tail -n 40 "$OUT/$name.log"
+}
+
+group=${1:?usage: gpu_runs.sh inference|eval|cosmos3-eval}
+nvidia-smi --query-gpu=index,name,memory.used --format=csv,noheader | tee -a "$OUT/index.txt"
+case "$group" in
+  inference)
+    # Cosmos3-Nano policy inference, then serving, on GPU 0; Cosmos3 nano_l8 SFT on GPU 1 meanwhile
+    (CUDA_VISIBLE_DEVICES=0 run cosmos3_b32 270 $W bench cosmos3 --preset nano --steps 30 --batches 32 \
+        --paths stock,fast+compile_sdpa,fast+compile --profile --profile-rows 18 --json "$OUT/cosmos3_b32.json"
+     CUDA_VISIBLE_DEVICES=0 run serve_cosmos3 270 $W bench serve --model cosmos3 --preset nano --device cuda \
+        --batch 8,32 --concurrency 8,32 --max-batch 32 --seconds 20 --json "$OUT/serve_cosmos3.json") &
+    (CUDA_VISIBLE_DEVICES=1 run cosmos3_sft_b8 200 $W bench cosmos3-sft --preset nano_l8 --batches 8 \
+        --json "$OUT/cosmos3_sft_b8.json"
+     CUDA_VISIBLE_DEVICES=1 run cosmos3_sft_b32 240 $W bench cosmos3-sft --preset nano_l8 --batches 32 \
+        --gradient-checkpointing --profile 3 --profile-path transformer --profile-rows 25 \
+        --json "$OUT/cosmos3_sft_b32.json") &
+    wait
+    ;;
+  eval)
+    # the delay-server schedules (CPU only) beside the 2-GPU SIGKILL resume check (a correctness run)
+    run eval_delay 150 $W bench eval --tasks reach-v3,push-v3,door-open-v3,drawer-open-v3 --trials 8 \
+      --max-steps 100 --image-size 128 --num-envs 32 --workers 16 --delay-ms 20 --per-obs-ms 2 \
+      --stages 2,4,auto --json "$OUT/eval_delay.json" &
+    run resume_check 150 python3 scripts/resume_check.py --processes 2 --device cuda --precision bf16 &
+    wait
+    run eval_tiny1b 100 $W bench eval --tasks reach-v3,push-v3 --trials 8 --max-steps 40 --image-size 128 \
+      --num-envs 16 --workers 16 --model tiny --preset 1b --device cuda:0 --stages 2,auto \
+      --json "$OUT/eval_tiny1b.json"
+    run eval_2servers 170 $W bench eval --tasks reach-v3,push-v3 --trials 32 --max-steps 64 --image-size 128 \
+      --num-envs 64 --workers 16 --model tiny --preset 1b --option num_steps=40 --devices cuda:0,cuda:1 \
+      --stages auto --json "$OUT/eval_2servers.json"
+    # tiny/1b: 1 and 2 GPUs at micro-batch 64 per GPU (the fastest single-GPU setting), 1 GPU at 32 too
+    run train_scaling 170 $W bench train --model tiny --preset 1b --precision bf16 --processes 1,2 \
+      --micro-batch 64,32 --steps 5 --warmup 2
+    ;;
+  cosmos3-eval)
+    # the evaluator against a Cosmos3-Nano-shaped server (30 steps, full 16-step chunks), MetaWorld fitted
+    run eval_cosmos3 280 $W bench eval --tasks reach-v3,push-v3 --trials 4 --max-steps 48 --image-size 128 \
+      --num-envs 8 --workers 8 --replan-interval 16 --model cosmos3 --preset nano --device cuda:0 \
+      --fit-shapes --stages 2,auto --json "$OUT/eval_cosmos3.json"
+    ;;
+  *)
+    echo "unknown group '$group' (inference | eval | cosmos3-eval)" >&2
+    exit 2
+    ;;
+esac
