@@ -7,6 +7,7 @@ import json
 import av
 import numpy as np
 import pytest
+import torch
 
 from wamkit.cli import main as wamkit
 from wamkit.config import ConfigError, ModelConfig
@@ -210,3 +211,14 @@ def test_bench_serve_prints_ratios(capsys):
     for r in rows:
         obs_s, ratio = float(r[3]), float(r[7])
         assert obs_s > 0 and 0 < ratio < 5
+
+
+def test_random_init_servers_started_alike_serve_the_same_weights():
+    """Two random-init servers of one model (one evaluation's stages spread over them) must hold the same
+    weights: the evaluator refuses servers whose weights hashes differ."""
+    from wamkit.serve.policy import weights_sha256
+
+    torch.manual_seed(123)  # whatever the process drew before, the weights are the preset's seed's
+    a = random_init("tiny", "small", device="cpu")
+    b = random_init("tiny", "small", device="cpu")
+    assert weights_sha256(a.adapter.module) == weights_sha256(b.adapter.module)

@@ -17,6 +17,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from wamkit.actions.spec import PreprocessSpec, SpecError
 from wamkit.config import ConfigError, ModelConfig
 from wamkit.device import resolve_device as _resolve
@@ -83,8 +85,11 @@ def random_init(
     device: str = "auto",
     raw_actions: bool = False,
 ) -> ServedPolicy:
-    """An untrained model of the preset's default inputs, with identity stats (for benchmarks)."""
+    """An untrained model of the preset's default inputs, with identity stats (for benchmarks). The
+    weights are drawn from a fixed seed, so servers started alike serve the same model (the same
+    weights hash: one evaluation may spread its stages over them)."""
     dev = resolve_device(device)
+    torch.manual_seed(0)
     adapter = build_model(
         ModelConfig(name=name, preset=preset, options=dict(options or {})), None, device=dev
     )
