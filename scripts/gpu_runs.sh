@@ -5,7 +5,8 @@
 # each needs is said below). Every command's output goes to $OUT/<name>.log (and its figures to
 # $OUT/<name>.json); a failing command is reported and the group goes on.
 #
-#   bash scripts/gpu_runs.sh inference     # core: Cosmos3 inference and serving (GPU 0) beside Cosmos3 SFT (GPU 1)
+#   bash scripts/gpu_runs.sh inference     # core: Cosmos3 inference (GPU 0) beside Cosmos3 SFT (GPU 1)
+#   bash scripts/gpu_runs.sh serve         # serve: Cosmos3-Nano served against in-process
 #   bash scripts/gpu_runs.sh eval          # sim + core: MetaWorld schedules, two servers, training on 1 and 2 GPUs
 #   bash scripts/gpu_runs.sh cosmos3-eval  # sim + serve: the schedules against a Cosmos3-Nano-shaped server
 set -uo pipefail
@@ -24,15 +25,13 @@ run() {  # run NAME SECONDS CMD... : one command with a time limit, output to $O
   tail -n 40 "$OUT/$name.log"
 }
 
-group=${1:?usage: gpu_runs.sh inference|eval|cosmos3-eval}
+group=${1:?usage: gpu_runs.sh inference|serve|eval|cosmos3-eval}
 nvidia-smi --query-gpu=index,name,memory.used --format=csv,noheader | tee -a "$OUT/index.txt"
 case "$group" in
   inference)
     # Cosmos3-Nano policy inference, then serving, on GPU 0; Cosmos3 nano_l8 SFT on GPU 1 meanwhile
     (CUDA_VISIBLE_DEVICES=0 run cosmos3_b32 270 $W bench cosmos3 --preset nano --steps 30 --batches 32 \
-        --paths stock,fast+compile_sdpa,fast+compile --profile --profile-rows 18 --json "$OUT/cosmos3_b32.json"
-     CUDA_VISIBLE_DEVICES=0 run serve_cosmos3 270 $W bench serve --model cosmos3 --preset nano --device cuda \
-        --batch 8,32 --concurrency 8,32 --max-batch 32 --seconds 20 --json "$OUT/serve_cosmos3.json") &
+        --paths stock,fast+compile_sdpa,fast+compile --profile --profile-rows 18 --json "$OUT/cosmos3_b32.json") &
     (CUDA_VISIBLE_DEVICES=1 run cosmos3_sft_b8 200 $W bench cosmos3-sft --preset nano_l8 --batches 8 \
         --json "$OUT/cosmos3_sft_b8.json"
      CUDA_VISIBLE_DEVICES=1 run cosmos3_sft_b32 240 $W bench cosmos3-sft --preset nano_l8 --batches 32 \
@@ -40,11 +39,16 @@ case "$group" in
         --json "$OUT/cosmos3_sft_b32.json") &
     wait
     ;;
+  serve)
+    # Cosmos3-Nano served against in-process (two 15B models built, the served one hashes 30 GB)
+    CUDA_VISIBLE_DEVICES=0 run serve_cosmos3 560 $W bench serve --model cosmos3 --preset nano --device cuda \
+      --batch 8,32 --concurrency 8,32 --max-batch 32 --seconds 20 --json "$OUT/serve_cosmos3.json"
+    ;;
   eval)
     # the delay-server schedules (CPU only) beside the 2-GPU SIGKILL resume check (a correctness run)
-    run eval_delay 150 $W bench eval --tasks reach-v3,push-v3,door-open-v3,drawer-open-v3 --trials 8 \
-      --max-steps 100 --image-size 128 --num-envs 32 --workers 16 --delay-ms 20 --per-obs-ms 2 \
-      --stages 2,4,auto --json "$OUT/eval_delay.json" &
+    run eval_delay 200 $W bench eval --tasks reach-v3,push-v3,door-open-v3,drawer-open-v3 --trials 4 \
+      --max-steps 100 --image-size 128 --num-envs 16 --workers 16 --delay-ms 20 --per-obs-ms 2 \
+      --stages 2,auto --json "$OUT/eval_delay.json" &
     run resume_check 150 python3 scripts/resume_check.py --processes 2 --device cuda --precision bf16 &
     wait
     run eval_tiny1b 100 $W bench eval --tasks reach-v3,push-v3 --trials 8 --max-steps 40 --image-size 128 \
@@ -64,7 +68,7 @@ case "$group" in
       --fit-shapes --stages 2,auto --json "$OUT/eval_cosmos3.json"
     ;;
   *)
-    echo "unknown group '$group' (inference | eval | cosmos3-eval)" >&2
+    echo "unknown group '$group' (inference | serve | eval | cosmos3-eval)" >&2
     exit 2
     ;;
 esac

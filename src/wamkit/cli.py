@@ -34,7 +34,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "wamkit.data.cli_convert_dataset",
         "LeRobot dataset v2.1 <-> v3.0, video streams copied, verified",
     ),
-    "cache-latents": ("wamkit.train.cli_cache_latents", "encode a run's video targets once (Cosmos3 latents)"),
+    "cache-latents": (
+        "wamkit.train.cli_cache_latents",
+        "encode a run's video targets once (Cosmos3 latents)",
+    ),
     "train": ("wamkit.train.cli_train", "supervised fine-tuning (one process, or FSDP2 under torchrun)"),
     "runs": ("wamkit.train.cli_runs", "print the scalars of a training run from its event files"),
     "convert": (
