@@ -9,6 +9,13 @@
 #   bash scripts/gpu_runs.sh serve         # serve: Cosmos3-Nano served against in-process
 #   bash scripts/gpu_runs.sh eval          # sim + core: MetaWorld schedules, two servers, training on 1 and 2 GPUs
 #   bash scripts/gpu_runs.sh cosmos3-eval  # sim + serve: the schedules against a Cosmos3-Nano-shaped server
+#
+# LIBERO-10 (docs/benchmarks.md, "LIBERO on the GPU machine"): three carries to one warm machine, then
+# the runs (each group one call; LIBERO_CONFIG_PATH and PYTHONPATH as in the libero section below):
+#   carry .libero_bundle/part-000:                         bash scripts/gpu_runs.sh libero-stash
+#   carry .whl/sim .whl/serve .gl:                         source scripts/gpu_env.sh
+#   carry .libero_bundle/part-001 .libero_bundle/fingerprints.json:  bash scripts/gpu_runs.sh libero-install
+#   then: libero-render, libero-schedules, libero-500, libero-cosmos3
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu_runs}
 mkdir -p "$OUT"
@@ -19,13 +26,19 @@ run() {  # run NAME SECONDS CMD... : one command with a time limit, output to $O
   shift 2
   local t0=$SECONDS
   echo "=== $name: $*" | tee -a "$OUT/index.txt"
-  timeout --signal=INT --kill-after=20 "$limit" "$@" >"$OUT/$name.log" 2>&1
+  # its own process group, killed whole afterwards: workers or servers a stopped run leaves behind
+  # must not hold GPUs or EGL contexts into the next run (one such run's successor hung in EGL)
+  setsid timeout --signal=INT --kill-after=20 "$limit" "$@" >"$OUT/$name.log" 2>&1 &
+  local pid=$!
+  wait $pid
   local rc=$?
+  kill -KILL -- -"$pid" 2>/dev/null || true
   echo "=== $name: rc=$rc in $((SECONDS - t0)) s" | tee -a "$OUT/index.txt"
   tail -n 40 "$OUT/$name.log"
 }
 
-group=${1:?usage: gpu_runs.sh inference|serve|eval|cosmos3-eval}
+group=${1:?usage: gpu_runs.sh GROUP (see the header)}
+export LIBERO_CONFIG_PATH=${LIBERO_CONFIG_PATH:-/tmp/libero_cfg}
 nvidia-smi --query-gpu=index,name,memory.used --format=csv,noheader | tee -a "$OUT/index.txt"
 case "$group" in
   inference)
@@ -67,8 +80,46 @@ case "$group" in
       --num-envs 8 --workers 8 --replan-interval 16 --model cosmos3 --preset nano --device cuda:0 \
       --fit-shapes --stages 2,auto --json "$OUT/eval_cosmos3.json"
     ;;
+  libero-stash)
+    # LIBERO travels in pieces (scripts/libero_bundle.py build): a call carrying one piece keeps it
+    mkdir -p /tmp/lb && cp .libero_bundle/* /tmp/lb/ && ls -la /tmp/lb
+    ;;
+  libero-install)
+    # the call carrying the last piece: install into /tmp/site and check every LIBERO-10 task's trial 0
+    mkdir -p /tmp/lb && cp .libero_bundle/* /tmp/lb/ && ls -la /tmp/lb
+    python3 scripts/libero_bundle.py install --bundle /tmp/lb
+    run libero_check 300 python3 scripts/libero_bundle.py check --bundle /tmp/lb --suites libero_10
+    ;;
+  libero-render)
+    # where env workers render: step + render steps/s by process count, look and EGL device
+    run libero_render 560 $W bench env --suites libero_10 --sizes 256 --qualities default,fast \
+      --processes 8,16,32 --render-gpus 0,1 --seconds 4 --json "$OUT/libero_render.json"
+    ;;
+  libero-schedules)
+    # the schedules on 50 of LIBERO-10's 500 episodes (5 trials per task; serial on 1), protocol look,
+    # the tiny/1b server on GPU 0, env workers rendering on GPU 1
+    run libero_schedules 560 $W bench eval --suite libero_10 --tasks 0,1,2,3,4,5,6,7,8,9 --trials 5 \
+      --serial-trials 1 --max-steps 520 --image-size 256 --render-quality default --render-gpu 1 \
+      --num-envs 40 --workers 30 --model tiny --preset 1b --device cuda:0 --fit-shapes --stages 2,4,auto \
+      --json "$OUT/libero_schedules.json"
+    ;;
+  libero-500)
+    # all 500 episodes, the pipelined schedule alone (auto P), two runs for the median
+    run libero_500 590 $W bench eval --suite libero_10 --tasks 0,1,2,3,4,5,6,7,8,9 --trials 50 \
+      --max-steps 520 --image-size 256 --render-quality default --render-gpu 1 --num-envs 100 --workers 30 \
+      --model tiny --preset 1b --device cuda:0 --fit-shapes --schedules pipelined --stages auto \
+      --json "$OUT/libero_500.json"
+    ;;
+  libero-cosmos3)
+    # the Cosmos3-Nano-shaped server (30 steps, full 16-step chunks) on 20 episodes, serial on 10
+    run libero_cosmos3 560 $W bench eval --suite libero_10 --tasks 0,1,2,3,4,5,6,7,8,9 --trials 2 \
+      --serial-trials 1 --max-steps 520 --image-size 256 --render-quality default --render-gpu 1 \
+      --num-envs 20 --workers 20 --replan-interval 16 --model cosmos3 --preset nano --device cuda:0 \
+      --fit-shapes --stages 2,4,auto --json "$OUT/libero_cosmos3.json"
+    ;;
   *)
-    echo "unknown group '$group' (inference | serve | eval | cosmos3-eval)" >&2
+    echo "unknown group '$group' (inference | serve | eval | cosmos3-eval | libero-stash | libero-install |" \
+      "libero-render | libero-schedules | libero-500 | libero-cosmos3)" >&2
     exit 2
     ;;
 esac

@@ -15,7 +15,9 @@ batch size every path predicts the very same batch with the same seed:
 Columns: seconds per prediction (``--steps`` denoising steps, VAE encode included), obs/s, ms per
 denoising step (the step function alone, median of 5 calls), TFLOP/s of the transformer work that path does per step (the fast path skips the text
 tokens), peak GPU memory during the prediction, obs/s over stock's at that batch, and the largest
-action difference from stock (a check: bf16 rounding gives ~1e-2, a broken path ~1).
+action difference from stock (a check: bf16 rounding gives ~1e-2, a broken path ~1), and the ms a
+prediction spends before its steps (VAE encode of the observations, the requests' segments, the step
+function and its text keys/values): s/pred minus steps × ms/step minus that is the sampler's own work.
 
 ``--profile`` prints a ``torch.profiler`` summary of one denoising step per path (top ops by device
 time on CUDA, CPU time otherwise). ``--sft`` adds the SFT benchmark of :mod:`wamkit.bench.cosmos3_sft`.
@@ -91,6 +93,7 @@ class Row:
     peak_gib: float | None
     vs_stock: float | None = None
     max_action_diff: float | None = None
+    prepare_ms: float | None = None  # the prediction's work before the steps (VAE encode, requests)
 
 
 def make_batch(io, b: int, seed: int = 0) -> dict[str, Any]:
@@ -180,7 +183,15 @@ def measure(ad, path: str, batch: dict, args, device: torch.device) -> tuple[Row
     step_s = step_seconds(ad, batch, device)
     flops = _step_flops(ad, path, b)
     row = Row(path, b, full, b / full, step_s * 1e3, flops / step_s / 1e12, peak)
+    row.prepare_ms = prepare_seconds(ad, batch, device) * 1e3
     return row, out["actions"]
+
+
+@torch.no_grad()
+def prepare_seconds(ad, batch: dict, device: torch.device, calls: int = 3) -> float:
+    """Median seconds of a prediction's work before its denoising steps: the observations through the
+    VAE, the requests' segments, the step function chosen (text keys/values from the cache)."""
+    return float(np.median([_timed(lambda: ad._prepare(batch, "policy", {}), device) for _ in range(calls)]))
 
 
 @torch.no_grad()
@@ -213,9 +224,10 @@ def _print_row(r: Row) -> None:
     peak = f"{r.peak_gib:>8.1f}" if r.peak_gib is not None else f"{'-':>8}"
     vs = f"{r.vs_stock:>7.2f}x" if r.vs_stock is not None else f"{'-':>8}"
     diff = f"{r.max_action_diff:>9.1e}" if r.max_action_diff is not None else f"{'-':>9}"
+    prep = f"{r.prepare_ms:>8.1f}" if r.prepare_ms is not None else f"{'-':>8}"
     print(
         f"{r.path:<16} {r.batch:>5}  {r.s_per_pred:>8.3f}  {r.obs_per_s:>7.2f}  {r.ms_per_step:>8.1f}  "
-        f"{r.tflops:>7.1f}  {peak}  {vs}  {diff}",
+        f"{r.tflops:>7.1f}  {peak}  {vs}  {diff}  {prep}",
         flush=True,
     )
 
@@ -255,7 +267,7 @@ def main(args: argparse.Namespace) -> int:
     )
     print(
         f"{'path':<16} {'batch':>5}  {'s/pred':>8}  {'obs/s':>7}  {'ms/step':>8}  {'TFLOP/s':>7}  "
-        f"{'peak GiB':>8}  {'vs stock':>8}  {'max|da|':>9}"
+        f"{'peak GiB':>8}  {'vs stock':>8}  {'max|da|':>9}  {'prep ms':>8}"
     )
     rows: list[Row] = []
     for b in batches:

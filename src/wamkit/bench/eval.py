@@ -67,6 +67,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--replan-interval", type=int, default=8, help="actions applied per chunk (default: 8)"
     )
     parser.add_argument("--stages", default="2,4,auto", help="pipelined stage counts (default: 2,4,auto)")
+    parser.add_argument(
+        "--schedules",
+        default="serial,lockstep,pipelined",
+        help="which schedules run, from serial, lockstep, pipelined (default: all three)",
+    )
+    parser.add_argument(
+        "--serial-trials",
+        type=int,
+        default=0,
+        help="(a) runs only the first this many trials per task (its env-steps/s is compared; the "
+        "episodes it shares with the others must agree) (default: all, as --trials)",
+    )
     parser.add_argument("--executor", default="local", choices=["local", "ray"])
     parser.add_argument(
         "--repeats", type=int, default=2, help="runs of each schedule, interleaved; medians (default: 2)"
@@ -151,12 +163,21 @@ def _modes(args: argparse.Namespace, servers: int = 1) -> list[tuple[str, int, i
     """``(label, num_envs, stages)``; stages 0 = auto. Comparing servers: the pipelined ones only, each
     with a stage per server at least."""
     n = args.num_envs
+    chosen = [x.strip() for x in args.schedules.split(",") if x.strip()]
+    unknown = sorted(set(chosen) - set(SCHEDULES))
+    if unknown or not chosen:
+        raise ConfigError(
+            f"--schedules: {args.schedules!r}; expected a comma list from {', '.join(SCHEDULES)}"
+        )
     modes = [
         ("(a) serial, 1 obs/request (openpi)", 1, 1),
         ("(b) lock-step, 1 batched request (LeRobot)", n, 1),
     ]
+    modes = [m for m, name in zip(modes, SCHEDULES) if name in chosen]
     if servers > 1:
         modes = []
+    if "pipelined" not in chosen:
+        return modes
         if n % servers:
             raise ConfigError(f"--num-envs={n} must be a multiple of the {servers} servers")
     for token in [t.strip() for t in args.stages.split(",") if t.strip()]:
@@ -174,6 +195,9 @@ def _modes(args: argparse.Namespace, servers: int = 1) -> list[tuple[str, int, i
     if not modes:
         raise ConfigError("--stages: no pipelined schedule to compare the servers on (e.g. --stages auto)")
     return modes
+
+
+SCHEDULES = ("serial", "lockstep", "pipelined")
 
 
 class FittedPolicy:
@@ -222,7 +246,9 @@ class FittedPolicy:
         self.client.close()
 
 
-def _run_mode(args, urls: list[str], out: Path, num_envs: int, stages: int, workers: int) -> dict[str, Any]:
+def _run_mode(
+    args, urls: list[str], out: Path, num_envs: int, stages: int, workers: int, trials: int = 0
+) -> dict[str, Any]:
     from wamkit.eval.runner import run_eval
 
     cameras = [c for c in args.cameras.split(",") if c]
@@ -235,7 +261,7 @@ def _run_mode(args, urls: list[str], out: Path, num_envs: int, stages: int, work
         f"env.max_steps={args.max_steps}",
         f"eval.server_url={','.join(urls)}",
         f"eval.out_dir={out}",
-        f"eval.trials={args.trials}",
+        f"eval.trials={trials or args.trials}",
         f"eval.num_envs={num_envs}",
         f"eval.pipeline_stages={stages}",
         f"eval.workers={min(workers, num_envs)}",
@@ -301,6 +327,8 @@ def main(args: argparse.Namespace) -> int:
         raise ConfigError(
             f"--repeats: expected >= 2 runs per schedule (medians of one run mislead), got {args.repeats}"
         )
+    if not 0 <= args.serial_trials <= args.trials:
+        raise ConfigError(f"--serial-trials: expected 0..--trials={args.trials}, got {args.serial_trials}")
     if args.calibrate_s <= 0:
         raise ConfigError("--calibrate-s: expected > 0 seconds: the efficiency column needs the calibration")
     workers = args.workers or os.cpu_count() or 1
@@ -315,15 +343,15 @@ def main(args: argparse.Namespace) -> int:
         root.mkdir(parents=True, exist_ok=True)  # --out may name a folder that does not exist yet
         urls, label = _start_servers(args, stack, root, servers)
         for r in range(args.repeats):  # interleaved: a, b, c, ..., a, b, c, ... (1 and S servers each)
-            for i, (_, n, p) in enumerate(modes):
+            for i, (name, n, p) in enumerate(modes):
                 for c in counts:
                     out = root / (f"mode{i}_run{r}" if c == servers == 1 else f"mode{i}_servers{c}_run{r}")
                     if out.exists():
                         raise ConfigError(f"--out: {out} already exists; choose an empty folder")
-                    runs[(i, c)].append(_run_mode(args, urls[:c], out, n, p, workers))
+                    trials = args.serial_trials if name.startswith("(a)") else 0
+                    runs[(i, c)].append(_run_mode(args, urls[:c], out, n, p, workers, trials))
     deterministic = not args.model and not args.server_url  # the delay model: results must agree
-    everything = [x["outcome"] for results in runs.values() for x in results]
-    same = all(o == everything[0] for o in everything)
+    same = _agree([x["outcome"] for results in runs.values() for x in results])
     if servers > 1:
         _print_servers(args, label, workers, modes, runs, servers, same)
         if args.json:
@@ -355,6 +383,13 @@ MEDIAN_KEYS = ("wall", "env_steps_per_s", "sim", "infer", "busy_bound", "utilisa
                "bound_infer", "bound", "efficiency", "env_steps")  # fmt: skip
 
 
+def _agree(outcomes: list[dict[str, Any]]) -> bool:
+    """Whether runs agree on every episode they share (a subset run, ``--serial-trials``, shares its
+    episodes with the full ones; each run must share at least one)."""
+    common = set.intersection(*(set(o) for o in outcomes))
+    return bool(common) and all(o[k] == outcomes[0][k] for o in outcomes for k in common)
+
+
 def _median(results: list[dict[str, Any]]) -> dict[str, Any]:
     """One schedule's repeats as one row: the median of every figure, the stage counts chosen, and the
     episode outcome (the first run's, or None if the repeats disagree)."""
@@ -376,27 +411,37 @@ def _stages_label(tp: dict[str, Any]) -> str:
 
 
 def _print(args, label: str, workers: int, rows) -> None:
-    n_ep = len(rows[0][2]["outcome"] or {})
+    n_ep = len(rows[-1][2]["outcome"] or {})
     print(
         f"wamkit bench eval: {args.suite} {args.tasks}, {n_ep} episodes of <= {args.max_steps} steps, "
         f"{args.image_size} px {args.render_quality} render, replan every {args.replan_interval}, "
         f"{workers} workers ({args.executor}); medians of {args.repeats} interleaved runs per schedule"
     )
     print(f"server: {label}")
+    if args.serial_trials:
+        print(
+            f"(a) ran the first {args.serial_trials} trial(s) of each task only (--serial-trials); its "
+            "env-steps/s is what compares"
+        )
     head = f"{'schedule':44} {'envs':>4} {'P':>3} {'wall s':>7} {'steps/s':>8} {'vs (a)':>6} {'vs (b)':>6} "
     head += f"{'bound s':>7} {'side':>5} {'effic.':>6} {'busy s':>7} {'util.':>5}"
     print(head)
-    base_a = rows[0][2]["throughput"]["env_steps_per_s"]
-    base_b = rows[1][2]["throughput"]["env_steps_per_s"] if len(rows) > 1 else base_a
+    by_label = {name[:3]: res["throughput"] for name, _, res in rows}  # "(a)", "(b)", "(c)"
+    base_a = by_label["(a)"]["env_steps_per_s"] if "(a)" in by_label else None
+    base_b = by_label["(b)"]["env_steps_per_s"] if "(b)" in by_label else None
+
+    def vs(sps: float, base: float | None) -> str:
+        return f"{sps / base:>5.2f}x" if base else f"{'-':>6}"
+
     for name, n, res in rows:
         tp = res["throughput"]
         sps = tp["env_steps_per_s"]
         print(
-            f"{name:44} {n:>4} {_stages_label(tp):>3} {tp['wall']:>7.2f} {sps:>8.1f} {sps / base_a:>5.2f}x "
-            f"{sps / base_b:>5.2f}x {tp['bound']:>7.2f} {tp['bound_side'][:5]:>5} "
+            f"{name:44} {n:>4} {_stages_label(tp):>3} {tp['wall']:>7.2f} {sps:>8.1f} {vs(sps, base_a)} "
+            f"{vs(sps, base_b)} {tp['bound']:>7.2f} {tp['bound_side'][:5]:>5} "
             f"{100 * tp['efficiency']:>5.0f}% {tp['busy_bound']:>7.2f} {100 * tp['utilisation']:>4.0f}%"
         )
-    b = rows[1][2]["throughput"] if len(rows) > 1 else rows[0][2]["throughput"]
+    b = by_label.get("(b)") or rows[0][2]["throughput"]
     ratio = (b["bound_sim"]) / max(b["bound_infer"], 1e-9)
     cal = b.get("calibration") or {}
     lat = ", ".join(f"{k}: {1000 * v:.1f}" for k, v in (cal.get("latency") or {}).items())
@@ -414,7 +459,9 @@ def _print(args, label: str, workers: int, rows) -> None:
         "utilisation = busy / wall, busy = max(summed worker busy time / workers, union of the server's "
         "busy intervals), the run's own times"
     )
-    same = all(res["outcome"] is not None and res["outcome"] == rows[0][2]["outcome"] for _, _, res in rows)
+    same = all(res["outcome"] is not None for _, _, res in rows) and _agree(
+        [res["outcome"] for _, _, res in rows]
+    )
     if same:
         print("episode results identical across schedules and repeats: yes")
     elif args.model or args.server_url:
