@@ -9,6 +9,7 @@
 #   bash scripts/gpu_runs.sh serve         # serve: Cosmos3-Nano served against in-process
 #   bash scripts/gpu_runs.sh eval          # sim + core: MetaWorld schedules, two servers, training on 1 and 2 GPUs
 #   bash scripts/gpu_runs.sh cosmos3-eval  # sim + serve: the schedules against a Cosmos3-Nano-shaped server
+#   bash scripts/gpu_runs.sh train-cosmos3 # serve: Cosmos3 nano_l8 SFT (cached-latent shape) on 1 and 2 GPUs
 #
 # LIBERO-10 (docs/benchmarks.md, "LIBERO on the GPU machine"): three carries to one warm machine, then
 # the runs (each group one call; LIBERO_CONFIG_PATH and PYTHONPATH as in the libero section below):
@@ -74,6 +75,11 @@ case "$group" in
     run train_scaling 170 $W bench train --model tiny --preset 1b --precision bf16 --processes 1,2 \
       --micro-batch 64,32 --steps 5 --warmup 2
     ;;
+  train-cosmos3)
+    # Cosmos3 nano_l8 SFT from latents encoded once (as a latent cache gives them) on 1 and 2 GPUs
+    run train_cosmos3 560 $W bench train --model cosmos3 --preset nano_l8 --precision bf16 --processes 1,2 \
+      --micro-batch 16,32 --latents --option gradient_checkpointing=true --steps 3 --warmup 2
+    ;;
   cosmos3-eval)
     # the evaluator against a Cosmos3-Nano-shaped server (30 steps, full 16-step chunks), MetaWorld fitted
     run eval_cosmos3 280 $W bench eval --tasks reach-v3,push-v3 --trials 4 --max-steps 48 --image-size 128 \
@@ -118,7 +124,8 @@ case "$group" in
       --fit-shapes --stages 2,4,auto --json "$OUT/libero_cosmos3.json"
     ;;
   *)
-    echo "unknown group '$group' (inference | serve | eval | cosmos3-eval | libero-stash | libero-install |" \
+    echo "unknown group '$group' (inference | serve | eval | cosmos3-eval | train-cosmos3 | libero-stash |" \
+      "libero-install |" \
       "libero-render | libero-schedules | libero-500 | libero-cosmos3)" >&2
     exit 2
     ;;

@@ -143,3 +143,23 @@ def test_cached_latents_are_the_adapter_encoding(data, cache):
     got = LatentCache(cache)
     want = adapter.encode_clips(collate([dataset[i] for i in (0, 6)]))
     torch.testing.assert_close(torch.stack([got.get("ds", 0), got.get("ds", 6)]), want, rtol=1e-5, atol=1e-6)
+
+
+def test_bench_train_latents_encodes_the_targets_once(monkeypatch, capsys):
+    """``wamkit bench train --latents`` times Cosmos3 steps on latents encoded once, as a latent cache
+    gives them: the VAE runs once per measured variant (bare, trainer), never in a step."""
+    from wamkit.cli import main as wamkit
+    from wamkit.models.cosmos3.adapter import Cosmos3Adapter
+
+    calls = []
+    encode = Cosmos3Adapter._encode
+
+    def counted(self, *a, **k):
+        calls.append(1)
+        return encode(self, *a, **k)
+
+    monkeypatch.setattr(Cosmos3Adapter, "_encode", counted)
+    argv = ["bench", "train", "--model", "cosmos3", "--preset", "tiny", "--micro-batch", "2"]
+    assert wamkit([*argv, "--steps", "2", "--warmup", "1", "--latents", "--device", "cpu"]) == 0
+    assert len(calls) == 2  # 3 steps each of bare and trainer would make it 8 through the VAE
+    assert "trainer step" in capsys.readouterr().out

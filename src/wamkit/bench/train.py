@@ -31,6 +31,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -71,6 +72,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--profile", type=int, default=0, metavar="N", help="print the N costliest ops of one trainer step"
     )
     parser.add_argument("--compile", action="store_true", help="torch.compile each block (train.compile)")
+    parser.add_argument(
+        "--latents",
+        action="store_true",
+        help="models that encode a video target (cosmos3): train from latents encoded once, as a "
+        "latent cache gives them (wamkit cache-latents), not through the VAE at every step",
+    )
 
 
 def _int_list(text: str) -> list[int]:
@@ -96,6 +103,25 @@ def _timed(fn, steps: int, warmup: int, device: torch.device) -> float:
     return (time.perf_counter() - t0) / steps
 
 
+def _batch(adapter, micro_batch: int, device: torch.device, latents: bool) -> dict[str, Any]:
+    """The synthetic batch of one step; with ``latents``, its video targets encoded once (on ``device``)
+    and handed over as a latent cache's rows are, the future frames dropped."""
+    batch = synthetic_batch(adapter.io, micro_batch, len(adapter.future_frame_offsets), device)
+    if not latents:
+        return batch
+    encode = getattr(adapter, "encode_clips", None)
+    if encode is None:
+        raise SystemExit(f"--latents: model {adapter.name!r} has no video target to encode")
+    from wamkit.constants import future_image_key
+    from wamkit.models.cosmos3.latents import LATENTS
+
+    with torch.no_grad():
+        lat = encode(batch, device).to(device, torch.float32)
+    batch = {k: v for k, v in batch.items() if not k.startswith(future_image_key(""))}
+    batch[LATENTS] = lat
+    return batch
+
+
 def _measure_bare(cfg, device: torch.device, bf16: bool, args: argparse.Namespace, micro_batch: int):
     """Seconds per bare forward+backward, FLOPs per sample, parameter count (the model is freed)."""
     from wamkit.models import build_model
@@ -106,7 +132,7 @@ def _measure_bare(cfg, device: torch.device, bf16: bool, args: argparse.Namespac
     if args.compile:  # the same regional compilation as the trainer's, so the two rows compare
         for block in bare.blocks():
             block.compile()
-    batch = synthetic_batch(bare.io, micro_batch, len(bare.future_frame_offsets), device)
+    batch = _batch(bare, micro_batch, device, args.latents)
 
     def step():
         with torch.autocast(device.type, torch.bfloat16, enabled=bf16):
@@ -141,7 +167,7 @@ def _trainer_step(cfg, device: torch.device, args: argparse.Namespace, micro_bat
     torch.manual_seed(0)
     adapter = build_model(cfg, None)
     n_params, flops = sum(p.numel() for p in adapter.module.parameters()), adapter.flops_per_sample()
-    batch = synthetic_batch(adapter.io, micro_batch, len(adapter.future_frame_offsets), device)
+    batch = _batch(adapter, micro_batch, device, args.latents)
     root, groups, trained = shard_adapter(adapter, device, args.precision, args.compile)
     opt = build_optimizer(groups, 1e-4, 0.01, [0.9, 0.95], fused=device.type == "cuda")
     trainable = list(trained.values())
@@ -238,7 +264,7 @@ def _worker_argv(args: argparse.Namespace, processes: int, micro_batch: int, out
     ]  # fmt: skip
     for opt in args.option:
         argv += ["--option", opt]
-    return argv + (["--compile"] if args.compile else [])
+    return argv + (["--compile"] if args.compile else []) + (["--latents"] if args.latents else [])
 
 
 def _worker_env(processes: int) -> dict[str, str]:
