@@ -27,13 +27,20 @@ run() {  # run NAME SECONDS CMD... : one command with a time limit, output to $O
   shift 2
   local t0=$SECONDS
   echo "=== $name: $*" | tee -a "$OUT/index.txt"
-  # its own process group, killed whole afterwards: workers or servers a stopped run leaves behind
-  # must not hold GPUs or EGL contexts into the next run (one such run's successor hung in EGL)
-  setsid timeout --signal=INT --kill-after=20 "$limit" "$@" >"$OUT/$name.log" 2>&1 &
-  local pid=$!
-  wait $pid
+  # every process it starts carries a tag in its environment and is killed afterwards: workers or
+  # servers a stopped run leaves behind must not hold GPUs or EGL contexts into the next run (one such
+  # run's successor hung in EGL); torchrun's workers run in sessions of their own, so a process group
+  # would not reach them
+  local tag="$name-$$-$RANDOM"
+  WAMKIT_RUN_TAG=$tag timeout --signal=INT --kill-after=20 "$limit" "$@" >"$OUT/$name.log" 2>&1
   local rc=$?
-  kill -KILL -- -"$pid" 2>/dev/null || true
+  local e
+  for e in /proc/[0-9]*/environ; do
+    if grep -qz "^WAMKIT_RUN_TAG=$tag\$" "$e" 2>/dev/null; then
+      e=${e%/environ}
+      kill -KILL "${e#/proc/}" 2>/dev/null || true
+    fi
+  done
   echo "=== $name: rc=$rc in $((SECONDS - t0)) s" | tee -a "$OUT/index.txt"
   tail -n 40 "$OUT/$name.log"
 }

@@ -20,7 +20,6 @@ summary. Both runs start together (on a CPU they share the cores; the result mus
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import random
@@ -34,6 +33,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))  # this checkout's wamkit, installed or not
 FIXTURE = REPO / "tests" / "fixtures" / "libero_tiny"
+
+from wamkit.bench.procs import kill_tree  # noqa: E402 - after the path above
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -76,32 +77,6 @@ def env() -> dict[str, str]:
 
 def start(argv: list[str], log: Path) -> subprocess.Popen:
     return subprocess.Popen(argv, env=env(), stdout=log.open("w"), stderr=subprocess.STDOUT)
-
-
-def process_tree(pid: int) -> list[int]:
-    """``pid`` and all its descendants (from /proc): torchrun starts each worker in a session of its
-    own, so killing the launcher's process group would leave the workers training."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:  # the process ended meanwhile
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    tree, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        tree.append(p)
-        todo += children.get(p, [])
-    return tree
-
-
-def kill_tree(proc: subprocess.Popen) -> None:
-    """SIGKILL the launcher and every process under it at once: a machine that dies."""
-    for pid in process_tree(proc.pid):
-        with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
-            os.kill(pid, signal.SIGKILL)
-    proc.wait()
 
 
 def tail(log: Path) -> str:

@@ -30,3 +30,24 @@ def test_schedule_options_are_checked(capsys):
     assert "--schedules: 'serial,warp'; expected a comma list from serial" in capsys.readouterr().err
     assert wamkit(["bench", "eval", "--trials", "2", "--serial-trials", "3"]) != 0
     assert "--serial-trials: expected 0..--trials=2, got 3" in capsys.readouterr().err
+
+
+def test_server_comparisons_are_checked_before_any_server_starts(monkeypatch):
+    from types import SimpleNamespace
+
+    import pytest
+
+    from wamkit.bench.eval import _device_env, _modes
+    from wamkit.config import ConfigError
+
+    args = SimpleNamespace(num_envs=6, stages="6", schedules="serial,lockstep,pipelined")
+    for bad, match in (
+        (dict(), "multiple of the 4 servers"),
+        (dict(num_envs=8, schedules="serial"), "alone"),
+    ):
+        with pytest.raises(ConfigError, match=match):
+            _modes(SimpleNamespace(**{**vars(args), **bad}), servers=4)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    assert _device_env("cuda:1") == ("cuda", {"CUDA_VISIBLE_DEVICES": "3"})
+    with pytest.raises(ConfigError, match="--devices: 'cuda:2'"):
+        _device_env("cuda:2")

@@ -176,10 +176,12 @@ def _modes(args: argparse.Namespace, servers: int = 1) -> list[tuple[str, int, i
     modes = [m for m, name in zip(modes, SCHEDULES) if name in chosen]
     if servers > 1:
         modes = []
-    if "pipelined" not in chosen:
-        return modes
         if n % servers:
             raise ConfigError(f"--num-envs={n} must be a multiple of the {servers} servers")
+        if "pipelined" not in chosen:
+            raise ConfigError("--schedules: several servers are compared on the pipelined schedule alone")
+    if "pipelined" not in chosen:
+        return modes
     for token in [t.strip() for t in args.stages.split(",") if t.strip()]:
         if token == "auto":
             modes.append(("(c) pipelined, auto", n, 0))
@@ -299,6 +301,11 @@ def _device_env(device: str) -> tuple[str, dict[str, str]]:
     if kind != "cuda" or not index:
         return device, {}
     visible = [v for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v]
+    if not index.isdigit() or (visible and int(index) >= len(visible)):
+        raise ConfigError(
+            f"--devices: {device!r} is not one of the visible GPUs (CUDA_VISIBLE_DEVICES="
+            f"{','.join(visible)}: cuda:0..cuda:{len(visible) - 1})"
+        )
     return "cuda", {"CUDA_VISIBLE_DEVICES": visible[int(index)] if visible else index}
 
 
@@ -386,6 +393,8 @@ MEDIAN_KEYS = ("wall", "env_steps_per_s", "sim", "infer", "busy_bound", "utilisa
 def _agree(outcomes: list[dict[str, Any]]) -> bool:
     """Whether runs agree on every episode they share (a subset run, ``--serial-trials``, shares its
     episodes with the full ones; each run must share at least one)."""
+    if not outcomes:
+        return False
     common = set.intersection(*(set(o) for o in outcomes))
     return bool(common) and all(o[k] == outcomes[0][k] for o in outcomes for k in common)
 

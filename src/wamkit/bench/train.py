@@ -36,6 +36,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from wamkit.bench.procs import kill_tree
 from wamkit.models.synthetic import synthetic_batch
 
 H200_BF16_PEAK = 989e12
@@ -279,19 +280,23 @@ def _launch(args: argparse.Namespace, processes: int, micro_batch: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "row.json"
         argv = _worker_argv(args, processes, micro_batch, out)
+        proc = subprocess.Popen(
+            argv, env=_worker_env(processes), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
         try:
-            done = subprocess.run(
-                argv, env=_worker_env(processes), capture_output=True, text=True, timeout=args.timeout
-            )
-        except subprocess.TimeoutExpired:
-            raise SystemExit(
-                f"wamkit bench train: {processes} process(es) took over {args.timeout:.0f} s"
-            ) from None
-        if done.returncode != 0 or not out.is_file():
-            sys.stderr.write(done.stderr[-4000:])
+            _, stderr = proc.communicate(timeout=args.timeout)
+        except BaseException as err:  # a timeout or ^C: no worker may keep its GPU
+            kill_tree(proc)
+            if isinstance(err, subprocess.TimeoutExpired):
+                raise SystemExit(
+                    f"wamkit bench train: {processes} process(es) took over {args.timeout:.0f} s"
+                ) from None
+            raise
+        if proc.returncode != 0 or not out.is_file():
+            sys.stderr.write(stderr[-4000:])
             raise SystemExit(
                 f"wamkit bench train: {processes} process(es), micro-batch {micro_batch} failed "
-                f"(exit {done.returncode}): {' '.join(argv)}"
+                f"(exit {proc.returncode}): {' '.join(argv)}"
             )
         row = json.loads(out.read_text())
     if row["processes"] != processes:  # e.g. a launcher that did not start every rank
