@@ -43,6 +43,14 @@ def make_batch(b: int, seed: int = 0) -> dict:
     return batch
 
 
+# prompts of three lengths: packed requests whose text segments differ
+UNEVEN_TASKS = [
+    "stop",
+    "put the black bowl on the plate",
+    "open the top drawer of the cabinet and put the bowl in it",
+]
+
+
 def rows(batch: dict, sl: slice) -> dict:
     return {k: v[sl] for k, v in batch.items()}
 
@@ -87,8 +95,9 @@ def test_bad_options_name_the_key():
 
 def test_batched_predictions_equal_single_requests_in_one_call_per_step(adapter):
     """The stock path: all requests packed into one diffusers forward per step (the fast path's
-    equality to it is tests/test_cosmos3_fast.py's)."""
-    batch = make_batch(3)
+    equality to it is tests/test_cosmos3_fast.py's), in each attention mode, for requests whose prompts
+    (so text segments) differ in length."""
+    batch = {**make_batch(3), TASK: UNEVEN_TASKS}
     adapter.options["fast_inference"] = False
     calls = []
     handle = adapter.module.register_forward_hook(lambda *a: calls.append(1))
@@ -96,7 +105,7 @@ def test_batched_predictions_equal_single_requests_in_one_call_per_step(adapter)
         alone = [adapter.predict(rows(batch, slice(i, i + 1)), seed=7 + i)["actions"][0] for i in range(3)]
         calls.clear()
         packed = {}
-        for attention in ("mask", "loop"):
+        for attention in ("mask", "loop", "flex"):
             adapter.processor.mode = attention
             packed[attention] = adapter.predict(batch, seed=7)["actions"]
         n_calls = len(calls)
@@ -107,13 +116,57 @@ def test_batched_predictions_equal_single_requests_in_one_call_per_step(adapter)
         adapter.processor.mode = "mask"
         adapter.options["fast_inference"] = True
         handle.remove()
-    assert n_calls == 2 * STEPS["num_inference_steps"]  # all 3 requests in each step's one call
+    assert n_calls == 3 * STEPS["num_inference_steps"]  # all 3 requests in each step's one call
     for attention, both in packed.items():
         assert both.shape == (3, 16, 10) and both.dtype == np.float32
         for i in range(3):  # request i draws from seed + i, whatever else is in the call
             np.testing.assert_allclose(both[i], alone[i], atol=1e-5, err_msg=attention)
+    np.testing.assert_allclose(packed["flex"], packed["mask"], atol=1e-5)
     np.testing.assert_array_equal(again, packed["mask"])
     assert not np.allclose(other_seed, alone[0])
+
+
+def test_flex_block_masks_of_a_packed_layout_are_its_attention_masks(adapter):
+    """Element by element (``mask_mod`` over the whole grid) and block by block (the tables of
+    ``create_block_mask``), for the layout of requests with prompts of different lengths."""
+    from torch.nn.attention.flex_attention import create_block_mask, create_mask
+
+    adapter.options["fast_inference"] = False
+    try:
+        adapter.predict({**make_batch(3), TASK: UNEVEN_TASKS}, seed=0)
+    finally:
+        adapter.options["fast_inference"] = True
+    lay = adapter.processor.layout
+    assert len({e - s for s, e in lay.und_bounds}) == 3
+    assert lay.flex_block_masks() is lay.flex_block_masks()  # built once per layout
+    for bm, dense in zip(lay.flex_block_masks(), lay.attention_masks()):
+        q_len, kv_len = bm.seq_lengths
+        assert (q_len, kv_len) == tuple(dense.shape)
+        torch.testing.assert_close(create_mask(bm.mask_mod, None, None, q_len, kv_len, "cpu")[0, 0], dense)
+        ref = create_block_mask(bm.mask_mod, None, None, q_len, kv_len, device="cpu")
+        for name in ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices"):
+            torch.testing.assert_close(getattr(bm, name), getattr(ref, name), rtol=0, atol=0, msg=name)
+
+
+def test_flex_training_on_the_cpu_takes_the_masked_call_and_says_so(adapter, caplog):
+    """flex_attention has no CPU backward: calls that need gradients (the generation pathway; the frozen
+    understanding tower's need none) use "mask", with the same gradients as "mask" itself."""
+    batch = make_batch(2, seed=1)
+    weight = adapter.module.layers[1].mlp_moe_gen.up_proj.weight
+    grads = {}
+    try:
+        for attention in ("mask", "flex"):
+            adapter.processor.mode = attention
+            torch.manual_seed(0)
+            adapter.module.zero_grad()
+            with caplog.at_level("INFO", logger="wamkit.models.cosmos3.packing"):
+                adapter.sft_loss(batch)["loss"].backward()
+            grads[attention] = weight.grad.clone()
+    finally:
+        adapter.processor.mode = "mask"
+        adapter.module.zero_grad()
+    assert caplog.text.count("no CPU backward in flex_attention") == 1
+    torch.testing.assert_close(grads["flex"], grads["mask"], rtol=1e-5, atol=1e-7)
 
 
 def test_gradient_checkpointing_recomputes_within_the_packed_requests(adapter):

@@ -13,10 +13,16 @@ frames, a 16-step action chunk). For each batch size, three rows:
   loader worker does, here inside the timed step) and copied to the device (a run with
   ``model.options.latent_cache``; the folder is written once before timing, ``--cache-dir``).
 
+``--paths`` picks among them. ``--attention`` takes a comma list of packed-attention modes
+(``model.options.attention``: mask, loop, flex); each row then runs once per mode, on the same model
+(the mode is the attention processor's, switched between rows), and after each batch a line gives
+each mode's samples/s over the first mode's, per path.
+
 Every row of a batch size runs ``--warmup`` untimed steps before any of them is timed (``--steps``
-steps each). Columns: ms per step, samples/s, MFU (the adapter's training FLOPs per nominal sample against the
-H100/H200 dense bf16 peak; CUDA only), peak GPU memory, samples/s over the transformer row's. The VAE
-encode of one batch alone is printed after each batch's rows. ``--profile N`` prints a
+steps each; flex attention compiles in them). Columns: ms per step, samples/s, MFU (the adapter's training FLOPs
+per nominal sample against the H100/H200 dense bf16 peak; CUDA only), peak GPU memory, samples/s over
+the transformer row's (same attention mode), the attention mode. The VAE encode of one batch alone is
+printed after each batch's rows. ``--profile N`` prints a
 ``torch.profiler`` table of N steps of one row (``--profile-path``, default the transformer step), top
 ops by device time on CUDA, CPU time otherwise. ``wamkit bench cosmos3 --sft`` runs this at one batch.
 """
@@ -59,7 +65,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--gradient-checkpointing", action="store_true", help="recompute each layer in backward (less memory)"
     )
-    parser.add_argument("--attention", choices=("mask", "loop"), default="mask", help="packed attention")
+    parser.add_argument(
+        "--attention",
+        default="mask",
+        help="comma-separated packed-attention modes, rows of each side by side: mask | loop | flex "
+        "(default: mask)",
+    )
+    parser.add_argument(
+        "--paths", default=",".join(PATHS), help=f"comma-separated rows (default: {','.join(PATHS)})"
+    )
     parser.add_argument("--threads", type=int, default=0, help="CPU intra-op threads (0: torch's default)")
     parser.add_argument("--cache-dir", help="latent cache folder for the cached row (default: a temp dir)")
     parser.add_argument("--profile", type=int, default=0, metavar="N", help="profile N steps (0: none)")
@@ -78,6 +92,7 @@ class Row:
     mfu: float | None
     peak_gib: float | None
     vs_transformer: float | None = None
+    attention: str = "mask"
 
 
 class SftBench:
@@ -182,30 +197,33 @@ def _timed(fn, device: torch.device, repeats: int) -> float:
     return (time.perf_counter() - start) / repeats
 
 
-def measure(bench: SftBench, path: str, b: int, steps: int) -> Row:
+def measure(bench: SftBench, path: str, b: int, steps: int, attention: str) -> Row:
     """One row, timed after every row of the batch was warmed up (see :func:`warm`)."""
     dev = bench.device
+    bench.ad.processor.mode = attention
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
     s = _timed(lambda: bench.step(path, b), dev, steps)
     mfu = bench.ad.flops_per_sample() * b / s / PEAK_BF16 if dev.type == "cuda" else None
     peak = torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else None
-    return Row(path, b, s, b / s, mfu, peak)
+    return Row(path, b, s, b / s, mfu, peak, attention=attention)
 
 
-def warm(bench: SftBench, b: int, steps: int) -> set[str]:
-    """Run ``steps`` untimed steps of every row at batch ``b`` before timing any: the first calls of a
-    batch size pay for kernel selection, the caption and layout caches and the allocator's growth,
-    which would otherwise land in whichever row comes first. Returns the rows that ran out of memory."""
+def warm(bench: SftBench, b: int, steps: int, rows: list[tuple[str, str]]) -> set[tuple[str, str]]:
+    """Run ``steps`` untimed steps of every row ``(attention, path)`` at batch ``b`` before timing any:
+    the first calls of a batch size pay for kernel selection (and flex attention's compilation), the
+    caption and layout caches and the allocator's growth, which would otherwise land in whichever row
+    comes first. Returns the rows that ran out of memory."""
     oom = set()
-    for path in PATHS:
+    for attention, path in rows:
+        bench.ad.processor.mode = attention
         try:
             for _ in range(steps):
                 bench.step(path, b)
         except torch.OutOfMemoryError:
             bench.opt.zero_grad(set_to_none=True)
             torch.cuda.empty_cache()
-            oom.add(path)
+            oom.add((attention, path))
     return oom
 
 
@@ -230,16 +248,40 @@ def _print_row(r: Row) -> None:
     peak = f"{r.peak_gib:8.1f}" if r.peak_gib is not None else f"{'-':>8}"
     vs = f"{r.vs_transformer:8.2f}x" if r.vs_transformer is not None else f"{'':>9}"
     print(
-        f"{r.path:<12} {r.batch:>5}  {r.step_s * 1e3:8.0f}  {r.samples_per_s:9.2f}  {mfu}  {peak}  {vs}",
+        f"{r.path:<12} {r.batch:>5}  {r.step_s * 1e3:8.0f}  {r.samples_per_s:9.2f}  {mfu}  {peak}  {vs}  "
+        f"{r.attention}",
         flush=True,
     )
 
 
+def _print_attention_ratios(rows: list[Row], attentions: list[str]) -> None:
+    """Per path, each attention mode's samples/s over the first mode's (rows of one batch)."""
+    by = {(r.attention, r.path): r.samples_per_s for r in rows}
+    for path in dict.fromkeys(r.path for r in rows):
+        base = by.get((attentions[0], path))
+        ratios = [f"{a} {by[a, path] / base:.2f}x" for a in attentions[1:] if base and (a, path) in by]
+        if ratios:
+            print(f"{'':<12} {path}: samples/s over {attentions[0]}'s: {', '.join(ratios)}", flush=True)
+
+
+def _choices(flag: str, value: str, allowed: tuple[str, ...]) -> list[str]:
+    """A comma list of ``allowed`` names, in the order given; exits naming the flag otherwise."""
+    names = [x for x in value.split(",") if x]
+    bad = [x for x in names if x not in allowed]
+    if not names or bad or len(set(names)) != len(names):
+        raise SystemExit(f"wamkit bench cosmos3-sft: {flag} {value!r}; expected distinct names of {allowed}")
+    return names
+
+
 def run(args, device: torch.device, batches: list[int]) -> dict[str, Any]:
     """Build, prepare, print every row (and the profile); return the rows as plain data."""
+    from wamkit.models.cosmos3.packing import ATTENTION_MODES
+
+    attentions = _choices("--attention", args.attention, ATTENTION_MODES)
+    paths = _choices("--paths", args.paths, PATHS)
     start = time.perf_counter()
     options = {"dtype": args.dtype, "gradient_checkpointing": args.gradient_checkpointing,
-               "attention": args.attention}  # fmt: skip
+               "attention": attentions[0]}  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         bench = SftBench(
             args.preset, args.image_size, device, options, Path(args.cache_dir or tmp) / "latents"
@@ -257,32 +299,42 @@ def run(args, device: torch.device, batches: list[int]) -> dict[str, Any]:
         print(
             f"cosmos3-sft/{args.preset}: {n_params / 1e9:.2f}B parameters ({trained / 1e9:.2f}B trained), "
             f"{args.dtype} weights{', bf16 autocast' if device.type == 'cuda' else ''}; {name}; latents {lat} "
-            f"per sample; gradient checkpointing {'on' if args.gradient_checkpointing else 'off'}; built in "
+            f"per sample; gradient checkpointing {'on' if args.gradient_checkpointing else 'off'}; "
+            f"attention {', '.join(attentions)}; built in "
             f"{time.perf_counter() - start:.0f} s",
             flush=True,
         )
         print(
-            f"{'path':<12} {'batch':>5}  {'ms/step':>8}  {'samples/s':>9}  {'MFU':>7}  {'peak GiB':>8}  {'vs transf.':>9}"
+            f"{'path':<12} {'batch':>5}  {'ms/step':>8}  {'samples/s':>9}  {'MFU':>7}  {'peak GiB':>8}  "
+            f"{'vs transf.':>9}  attention"
         )
         rows: list[Row] = []
         encode_s: dict[int, float] = {}
         for b in batches:
-            base, oom = None, warm(bench, b, args.warmup)
-            for path in PATHS:
-                if path in oom:  # one row too big must not lose the others
-                    print(f"{path:<12} {b:>5}  out of memory (try --gradient-checkpointing)", flush=True)
-                    continue
-                row = measure(bench, path, b, args.steps)
-                base = row if path == "transformer" else base
-                if base is not None and path != "transformer":
-                    row.vs_transformer = row.samples_per_s / base.samples_per_s
-                rows.append(row)
-                _print_row(row)
+            grid = [(a, p) for a in attentions for p in paths]
+            oom, batch_rows = warm(bench, b, args.warmup, grid), []
+            for attention in attentions:
+                base = None
+                for path in paths:
+                    if (attention, path) in oom:  # one row too big must not lose the others
+                        print(f"{path:<12} {b:>5}  out of memory (try --gradient-checkpointing)  {attention}")
+                        continue
+                    row = measure(bench, path, b, args.steps, attention)
+                    base = row if path == "transformer" else base
+                    if base is not None and path != "transformer":
+                        row.vs_transformer = row.samples_per_s / base.samples_per_s
+                    batch_rows.append(row)
+                    _print_row(row)
+            rows += batch_rows
+            _print_attention_ratios(batch_rows, attentions)
             encode_s[b] = _timed(lambda b=b: bench.encode(b), device, 2)
             print(f"{'':<12} VAE encode of {b} clips alone: {encode_s[b] * 1e3:.0f} ms", flush=True)
         if args.profile:
             pb = args.profile_batch or max(batches)
-            print(f"\nprofile: {args.profile_path}, batch {pb}, {args.profile} steps")
+            bench.ad.processor.mode = attentions[-1]
+            print(
+                f"\nprofile: {args.profile_path}, batch {pb}, {args.profile} steps, attention {attentions[-1]}"
+            )
             print(profile_steps(bench, args.profile_path, pb, args.profile, args.profile_rows), flush=True)
     return {
         "preset": args.preset,
@@ -290,6 +342,7 @@ def run(args, device: torch.device, batches: list[int]) -> dict[str, Any]:
         "params": n_params,
         "trainable": trained,
         "flops_per_sample": ad.flops_per_sample(),
+        "attention": attentions,
         "rows": [asdict(r) for r in rows],
         "vae_encode_s": encode_s,
     }
@@ -314,6 +367,6 @@ def bench_sft(args, device: torch.device) -> dict[str, Any]:
     """``wamkit bench cosmos3 --sft``: the three rows at ``args.sft_batch`` for ``args.sft_preset``."""
     sub = argparse.Namespace(
         preset=args.sft_preset, image_size=args.image_size, steps=args.sft_steps, warmup=2, dtype="float32",
-        gradient_checkpointing=False, attention="mask", cache_dir=None, profile=0,
+        gradient_checkpointing=False, attention="mask", paths=",".join(PATHS), cache_dir=None, profile=0,
     )  # fmt: skip
     return run(sub, device, [args.sft_batch])

@@ -12,16 +12,38 @@ shifted to their global place here. Position ids stay request-local (every reque
 one request's tokens see exactly what they would see alone, provided attention is kept inside a
 request: :class:`SegmentMaskedAttnProcessor` does that with a block mask (causal within a request's
 text, full within its generation tokens).
+
+Attention modes (``model.options.attention``):
+
+- ``"mask"``: one SDPA call per pathway with the boolean masks of :meth:`PackedLayout.attention_masks`
+  ([U, U] and [G, U + G]); the masked kernel computes every masked-out score and lacks grouped-query
+  attention (the KV heads are expanded).
+- ``"loop"``: one unmasked (flash) call per request and pathway.
+- ``"flex"``: one ``flex_attention`` call per pathway with the block masks of
+  :meth:`PackedLayout.flex_block_masks`: blocks of 128 x 128 (query, key) pairs where no query may see
+  its key are skipped, grouped-query attention is native. On CUDA it runs ``torch.compile``'d
+  (:func:`_compiled_flex`). On the CPU flex attention has only a forward: a call that needs gradients
+  (training) takes the ``"mask"`` computation instead (same masks, same results), logged once; no-grad
+  calls (predictions, tests) run eager flex attention.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
+import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from diffusers.models.attention_dispatch import dispatch_attention_fn
 from diffusers.models.transformers.transformer_cosmos3 import Cosmos3AttnProcessor, _rotate_half
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
+
+log = logging.getLogger(__name__)
+
+FLEX_BLOCK = 128  # flex_attention's sparse block (queries x keys), its default
 
 
 @dataclass
@@ -70,6 +92,7 @@ class PackedLayout:
     und_bounds: list[tuple[int, int]] = field(default_factory=list)  # per request [start, end) in und
     gen_bounds: list[tuple[int, int]] = field(default_factory=list)  # per request [start, end) in gen
     masks: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
+    flex_masks: tuple[BlockMask, BlockMask] | None = field(default=None, repr=False)
 
     def attention_masks(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Boolean masks (True = may attend): und [U, U] causal within a request, gen [G, U + G] within a
@@ -81,6 +104,25 @@ class PackedLayout:
             gen_mask = g[:, None] == torch.cat([u, g])[None, :]
             self.masks = (und_mask, gen_mask)
         return self.masks
+
+    def flex_block_masks(self) -> tuple[BlockMask, BlockMask]:
+        """The masks of :meth:`attention_masks` as flex-attention block masks (und over [U] keys, gen
+        over the ``[text | generation]`` keys [U + G]). Built once per layout, shared by all layers."""
+        if self.flex_masks is None:
+            u, g = self.und_segment, self.gen_segment
+            kv = torch.cat([u, g])
+
+            def und_mod(b, h, q_idx, kv_idx):
+                return (u[q_idx] == u[kv_idx]) & (kv_idx <= q_idx)
+
+            def gen_mod(b, h, q_idx, kv_idx):
+                return g[q_idx] == kv[kv_idx]
+
+            self.flex_masks = (
+                segment_block_mask(u, u, und_mod, causal=True),
+                segment_block_mask(g, kv, gen_mod),
+            )
+        return self.flex_masks
 
     def forward_kwargs(
         self,
@@ -180,7 +222,76 @@ def pack(requests: list[RequestSegments], device: torch.device) -> PackedLayout:
     )
 
 
-ATTENTION_MODES = ("mask", "loop")
+def segment_block_mask(
+    q_seg: torch.Tensor,
+    kv_seg: torch.Tensor,
+    mask_mod: Callable,
+    block: int = FLEX_BLOCK,
+    causal: bool = False,
+) -> BlockMask:
+    """The flex-attention block mask of "query i sees key j iff ``q_seg[i] == kv_seg[j]``" (and j <= i if
+    ``causal``; then queries and keys are one sequence); ``mask_mod`` must say the same per element.
+
+    Its tables are those ``create_block_mask(mask_mod, ...)`` gives (tests/test_cosmos3_flex.py), but
+    built from how many tokens of each request every block holds ([blocks, N]): eager
+    ``create_block_mask`` materialises the [Q, KV] boolean mask first, quadratic in the packed length.
+    Segment ids are 0..N-1; the last block's padding belongs to no request, so it is never full.
+    """
+    n = int(torch.cat([q_seg, kv_seg]).max()) + 1
+
+    def counts(seg: torch.Tensor) -> torch.Tensor:  # [blocks, n] tokens of each request per block
+        pad = torch.full((-len(seg) % block,), n, dtype=seg.dtype, device=seg.device)
+        hot = torch.nn.functional.one_hot(torch.cat([seg, pad]), n + 1)[:, :n]
+        return hot.view(-1, block, n).sum(1).double()
+
+    cq = counts(q_seg)
+    pairs = cq @ counts(kv_seg).T  # [Q blocks, KV blocks]: (query, key) pairs of one request
+    if causal:  # blocks below the diagonal keep all pairs, above none, on it c (c + 1) / 2 per request
+        pairs = pairs.tril(-1) + torch.diag((cq * (cq + 1) / 2).sum(1))
+    full = pairs == block * block
+    partial = (pairs > 0) & ~full
+
+    def ordered(dense: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # as flex's own tables
+        dense = dense.to(torch.int32)[None, None]
+        idx = torch.argsort(dense, dim=-1, descending=True, stable=True)
+        return dense.sum(-1).to(torch.int32), idx.to(torch.int32)
+
+    return BlockMask.from_kv_blocks(
+        *ordered(partial),
+        *ordered(full),
+        BLOCK_SIZE=block,
+        mask_mod=mask_mod,
+        seq_lengths=(len(q_seg), len(kv_seg)),
+    )
+
+
+@functools.cache
+def _compiled_flex() -> Callable:
+    """``flex_attention`` compiled (eager it materialises every score; the documented pattern is one
+    compiled function called from the eager model). ``dynamic=True``: the packed lengths change with
+    every batch's prompts, and the und and gen calls differ anyway; on the CPU two compilations served
+    every later length."""
+    return torch.compile(flex_attention, dynamic=True)
+
+
+def flex_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask: BlockMask) -> torch.Tensor:
+    """Packed attention under ``block_mask``: q [L, H, d], k / v [S, KV, d] (H a multiple of KV) ->
+    [L, H * d]. Compiled on CUDA, eager elsewhere (forward only there)."""
+    dev = q.device.type
+    # flex_attention is no autocast op (SDPA is): give it the dtype autocast would
+    dt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else q.dtype
+    q, k, v = (x.to(dt).transpose(0, 1).unsqueeze(0) for x in (q, k, v))
+    gqa = q.shape[1] != k.shape[1]
+    if dev == "cuda":
+        out = _compiled_flex()(q, k, v, block_mask=block_mask, enable_gqa=gqa)
+    else:
+        with warnings.catch_warnings():  # eager is the intended reference off CUDA, not an oversight
+            warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+            out = flex_attention(q, k, v, block_mask=block_mask, enable_gqa=gqa)
+    return out.squeeze(0).transpose(0, 1).flatten(-2, -1)
+
+
+ATTENTION_MODES = ("mask", "loop", "flex")
 
 
 class SegmentMaskedAttnProcessor(Cosmos3AttnProcessor):
@@ -190,8 +301,10 @@ class SegmentMaskedAttnProcessor(Cosmos3AttnProcessor):
     runs the same projections, norms and rotary embedding through the attention module's own layers,
     for all requests at once, and then attends per request: ``mode="mask"`` with one masked call per
     pathway (the block masks of :meth:`PackedLayout.attention_masks`), ``mode="loop"`` with one
-    unmasked call per request and pathway (flash kernels; more launches). The tests pin both to the
-    stock processor: N packed requests give the outputs of N separate stock calls.
+    unmasked call per request and pathway (flash kernels; more launches), ``mode="flex"`` with one
+    flex-attention call per pathway (:meth:`PackedLayout.flex_block_masks`; on the CPU a call that needs
+    gradients takes the ``"mask"`` computation, see the module docstring). The tests pin all three to
+    the stock processor: N packed requests give the outputs of N separate stock calls.
     """
 
     def __init__(self, mode: str = "mask") -> None:
@@ -199,6 +312,7 @@ class SegmentMaskedAttnProcessor(Cosmos3AttnProcessor):
             raise ValueError(f"attention mode {mode!r}; expected one of {ATTENTION_MODES}")
         self.mode = mode
         self.layout: PackedLayout | None = None
+        self._warned_cpu_grad = False
 
     def __call__(self, attn, und_seq, gen_seq, rotary_emb):
         if self.layout is None or self.layout.n == 1:
@@ -237,11 +351,7 @@ class SegmentMaskedAttnProcessor(Cosmos3AttnProcessor):
             )
             return out.squeeze(0).flatten(-2, -1)
 
-        if self.mode == "mask":
-            und_mask, gen_mask = lay.attention_masks()
-            und_out = attend(q_und, k_und, v_und, und_mask)
-            gen_out = attend(q_gen, torch.cat([k_und_for_gen, k_gen]), torch.cat([v_und, v_gen]), gen_mask)
-        else:
+        if self.mode == "loop":
             und_parts, gen_parts = [], []
             for (us, ue), (gs, ge) in zip(lay.und_bounds, lay.gen_bounds):
                 und_parts.append(attend(q_und[us:ue], k_und[us:ue], v_und[us:ue], causal=True))
@@ -249,7 +359,26 @@ class SegmentMaskedAttnProcessor(Cosmos3AttnProcessor):
                 v = torch.cat([v_und[us:ue], v_gen[gs:ge]])
                 gen_parts.append(attend(q_gen[gs:ge], k, v))
             und_out, gen_out = torch.cat(und_parts), torch.cat(gen_parts)
+        elif self.mode == "flex":
+            k_all, v_all = torch.cat([k_und_for_gen, k_gen]), torch.cat([v_und, v_gen])
+            und_bm, gen_bm = lay.flex_block_masks()
+            und_out = self._flex_or_mask(attend, q_und, k_und, v_und, und_bm, 0)
+            gen_out = self._flex_or_mask(attend, q_gen, k_all, v_all, gen_bm, 1)
+        else:
+            und_mask, gen_mask = lay.attention_masks()
+            und_out = attend(q_und, k_und, v_und, und_mask)
+            gen_out = attend(q_gen, torch.cat([k_und_for_gen, k_gen]), torch.cat([v_und, v_gen]), gen_mask)
         return attn.to_out(und_out), attn.to_add_out(gen_out)
+
+    def _flex_or_mask(self, attend, q, k, v, block_mask: BlockMask, pathway: int) -> torch.Tensor:
+        """Flex attention, or on the CPU, where it has no backward, the masked call when gradients are
+        needed (the library would refuse: it checks the same ``requires_grad``)."""
+        if q.device.type != "cpu" or not (q.requires_grad or k.requires_grad or v.requires_grad):
+            return flex_attend(q, k, v, block_mask)
+        if not self._warned_cpu_grad:
+            log.info("attention 'flex': no CPU backward in flex_attention; calls with gradients use 'mask'")
+            self._warned_cpu_grad = True
+        return attend(q, k, v, self.layout.attention_masks()[pathway])
 
 
 def install_processor(transformer: torch.nn.Module, mode: str = "mask") -> SegmentMaskedAttnProcessor:
