@@ -57,7 +57,10 @@ case "$group" in
         --json "$OUT/cosmos3_sft_b8.json"
      CUDA_VISIBLE_DEVICES=1 run cosmos3_sft_b32 240 $W bench cosmos3-sft --preset nano_l8 --batches 32 \
         --gradient-checkpointing --profile 3 --profile-path transformer --profile-rows 25 \
-        --json "$OUT/cosmos3_sft_b32.json") &
+        --json "$OUT/cosmos3_sft_b32.json"
+     CUDA_VISIBLE_DEVICES=1 run cosmos3_sft_attention 300 $W bench cosmos3-sft --preset nano_l8 --batches 32 \
+        --gradient-checkpointing --paths transformer --attention mask,loop,flex --profile 3 --profile-rows 25 \
+        --json "$OUT/cosmos3_sft_attention.json") &
     wait
     ;;
   serve)
