@@ -1,10 +1,13 @@
 """The Cosmos3 latent cache (``wamkit cache-latents``, ``model.options.latent_cache``) on a small
 LIBERO-shaped pattern dataset with the tiny preset in fp32: training from the cache gives the losses of
 encoding on the fly with the VAE never called; a cache of other settings is refused naming the field;
-a partial build resumes to the very files of a whole one; a missing or corrupt shard is named."""
+a cache of other data (same suite names and lengths, other frames) is refused naming the suite; a model
+without latent targets given a cache is refused; a partial build resumes to the very files of a whole
+one; a missing or corrupt shard is named; the build computes no statistics."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 from pathlib import Path
@@ -15,10 +18,15 @@ import torch
 pytest.importorskip("diffusers", reason="cosmos3 needs the wamkit[cosmos3] extra")
 
 from wamkit.cli import main  # noqa: E402
-from wamkit.config import load_config  # noqa: E402
+from wamkit.config import ConfigError, ModelConfig, load_config  # noqa: E402
 from wamkit.data.synthetic import write_pattern_dataset  # noqa: E402
 from wamkit.models import build_model  # noqa: E402
-from wamkit.models.cosmos3.latents import LatentCache, LatentCacheError, shard_path  # noqa: E402
+from wamkit.models.cosmos3.latents import (  # noqa: E402
+    LatentCache,
+    LatentCacheError,
+    dataset_contents,
+    shard_path,
+)
 from wamkit.train.latent_cache import cache_latents  # noqa: E402
 from wamkit.train.loop import train  # noqa: E402
 from wamkit.train.metrics import read_losses  # noqa: E402
@@ -93,6 +101,59 @@ def test_a_cache_of_other_settings_is_refused_naming_the_field(data, cache, tmp_
     cfg = _cfg(data, tmp_path / "run", f"model.options.latent_cache={cache}", override)
     with pytest.raises(LatentCacheError, match=re.escape(field)):
         train(cfg)
+
+
+def test_a_cache_of_other_data_is_refused_naming_the_suite(data, cache, tmp_path):
+    """Same suite name and episode lengths, other frames: both training and writing into it refuse."""
+    other = write_pattern_dataset(tmp_path / "other" / "ds", [5, 4], camera_dtype="image", first_pattern=7)
+    cfg = _cfg(other, tmp_path / "run", f"model.options.latent_cache={cache}")
+    with pytest.raises(
+        LatentCacheError, match=r"other data than this run's \(suite 'ds': other data: .*, data \(cache"
+    ):
+        train(cfg)
+    with pytest.raises(LatentCacheError, match=r"suite 'ds': other data: .*, data \(cache: 2 files"):
+        cache_latents(_cfg(other), cache, device="cpu", dtype="float32", shard_size=4, progress=False)
+
+
+def test_a_copy_of_the_data_has_the_same_contents(data, tmp_path):
+    copy = shutil.copytree(data, tmp_path / "copy" / "ds")
+    for path in copy.rglob("*"):  # a copy's times differ; the contents do not
+        os.utime(path, (1, 1))
+    assert dataset_contents(copy) == dataset_contents(data)
+    assert dataset_contents(data)["data"]["files"] >= 1
+
+
+def test_a_model_without_latent_targets_given_a_cache_is_refused(data, cache, tmp_path):
+    def tiny(cfg, io):
+        return build_model(ModelConfig(name="tiny", preset="small"), io)
+
+    cfg = _cfg(data, tmp_path / "run", f"model.options.latent_cache={cache}")
+    with pytest.raises(ConfigError, match=r"model.options.latent_cache: model 'tiny' reads no latent cache"):
+        train(cfg, adapter_fn=tiny)
+
+
+def test_the_build_computes_no_statistics(data, tmp_path, monkeypatch):
+    import wamkit.data
+
+    def refuse(*_, **__):
+        raise AssertionError("cache-latents computed the dataset statistics")
+
+    monkeypatch.setattr(wamkit.data, "compute_stats", refuse)
+    assert not (data / "meta" / "wamkit_stats.json").exists()
+    report = cache_latents(_cfg(data), tmp_path / "c", device="cpu", dtype="float32", shard_size=4,
+                           max_shards=1, progress=False)  # fmt: skip
+    assert report["written"] == 1
+
+
+@pytest.mark.parametrize("flag", ["--batch", "--shard-size", "--max-shards"])
+def test_a_flag_of_zero_is_refused_naming_it(data, flag, tmp_path, capsys):
+    argv = ["cache-latents", str(REPO / "configs" / "libero_10_cosmos3.yaml"), *_cfg_overrides(data)]
+    argv += ["--out", str(tmp_path / "c"), "--device", "cpu", "--no-progress", flag, "0"]
+    with pytest.raises(SystemExit):
+        main(argv)
+    assert f"argument {flag}: expected a positive integer, got '0'" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="latent cache batch_size: expected a positive number, got 0"):
+        cache_latents(_cfg(data), batch_size=0)
 
 
 def test_writing_into_a_cache_of_other_settings_is_refused(data, cache):

@@ -130,7 +130,7 @@ def toy_data(cfg, rank, world, run_dir: Path, io: ModelIO = IO):
     path = run_dir / "preprocess.json"
     if rank == 0:
         identity_spec(io).save(path)
-    return io, path, lambda future, extras: ToyLoader(cfg.train.micro_batch, cfg.data.seed, rank, world, io)
+    return io, path, lambda *_: ToyLoader(cfg.train.micro_batch, cfg.data.seed, rank, world, io)
 
 
 def tiny_data(cfg, rank, world, run_dir: Path):

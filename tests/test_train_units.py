@@ -121,7 +121,7 @@ def test_non_finite_loss_stops_the_run_before_it_is_saved(tmp_path):
 
     def nan_data(cfg, rank, world, run_dir):
         io, stats, _ = toy_data(cfg, rank, world, run_dir)
-        return io, stats, lambda future, extras: _NanLoader(cfg.train.micro_batch, 0, rank, world)
+        return io, stats, lambda *_: _NanLoader(cfg.train.micro_batch, 0, rank, world)
 
     with pytest.raises(NonFiniteLoss, match="step 3"):
         train(cfg, toy_adapter, nan_data)

@@ -28,6 +28,9 @@ import torch
 from wamkit.constants import ACTION, OBS_STATE, TASK, image_key
 
 Mode = Literal["policy", "forward_dynamics", "inverse_dynamics"]
+# model.options.<this>: a folder written by `wamkit cache-latents` that a training run reads its targets
+# from (models implementing :class:`CachesLatents`; any other model given it is refused)
+LATENT_CACHE_OPTION = "latent_cache"
 
 
 @dataclass(frozen=True)
@@ -133,4 +136,28 @@ class ModelAdapter(Protocol):
 
     def flops_per_sample(self) -> float:
         """Training FLOPs (forward + backward) of one sample, for MFU."""
+        ...
+
+
+@runtime_checkable
+class CachesLatents(Protocol):
+    """Optional, for a model whose training targets are an expensive encoding of the sample's future
+    frames (Cosmos3's VAE latents): encoded once by ``wamkit cache-latents``, read by a run given
+    ``model.options.latent_cache``. The cache's format and its checks are the model's own; the train
+    stage only calls these methods."""
+
+    def encode_clips(self, batch: dict[str, Any], device: torch.device | None = None) -> torch.Tensor:
+        """The targets ``sft_loss`` would compute from ``batch`` (with future frames): one row per sample."""
+        ...
+
+    def latent_cache_writer(self, dataset: Any, spec: Any, fps: float, *, out: Any, parent: Any,
+                            dtype: str, shard_size: int) -> Any:  # fmt: skip
+        """The writer of ``dataset``'s cache (``wamkit.data`` TrainDataset with future frames, ``spec``
+        its PreprocessSpec) in ``out``, or a folder named by its settings under ``parent``; it has
+        ``root``, ``shards()``, ``todo()`` -> ``[(suite, k, rows)]`` and ``write(suite, k, rows)``."""
+        ...
+
+    def latent_dataset(self, dataset: Any, folder: Any, spec: Any, fps: float) -> torch.utils.data.Dataset:
+        """``dataset`` (built without future frames) with each sample's cached targets from ``folder``;
+        refuses a cache built with other settings or from other data, naming what differs."""
         ...

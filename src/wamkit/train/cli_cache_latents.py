@@ -10,6 +10,13 @@ import argparse
 from wamkit.config import load_config
 
 
+def _positive(text: str) -> int:
+    """An argparse type: a positive integer (argparse names the flag when it refuses one)."""
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return int(text)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", nargs="?", help="the run's YAML preset (as given to wamkit train)")
     parser.add_argument("overrides", nargs="*", help="the run's dotted overrides, e.g. data.root=...")
@@ -17,16 +24,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--device", default="auto", help="where the VAE runs: auto | cpu | cuda (default: auto)"
     )
-    parser.add_argument("--batch", type=int, default=8, help="clips per VAE call (default: 8)")
+    parser.add_argument("--batch", type=_positive, default=8, help="clips per VAE call (default: 8)")
     parser.add_argument(
         "--dtype",
         choices=("bfloat16", "float32"),
         default="bfloat16",
         help="stored latents (default: bfloat16, half the disk; float32 reproduces the encode exactly)",
     )
-    parser.add_argument("--shard-size", type=int, default=256, help="clips per shard file (default: 256)")
     parser.add_argument(
-        "--max-shards", type=int, default=None, help="stop after writing this many shards (rerun to finish)"
+        "--shard-size", type=_positive, default=256, help="clips per shard file (default: 256)"
+    )
+    parser.add_argument(
+        "--max-shards",
+        type=_positive,
+        default=None,
+        help="stop after writing this many shards (rerun to finish)",
     )
     parser.add_argument(
         "--part",

@@ -21,7 +21,7 @@ from wamkit.actions.stats import StatsFile
 from wamkit.config import ConfigError, RunConfig
 from wamkit.constants import ACTION, OBS_STATE, camera_of, image_key
 from wamkit.files import SPEC_FILE, STATS_FILE
-from wamkit.models.base import ModelIO
+from wamkit.models.base import LATENT_CACHE_OPTION, CachesLatents, ModelAdapter, ModelIO
 
 log = logging.getLogger(__name__)
 
@@ -99,13 +99,24 @@ def build_spec(cfg: RunConfig, io: ModelIO, stats: StatsFile) -> PreprocessSpec:
     )
 
 
+def latent_cache_of(cfg: RunConfig, adapter: ModelAdapter) -> str:
+    """``model.options.latent_cache`` ("" for none); a model that reads no latent cache is refused."""
+    folder = str(cfg.model.options.get(LATENT_CACHE_OPTION) or "")
+    if folder and not isinstance(adapter, CachesLatents):
+        raise ConfigError(
+            f"model.options.{LATENT_CACHE_OPTION}: model {adapter.name!r} reads no latent cache (only "
+            "models with cached training targets do, e.g. cosmos3); remove the option"
+        )
+    return folder
+
+
 def build_data(cfg: RunConfig, rank: int, world_size: int, run_dir: Path):
     """Return ``(io, spec_path, make_loader)`` from ``wamkit.data``.
 
-    ``make_loader(future_offsets, extras)`` builds the loader; it is separate because which future
-    frames and per-sample extras a model wants is known only once the model is built from ``io``.
-    With ``model.options.latent_cache`` its samples carry the cached clip latents instead of the
-    future frames (:mod:`wamkit.train.latent_cache`).
+    ``make_loader(future_offsets, extras, adapter)`` builds the loader; it is separate because which
+    future frames and per-sample extras a model wants is known only once the model is built from
+    ``io``. With ``model.options.latent_cache`` the adapter's ``latent_dataset`` gives samples that carry
+    the cached targets instead of the future frames (:class:`wamkit.models.base.CachesLatents`).
     """
     from wamkit.data import LeRobotDataset, make_train_dataset, make_train_loader
 
@@ -118,15 +129,12 @@ def build_data(cfg: RunConfig, rank: int, world_size: int, run_dir: Path):
     if rank == 0:
         spec.save(spec_path)
 
-    cache = cfg.model.options.get("latent_cache", "")  # a `wamkit cache-latents` folder
-
-    def make_loader(future_offsets: tuple[int, ...], extras: tuple[str, ...] = ()):
+    def make_loader(future_offsets: tuple[int, ...], extras: tuple[str, ...], adapter: ModelAdapter):
+        cache = latent_cache_of(cfg, adapter)
         # with a latent cache the future frames are not decoded: their latents come from the cache
         dataset = make_train_dataset(cfg.data, spec, () if cache else future_offsets, extras)
         if cache:
-            from wamkit.train.latent_cache import with_latents
-
-            dataset = with_latents(dataset, cache, spec, ds.fps)
+            dataset = adapter.latent_dataset(dataset, cache, spec, ds.fps)
         return make_train_loader(
             dataset, cfg.train.micro_batch, cfg.data.seed, cfg.data.num_workers, rank, world_size
         )

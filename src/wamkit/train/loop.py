@@ -37,9 +37,11 @@ from wamkit.train.optim import PowerEMA, build_optimizer, lr_factor, set_lr
 log = logging.getLogger(__name__)
 
 AdapterFn = Callable[[RunConfig, ModelIO], ModelAdapter]
-# (cfg, rank, world, run_dir) -> (io, spec_path, make_loader(future_frame_offsets, sample_extras) -> loader)
+# (cfg, rank, world, run_dir) -> (io, spec_path, make_loader(future_frame_offsets, sample_extras, adapter)
+# -> loader); the adapter reads a latent cache for the loader (wamkit.models.base.CachesLatents)
 DataFn = Callable[
-    [RunConfig, int, int, Path], tuple[ModelIO, Path, Callable[[tuple[int, ...], tuple[str, ...]], Any]]
+    [RunConfig, int, int, Path],
+    tuple[ModelIO, Path, Callable[[tuple[int, ...], tuple[str, ...], ModelAdapter], Any]],
 ]
 
 
@@ -109,7 +111,7 @@ class _Loop:
         )
         self.ema = PowerEMA(trained, t.ema_power, t.ema_type, t.ema_rate) if t.ema else None
         extras = tuple(getattr(self.adapter, "sample_extras", ()))
-        self.loader = make_loader(tuple(self.adapter.future_frame_offsets), extras)
+        self.loader = make_loader(tuple(self.adapter.future_frame_offsets), extras, self.adapter)
         _seed_all(t.seed + 1_000_003 * (info.rank + 1))  # per-rank noise in the loss
         self.step = 0
         self.n_params = sum(p.numel() for p in module.parameters())

@@ -42,7 +42,8 @@ from PIL import Image
 
 from wamkit.config import ConfigError
 from wamkit.constants import ACTION, ACTION_IS_PAD, IDLE_FRAMES, TASK, future_image_key, image_key
-from wamkit.models.base import ModelIO, ParamGroup
+from wamkit.models.base import LATENT_CACHE_OPTION, ModelIO, ParamGroup
+from wamkit.models.cosmos3 import latents
 from wamkit.models.cosmos3.fast_policy import FastPolicy
 from wamkit.models.cosmos3.inference import Cosmos3Inference
 from wamkit.models.cosmos3.latents import LATENTS, LatentCache, weights_sha256
@@ -100,8 +101,8 @@ class Cosmos3Adapter(Cosmos3Inference):
         if options["gradient_checkpointing"]:
             transformer.enable_gradient_checkpointing()
         self._vae_sha256: str | None = None
-        if options["latent_cache"]:  # refused now, not at the first step, if built with other settings
-            LatentCache(options["latent_cache"]).check(self.latent_fingerprint(), "model")
+        if options[LATENT_CACHE_OPTION]:  # refused now, not at the first step, if built with other settings
+            LatentCache(options[LATENT_CACHE_OPTION]).check(self.latent_fingerprint(), "model")
 
     # -- protocol: structure --------------------------------------------------------------------
     def param_groups(self) -> list[ParamGroup]:
@@ -125,7 +126,7 @@ class Cosmos3Adapter(Cosmos3Inference):
     def config_dict(self) -> dict[str, Any]:
         # the latent cache is this run's training data, not part of the model: a served or exported
         # model must not need the folder
-        options = {k: v for k, v in self.options.items() if k != "latent_cache"}
+        options = {k: v for k, v in self.options.items() if k != LATENT_CACHE_OPTION}
         return {
             "name": self.name,
             "preset": self.preset,
@@ -310,6 +311,15 @@ class Cosmos3Adapter(Cosmos3Inference):
             "chunk": int(self.io.chunk),
             "future_frame_offsets": list(self.future_frame_offsets),
         }
+
+    def latent_cache_writer(self, dataset, spec, fps: float, *, out, parent, dtype: str, shard_size: int):
+        """The protocol's :class:`~wamkit.models.base.CachesLatents`: see :func:`latents.writer_for`."""
+        return latents.writer_for(dataset, self.latent_fingerprint(), spec, fps, out=out, parent=parent,
+                                  dtype=dtype, shard_size=shard_size)  # fmt: skip
+
+    def latent_dataset(self, dataset, folder, spec, fps: float):
+        """The protocol's :class:`~wamkit.models.base.CachesLatents`: samples carry :data:`LATENTS`."""
+        return latents.open_training_dataset(dataset, folder, spec, fps)
 
     def _train_texts(self, batch: dict[str, Any], hw: tuple[int, int]) -> list[str]:
         """Captions with cosmos' idle-frame field and caption dropout (``""``)."""

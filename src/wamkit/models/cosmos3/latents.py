@@ -6,8 +6,9 @@ and a run with ``model.options.latent_cache=<folder>`` reads them instead of enc
 
 A cache folder (default ``<data.root>/latents/cosmos3-<digest>``, the digest of what follows):
 
-    manifest.json                    {"format": "wamkit-latents", "version": 1, "fingerprint": {...},
-                                      "dtype": "bfloat16", "shard_size": 256, "suites": {name: rows}}
+    manifest.json                    {"format": "wamkit-latents", "version": 2, "fingerprint": {...},
+                                      "dtype": "bfloat16", "shard_size": 256, "suites": {name: rows},
+                                      "contents": {name: {part: {"files", "bytes", "sha256"}}}}
     <suite>/shard-000000.safetensors {"latents": [n, C, T, h, w]}: rows [k * shard_size, ... + n) of
                                       that suite (the row order of the suite's LeRobot dataset)
 
@@ -16,6 +17,16 @@ hash and dtype, the canvas tier, the image size and resize kernel, the cameras a
 features feed them, the chunk and the future-frame offsets, the fps. A run whose settings give another
 fingerprint is refused with the fields that differ. Stored latents are ``dtype`` (bfloat16 by default,
 half the disk; the on-the-fly encode is fp32: docs/cosmos3_libero.md says what that changes).
+
+The **contents** name the data itself (:func:`dataset_contents`): per suite, a digest of its LeRobot
+dataset's files, so a run whose data has the same suite names and lengths but other frames (another
+dataset, a re-collected one) is refused naming the suite and the part that differs, rather than pairing
+its frames with another dataset's targets. ``meta/info.json``, ``meta/tasks.parquet`` and
+``meta/episodes/`` are hashed whole (small); each file under ``data/`` and ``videos/`` by its path,
+its size and the sha256 of its first and last MiB (:data:`EDGE_BYTES`), so a 100 GB dataset is checked
+in seconds. A change that keeps a file's size and both ends is not seen; mtimes are not used (a copy
+changes them). A rewrite of the same frames (re-encoded videos, another parquet writer) counts as other
+data: build the cache again.
 
 **Crash protocol**: the manifest is written before any shard; each shard is written whole through
 :func:`wamkit.files.atomic_write_with` (temp file, fsync, rename), so a shard file exists only complete.
@@ -45,10 +56,9 @@ from wamkit.files import atomic_write_json, atomic_write_with, fsync_dir, read_j
 
 log = logging.getLogger(__name__)
 
-LATENT_CACHE_OPTION = "latent_cache"  # model.options.<this>: the folder a run reads
 LATENTS = "video_latents"  # batch key: float [B, C, T, h, w], the clean latents of each sample's clip
 MANIFEST = "manifest.json"
-FORMAT, VERSION = "wamkit-latents", 1
+FORMAT, VERSION = "wamkit-latents", 2  # 2: the data contents recorded
 TENSOR = "latents"  # the tensor's name inside a shard file
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
@@ -59,6 +69,11 @@ MODEL_FIELDS = ("encoder", "vae_sha256", "vae_dtype", "resolution_tier", "image_
                 "future_frame_offsets")  # fmt: skip
 DATA_FIELDS = ("image_size", "resize", "cameras", "camera_sources", "chunk", "fps")
 FINGERPRINT_FIELDS = tuple(dict.fromkeys(MODEL_FIELDS + DATA_FIELDS))
+# A suite's contents, part by part: the files hashed whole, and the folders whose files are named by
+# path, size and their two ends (the module docstring says why)
+WHOLE_FILES = {"info": ("meta/info.json",), "episodes": ("meta/tasks.parquet", "meta/episodes")}
+EDGE_FILES = {"data": "data", "videos": "videos"}
+EDGE_BYTES = 1 << 20
 
 
 class LatentCacheError(ConfigError):
@@ -86,6 +101,61 @@ def data_fingerprint(spec, fps: float) -> dict[str, Any]:
         "chunk": int(spec.chunk),
         "fps": float(fps),
     }
+
+
+def _files(root: Path, rel: str) -> list[Path]:
+    path = root / rel
+    return [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+
+
+def _edges_sha256(path: Path, size: int) -> str:
+    """sha256 of a file's first and last :data:`EDGE_BYTES` (the whole file when it is smaller)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        h.update(f.read(EDGE_BYTES))
+        if size > EDGE_BYTES:
+            f.seek(max(EDGE_BYTES, size - EDGE_BYTES))
+            h.update(f.read())
+    return h.hexdigest()
+
+
+def dataset_contents(root: str | Path) -> dict[str, dict[str, Any]]:
+    """What names a LeRobot dataset's contents: ``{part: {"files", "bytes", "sha256"}}`` for the parts
+    of :data:`WHOLE_FILES` and :data:`EDGE_FILES` (see the module docstring)."""
+    root, out = Path(root), {}
+    parts = [(name, rels, True) for name, rels in WHOLE_FILES.items()]
+    parts += [(name, (rel,), False) for name, rel in EDGE_FILES.items()]
+    for name, rels, whole in parts:
+        h, files, size = hashlib.sha256(), 0, 0
+        for path in (p for rel in rels for p in _files(root, rel)):
+            n = path.stat().st_size
+            body = hashlib.sha256(path.read_bytes()).hexdigest() if whole else _edges_sha256(path, n)
+            h.update(f"{path.relative_to(root).as_posix()}|{n}|{body}\n".encode())
+            files, size = files + 1, size + n
+        out[name] = {"files": files, "bytes": size, "sha256": h.hexdigest()}
+    return out
+
+
+def _content_differences(have: dict[str, Any], want: dict[str, Any]) -> list[str]:
+    """Per suite of ``want``, the parts whose digest differs from ``have``'s, each with both sides."""
+
+    def show(d: dict[str, Any]) -> str:
+        return f"{d['files']} files, {d['bytes']} bytes, sha256 {d['sha256'][:12]}"
+
+    out = []
+    for suite, parts in want.items():
+        if suite not in have:
+            out.append(f"suite {suite!r}: the cache records no contents for it")
+            continue
+        diff = [
+            f"{name} (cache: {show(have[suite][name]) if name in have[suite] else 'none'}; "
+            f"this run: {show(d)})"
+            for name, d in parts.items()
+            if have[suite].get(name) != d
+        ]
+        if diff:
+            out.append(f"suite {suite!r}: other data: " + ", ".join(diff))
+    return out
 
 
 def digest(fingerprint: dict[str, Any], dtype: str) -> str:
@@ -139,7 +209,7 @@ class LatentCacheWriter:
     """
 
     def __init__(self, root: str | Path, fingerprint: dict[str, Any], dtype: str, shard_size: int,
-                 suites: dict[str, int]):  # fmt: skip
+                 suites: dict[str, int], contents: dict[str, Any] | None = None):  # fmt: skip
         if dtype not in DTYPES:
             raise ValueError(f"latent cache dtype {dtype!r}; expected one of {', '.join(DTYPES)}")
         if shard_size < 1:
@@ -153,6 +223,7 @@ class LatentCacheWriter:
             "dtype": dtype,
             "shard_size": shard_size,
             "suites": self.suites,
+            "contents": dict(contents or {}),  # {suite: dataset_contents(its root)}; {} for synthetic data
         }
         path = self.root / MANIFEST
         if path.is_file():
@@ -160,6 +231,8 @@ class LatentCacheWriter:
             diff = _differences(old.get("fingerprint", {}), fingerprint) + _differences(
                 old, {k: manifest[k] for k in ("format", "version", "dtype", "shard_size", "suites")}
             )
+            if not diff:
+                diff = _content_differences(old.get("contents", {}), manifest["contents"])
             if diff:
                 raise LatentCacheError(
                     f"{path}: this folder holds a latent cache built with other settings ("
@@ -220,11 +293,12 @@ class LatentCache:
         if m.get("format") != FORMAT or m.get("version") != VERSION:
             raise LatentCacheError(
                 f"{self.root / MANIFEST}: format {m.get('format')!r} version {m.get('version')!r}; "
-                f"expected {FORMAT!r} version {VERSION}"
+                f"expected {FORMAT!r} version {VERSION}; build it again with `wamkit cache-latents`"
             )
         self.fingerprint: dict[str, Any] = m["fingerprint"]
         self.dtype, self.shard_size = m["dtype"], int(m["shard_size"])
         self.suites: dict[str, int] = dict(m["suites"])
+        self.contents: dict[str, Any] = dict(m["contents"])
         self.shape: list[int] | None = None
         for suite, rows in self.suites.items():
             for k in range(math.ceil(rows / self.shard_size)):
@@ -258,6 +332,16 @@ class LatentCache:
                 f"run's data has {sizes}; build a cache for this data with `wamkit cache-latents`"
             )
 
+    def check_contents(self, contents: dict[str, Any]) -> None:
+        """The run's suites must hold the data the cache was built from (:func:`dataset_contents`)."""
+        diff = _content_differences(self.contents, contents)
+        if diff:
+            raise LatentCacheError(
+                f"model.options.latent_cache: {self.root} was built from other data than this run's ("
+                + "; ".join(diff)
+                + "); build a cache for this data with `wamkit cache-latents`"
+            )
+
     def get(self, suite: str, row: int) -> torch.Tensor:
         k, j = divmod(row, self.shard_size)
         path = shard_path(self.root, suite, k)
@@ -284,6 +368,7 @@ class CachedLatentsDataset(torch.utils.data.Dataset):
         self.names, self.offsets = list(dataset.names), list(dataset.offsets)
         self.suite_sizes, self.weights = dataset.suite_sizes, dataset.weights  # the sampler reads them
         cache.check_suites(dict(zip(self.names, self.suite_sizes)))
+        cache.check_contents(suite_contents(dataset))
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -293,3 +378,25 @@ class CachedLatentsDataset(torch.utils.data.Dataset):
         sample = self.dataset[i]
         sample[LATENTS] = self.cache.get(self.names[s], i - self.offsets[s])
         return sample
+
+
+def suite_contents(dataset) -> dict[str, Any]:
+    """``{suite: dataset_contents(root)}`` of a training dataset's suites (LeRobot datasets)."""
+    return {name: dataset_contents(ds.root) for name, ds in dataset.suites.items()}
+
+
+def open_training_dataset(dataset, folder: str | Path, spec, fps: float) -> CachedLatentsDataset:
+    """The run's training dataset with each sample's cached latents; the cache must fit the run's data
+    settings, suites and contents (the adapter checks the model's side when it is built)."""
+    cache = LatentCache(folder)
+    cache.check(data_fingerprint(spec, fps), "data settings")
+    return CachedLatentsDataset(dataset, cache)
+
+
+def writer_for(dataset, model_fingerprint: dict[str, Any], spec, fps: float, *, out: str | Path | None,
+               parent: str | Path, dtype: str, shard_size: int) -> LatentCacheWriter:  # fmt: skip
+    """The writer of ``dataset``'s cache: ``out``, or ``parent / digest(...)`` when ``out`` is None."""
+    fingerprint = {**model_fingerprint, **data_fingerprint(spec, fps)}
+    root = Path(out) if out else Path(parent) / digest(fingerprint, dtype)
+    suites = dict(zip(dataset.names, dataset.suite_sizes))
+    return LatentCacheWriter(root, fingerprint, dtype, shard_size, suites, suite_contents(dataset))
