@@ -4,12 +4,14 @@ plan.json records (resolved settings and the simulator stack)."""
 from __future__ import annotations
 
 import importlib.util
+import json
 
 import pytest
 
 from wamkit.config import ConfigError, EnvConfig, EvalConfig
 from wamkit.envs.base import episode_seed
 from wamkit.eval.episodes import plan_episodes, plan_record
+from wamkit.eval.journal import Journal
 
 needs_libero = pytest.mark.skipif(
     importlib.util.find_spec("libero") is None, reason="LIBERO extra not installed: run `make setup-libero`"
@@ -70,3 +72,21 @@ def test_libero_plan_is_openpis_protocol():
         EnvConfig(suite="libero_spatial", tasks=["0"], seed_rule="per_trial"), EvalConfig(trials=2)
     )
     assert [(e.trial, e.seed) for e in old] == [(0, 1000), (1, 1001)]
+
+
+def test_a_run_from_before_render_gpu_resumes_and_a_real_change_is_refused(tmp_path):
+    """plan.json gained render_gpu later: a plan written before it lacks the key and is read as the
+    -1 (EGL's choice) every such run rendered with; another render GPU is still another plan."""
+    env = EnvConfig(tasks=["reach-v3"])
+    plan = plan_record(env, EvalConfig(trials=2), {"url": "ws://x"})
+    old = {k: v for k, v in plan.items() if k != "render_gpu"}  # as the evaluator wrote it before
+    Journal(tmp_path, old).close()
+    with Journal(tmp_path, plan, resume=True) as j:
+        assert j.plan["render_gpu"] == -1
+    assert json.loads((tmp_path / "plan.json").read_text())["render_gpu"] == -1
+    (tmp_path / "plan.json").write_text(json.dumps(old))
+    moved = plan_record(EnvConfig(tasks=["reach-v3"], render_gpu=1), EvalConfig(trials=2), {"url": "ws://x"})
+    with pytest.raises(ConfigError, match="render_gpu: -1 -> 1"):
+        Journal(tmp_path, moved, resume=True)
+    with pytest.raises(ConfigError, match="trials: 2 -> 3"):  # any other difference as before
+        Journal(tmp_path, plan_record(env, EvalConfig(trials=3), {"url": "ws://x"}), resume=True)

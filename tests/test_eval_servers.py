@@ -13,15 +13,20 @@ import signal
 import threading
 import time
 
+import numpy as np
 import pytest
+from websockets.sync.server import serve as sync_serve
 
 from wamkit.config import ConfigError, load_config
+from wamkit.constants import OBS_STATE, TASK, image_key
 from wamkit.eval.autotune import choose_stages
 from wamkit.eval.calibrate import Calibration, auto_candidates, independent_bound
 from wamkit.eval.journal import read_journal
+from wamkit.eval.remote import Patience, RemotePolicy
 from wamkit.eval.runner import run_eval
 from wamkit.eval.scheduler import Pipeline
 from wamkit.eval.server_proc import start_server_process
+from wamkit.serve.codec import packb
 
 DELAY = ["--model", "delay", "--random-init", "--device", "cpu", "--option", "delay_ms=5"]
 TRIALS = 6
@@ -84,12 +89,12 @@ def test_two_servers_serve_whole_stages_with_the_results_of_one(servers, one_ser
     summary = run_eval(config(urls, tmp_path), progress=False, on_pipeline=_keep(pipelines))
     assert results(tmp_path) == results(one_server)
     assert len(keys_in_order(tmp_path)) == len(set(keys_in_order(tmp_path))) == TRIALS
-    # stage i asked server i mod 2, every request whole (the stage's N/P = 2 observations)
+    # no server dropped, so every request of stage i went to server i mod 2, whole (the stage's N/P = 2
+    # observations at most), and both stages asked
     requests = pipelines[0].requests
-    assert {server for _, _, server in requests} == {0, 1}
-    stage_of = {(stage, "infer") for stage, kind, _, _ in pipelines[0].events if kind == "infer"}
-    assert stage_of == {(0, "infer"), (1, "infer")}
-    assert all(b <= 2 for b, _, _ in requests)
+    assert [server for _, _, server, _ in requests] == [stage % 2 for _, _, _, stage in requests]
+    assert {stage for _, _, _, stage in requests} == {0, 1}
+    assert all(b <= 2 for b, _, _, _ in requests)
     tp = summary["throughput"]
     assert tp["servers"] == 2 and tp["servers_dropped"] == []
     # both servers were calibrated (and so warmed); the bound's inference side divides over them
@@ -111,7 +116,7 @@ def test_a_killed_server_hands_its_stages_to_the_other(one_server, tmp_path):
 
             def run():
                 while not pipeline._stop.is_set():
-                    if sum(server == 1 for _, _, server in pipeline.requests) >= 2:
+                    if sum(server == 1 for _, _, server, _ in pipeline.requests) >= 2:
                         os.kill(b.proc.pid, signal.SIGKILL)
                         killed.set()
                         return
@@ -127,8 +132,13 @@ def test_a_killed_server_hands_its_stages_to_the_other(one_server, tmp_path):
     assert all(r["restarts"] == 0 for r in read_journal(tmp_path / "episodes.jsonl").values())
     dropped = summary["throughput"]["servers_dropped"]
     assert [(d["url"], d["stages"]) for d in dropped] == [(b.url, [1])]
-    # after the kill, stage 1 was answered by server a (index 0)
-    assert pipelines[0].requests[-1][2] == 0
+    # stage 0 stayed on server a (index 0); stage 1 asked server b (1) until the kill, then only a
+    served = {
+        stage: [server for _, _, server, st in pipelines[0].requests if st == stage] for stage in (0, 1)
+    }
+    assert set(served[0]) == {0}
+    before = served[1].index(0)
+    assert before >= 2 and set(served[1][:before]) == {1} and set(served[1][before:]) == {0}
 
 
 def test_servers_serving_different_models_are_refused(servers, tmp_path):
@@ -191,7 +201,7 @@ def test_a_hung_server_is_dropped_after_the_timeout(one_server, tmp_path):
         def freezer(pipeline):
             def run():
                 while not pipeline._stop.is_set():
-                    if sum(server == 1 for _, _, server in pipeline.requests) >= 2:
+                    if sum(server == 1 for _, _, server, _ in pipeline.requests) >= 2:
                         stack.enter_context(_stopped(b.proc))
                         return
                     time.sleep(0.01)
@@ -202,3 +212,55 @@ def test_a_hung_server_is_dropped_after_the_timeout(one_server, tmp_path):
         summary = run_eval(cfg, progress=False, on_pipeline=freezer)
     assert [d["url"] for d in summary["throughput"]["servers_dropped"]] == [b.url]
     assert results(tmp_path) == results(one_server)
+
+
+@contextlib.contextmanager
+def _hung_server():
+    """A server that sends its metadata and then answers no request; each connection's thread ends
+    when the client closes it. Yields its URL and the connections it has accepted."""
+    opened = []
+
+    def handler(ws):
+        opened.append(ws)
+        ws.send(packb({}))
+        for _ in ws:  # read, never answer
+            pass
+
+    with sync_serve(handler, "127.0.0.1", 0, compression=None, max_size=None) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        try:
+            yield f"ws://127.0.0.1:{server.socket.getsockname()[1]}", opened
+        finally:
+            server.shutdown()
+
+
+def test_a_request_without_a_reply_times_out_in_the_calling_thread():
+    """eval.server_timeout_s: the reply timeout is the client's own (no watcher thread closes a
+    connection the stage may be reopening): each attempt waits its timeout on its own connection,
+    then TimeoutError, an OSError as a lost connection's error is, so failover applies to it."""
+    obs = {
+        image_key("corner"): np.zeros((32, 32, 3), np.uint8),
+        OBS_STATE: np.zeros(39, np.float32),
+        TASK: "reach",
+    }
+    with _hung_server() as (url, opened):
+        policy = RemotePolicy(url, ["corner"], patience=Patience(reply_timeout_s=0.3))
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError, match=rf"no reply from {url} within 0.3 s"):
+            policy([obs])
+        assert time.monotonic() - t0 < 5
+        assert len(opened) == 2  # the patient connection sent the request again once, on a fresh one
+        policy.close()
+
+
+def test_a_server_hung_in_the_calibration_stops_the_run_naming_it(tmp_path):
+    """The calibration's connections have the run's reply timeout: a server that holds a calibration
+    request stops the run with an error naming its URL, before any episode, instead of blocking it."""
+    with _hung_server() as (url, _):
+        one = ["eval.workers=1", "eval.num_envs=1", "eval.pipeline_stages=1"]
+        cfg = config([url], tmp_path, "eval.server_timeout_s=0.5", *one)
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError, match=rf"calibration: the server at {url} did not reply"):
+            run_eval(cfg, progress=False)
+        assert time.monotonic() - t0 < 20
+    assert not (tmp_path / "episodes.jsonl").read_text()

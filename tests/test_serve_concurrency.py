@@ -4,6 +4,7 @@ requests on one connection, reconnect with backoff, and wamkit's clients against
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import threading
 import time
@@ -11,6 +12,7 @@ import time
 import numpy as np
 import pytest
 from openpi_client import msgpack_numpy
+from websockets.exceptions import ConnectionClosed
 from websockets.sync.server import serve as sync_serve
 
 from wamkit.serve.client import AsyncPolicyClient, PolicyClient, ServerError
@@ -174,4 +176,40 @@ def test_wamkit_clients_against_a_foreign_openpi_server():
 
         for i, reply in enumerate(asyncio.run(run())):
             np.testing.assert_array_equal(reply["actions"][0], (state + i) * 2)
+        server.shutdown()
+
+
+def test_a_reply_timeout_fails_in_the_calling_thread_and_a_late_reply_answers_nothing():
+    """A server that answers connections 0 and 2 late (after 0.8 s) and the others at once. A reply
+    timeout raises TimeoutError in the calling thread, well before the late reply; the next request
+    gets its own reply on a fresh connection, never the late one; with a retry left, the request is
+    sent again on a fresh connection and answered there."""
+    opened: list[int] = []
+
+    def handler(ws):
+        conn = len(opened)
+        opened.append(conn)
+        ws.send(msgpack_numpy.packb({"policy": "late on some connections"}))
+        try:
+            for message in ws:
+                if conn in (0, 2):
+                    with contextlib.suppress(TimeoutError):
+                        ws.recv(timeout=0.8)  # 0.8 s late, unless the client closes first (it must)
+                ws.send(msgpack_numpy.packb({"conn": conn, "n": msgpack_numpy.unpackb(message)["n"]}))
+        except ConnectionClosed:
+            return  # ends with the client's connection, not after the test
+
+    with sync_serve(handler, "127.0.0.1", 0, compression=None, max_size=None) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        url = f"ws://127.0.0.1:{server.socket.getsockname()[1]}"
+        with PolicyClient(url, retries=0) as client:
+            t0 = time.monotonic()
+            with pytest.raises(TimeoutError, match=rf"no reply from {url} within 0.3 s"):
+                client.infer({"n": 1}, timeout_s=0.3)
+            assert time.monotonic() - t0 < 0.75
+            assert client.infer({"n": 2}, timeout_s=0.3) == {"conn": 1, "n": 2}
+        with PolicyClient(url, retries=1) as client:
+            assert client.infer({"n": 3}, timeout_s=0.3) == {"conn": 3, "n": 3}
+            assert client.infer({"n": 4}) == {"conn": 3, "n": 4}  # no timeout: as before
+        assert opened == [0, 1, 2, 3]
         server.shutdown()

@@ -26,10 +26,11 @@ mid-run therefore shows as lost efficiency, not as a lower capacity. The whole t
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -108,7 +109,7 @@ def independent_bound(
     servers: int = 1,
 ) -> dict[str, float]:
     """``bound_sim`` and ``bound_infer`` (seconds) of the work a run did; see the module docstring.
-    ``requests``: ``(observations, model call size[, server index])`` per request."""
+    ``requests``: ``(observations, model call size[, server index, ...])`` per request."""
     sim = (cal.t_step * env_steps + cal.t_reset * resets) / max(1, workers)
     infer = sum(cal.latency_at(r[1], r[2] if len(r) > 2 else None) * r[0] / r[1] for r in requests)
     return {"bound_sim": sim, "bound_infer": infer / max(1, servers)}
@@ -172,15 +173,16 @@ class _Sim:
 
 def calibrate(
     ex: Executor,
-    make_policies: list[Callable[[], Callable]],
+    servers: dict[str, Callable[[], Callable]],
     episodes: list[EpisodeSpec],
     num_envs: int,
     sizes: list[int],
     budget_s: float,
     replan_interval: int,
 ) -> Calibration:
-    """Measure ``t_step``, ``t_reset`` and ``latency(b)`` for ``b`` in ``sizes`` on each server (one
-    policy factory per server; module docstring)."""
+    """Measure ``t_step``, ``t_reset`` and ``latency(b)`` for ``b`` in ``sizes`` on each server
+    (``servers``: URL -> policy factory; module docstring). A server that fails (refused, dropped, no
+    reply within its connection's reply timeout) stops the calibration with an error naming its URL."""
     t0 = time.perf_counter()
     sim = _Sim(ex, num_envs, episodes)
     sim.start(list(range(num_envs)))  # untimed: builds the simulators
@@ -188,19 +190,16 @@ def calibrate(
     obs = [o for o in sim.obs if o is not None]
     if not obs:
         raise RuntimeError("calibration: every env raised on its first episode")
+    chunks: np.ndarray | None = None
     per_server: list[dict[int, float]] = []
-    for i, make_policy in enumerate(make_policies):
-        policy = make_policy()
-        try:
-            if i == 0:
+    for url, make_policy in servers.items():
+        with _server(url, make_policy) as policy:
+            if chunks is None:  # the simulation side steps with the actions of one warm-up reply
                 reply = policy([obs[j % len(obs)] for j in range(num_envs)])
                 chunks = np.asarray(reply[0])[:, :replan_interval]
-                t_step, t_reset = _time_sim(sim, chunks, budget_s / 2)
-            per_server.append(_time_server(policy, obs, sizes, budget_s / 2 / len(make_policies)))
-        finally:
-            close = getattr(policy, "close", None)
-            if close is not None:
-                close()
+            per_server.append(_time_server(policy, obs, sizes, budget_s / 2 / len(servers)))
+    assert chunks is not None
+    t_step, t_reset = _time_sim(sim, chunks, budget_s / 2)
     latency = {b: statistics.fmean(t[b] for t in per_server) for b in sizes}
     several = per_server if len(per_server) > 1 else []
     cal = Calibration(t_step, t_reset, latency, time.perf_counter() - t0, several)
@@ -212,6 +211,26 @@ def calibrate(
         [{b: round(1000 * s, 1) for b, s in t.items()} for t in per_server],
     )
     return cal
+
+
+@contextlib.contextmanager
+def _server(url: str, make_policy: Callable[[], Callable]) -> Iterator[Callable]:
+    """One calibration connection to ``url``, closed at the end; its failures name ``url``."""
+    try:
+        policy = make_policy()
+        try:
+            yield policy
+        finally:
+            close = getattr(policy, "close", None)
+            if close is not None:
+                close()
+    except TimeoutError as err:
+        raise TimeoutError(
+            f"calibration: the server at {url} did not reply ({err}); a hung server stops the run "
+            "before any episode, and a slow one needs a larger eval.server_timeout_s"
+        ) from err
+    except OSError as err:
+        raise ConnectionError(f"calibration: the server at {url} failed: {err}") from err
 
 
 def _time_sim(sim: _Sim, chunks: np.ndarray, budget_s: float) -> tuple[float, float]:

@@ -267,7 +267,7 @@ class RayEnvWorker:
         if RayEnvWorker._remote_cls is None:
             RayEnvWorker._remote_cls = ray.remote(_HostActor)
         self.worker_id = worker_id
-        self.actor = RayEnvWorker._remote_cls.options(num_cpus=num_cpus, max_restarts=0).remote(
+        self.actor = RayEnvWorker._remote_cls.options(**actor_options(env_cfg, num_cpus)).remote(
             to_dict(env_cfg), num_envs
         )
         self._ref = None
@@ -300,25 +300,55 @@ class RayEnvWorker:
         ray.kill(self.actor, no_restart=True)
 
 
+def actor_options(env_cfg: EnvConfig, num_cpus: float = 1.0) -> dict[str, Any]:
+    """Ray options of one env actor: one CPU, no restart (the executor replaces a lost actor), and the
+    environment a local worker gets too (EGL, ``env.render_gpu``; a node's own may set none).
+
+    The environment goes with each actor, not with ``ray.init``: a process joins Ray once, and a later
+    run in it (another render GPU) must not get the first run's. Ray merges an actor's variables over
+    the job's, so the job sets none."""
+    from wamkit.envs.base import render_environ
+
+    env_vars = render_environ(env_cfg.render_gpu)
+    return {"num_cpus": num_cpus, "max_restarts": 0, "runtime_env": {"env_vars": env_vars}}
+
+
+_ray_joined: list[str] = []  # the address this process's ray.init was given ("" : a new local cluster)
+
+
+def join_ray(address: str, num_workers: int) -> None:
+    """Connect this process to the Ray cluster at ``address`` (``eval.ray_address``), else the one
+    ``RAY_ADDRESS`` names, else a new local one, once: Ray joins one cluster per process, so a later
+    run that names another cluster is refused (it would silently run on the first)."""
+    import ray
+
+    wanted = address or os.environ.get("RAY_ADDRESS", "")
+    if ray.is_initialized():
+        current = ray.get_runtime_context().gcs_address
+        if wanted and wanted not in (current, *_ray_joined):
+            from wamkit.config import ConfigError
+
+            raise ConfigError(
+                f"eval.ray_address: {wanted} is not the Ray cluster this process is connected to "
+                f"({current}); Ray joins one cluster per process, so evaluate on {wanted} in a new one"
+            )
+        return
+    kwargs: dict[str, Any] = {"address": wanted} if wanted else {}
+    if not wanted:
+        # a new local cluster with room for one actor per worker; "local", because ray.init()
+        # alone joins whatever cluster /tmp/ray/ray_current_cluster names, a stale one included
+        kwargs.update(address="local", num_cpus=max(os.cpu_count() or 1, num_workers))
+    ray.init(log_to_driver=False, include_dashboard=False, **kwargs)
+    _ray_joined[:] = [wanted]
+
+
 def ray_executor(
     env_cfg: EnvConfig, slots_per_worker: list[int], watchdog_s: float, address: str = ""
 ) -> Executor:
-    """Actors on the Ray cluster at ``address`` (``eval.ray_address``), else the one ``RAY_ADDRESS``
-    names, else a local one. Each actor asks for one CPU, so a head started with ``--num-cpus 0``
-    (the GPU node of docs/eval.md) hosts none."""
-    import ray
-
-    if not ray.is_initialized():
-        from wamkit.envs.base import render_environ
-
-        # what a local worker gets too (EGL, the render GPU): a node's own environment may set none
-        env_vars = render_environ(env_cfg.render_gpu)
-        kwargs: dict[str, Any] = {"address": address} if address else {}
-        if not address and not os.environ.get("RAY_ADDRESS"):
-            # a new local cluster with room for one actor per worker; "local", because ray.init()
-            # alone joins whatever cluster /tmp/ray/ray_current_cluster names, a stale one included
-            kwargs.update(address="local", num_cpus=max(os.cpu_count() or 1, len(slots_per_worker)))
-        ray.init(runtime_env={"env_vars": env_vars}, log_to_driver=False, include_dashboard=False, **kwargs)
+    """Actors on the Ray cluster at ``address`` (:func:`join_ray`). Each actor asks for one CPU, so a
+    head started with ``--num-cpus 0`` (the GPU node of docs/eval.md) hosts none, and renders as
+    ``env_cfg`` says (:func:`actor_options`)."""
+    join_ray(address, len(slots_per_worker))
 
     def make(w: int) -> WorkerHandle:
         return RayEnvWorker(env_cfg, slots_per_worker[w], worker_id=w)

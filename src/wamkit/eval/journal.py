@@ -6,8 +6,10 @@ is written only when an episode has finished, so a crash loses at most the episo
 newline, or not valid JSON) is dropped on open and the file is truncated back to the last whole line.
 
 ``<out_dir>/plan.json`` records what makes the episodes what they are (suite, tasks, trials, seed
-rule and seed, render look, max steps, replan interval, the simulator stack's versions, ...): resuming with a different plan would mix two evaluations, so it is
-refused with a message naming the differing keys. Its ``server`` entry holds where the model was
+rule and seed, render look, max steps, replan interval, the simulator stack's versions, ...):
+resuming with a different plan would mix two evaluations, so it is refused with a message naming the
+differing keys. A key added to the plan later is read, in a plan written before it, as the value every
+earlier run had (:data:`ADDED_PLAN_KEYS`). Its ``server`` entry holds where the model was
 reached and, from a server that says, what it serves (``identity``: model name, weights hash, stats
 hash, action transform). It is checked once the server is reached (:meth:`Journal.check_server`):
 resuming against a server whose identity differs is refused, naming the differing fields; where
@@ -39,6 +41,11 @@ JOURNAL = "episodes.jsonl"
 PLAN = "plan.json"
 SERVER = "server"  # the plan's entry checked by check_server, not on open
 KEY_FIELDS = ("suite", "task", "trial", "seed")
+# Plan keys added after plans were first written, with the value every run before them had: a plan
+# that lacks one is compared as if it recorded that value (before env.render_gpu, workers rendered on
+# EGL's choice of device, which is -1), so --resume of an older run is not refused for the key alone.
+# A key added to plan_record (episodes.py) whose old runs all had one value belongs here.
+ADDED_PLAN_KEYS: dict[str, Any] = {"render_gpu": -1}
 REQUIRED = KEY_FIELDS + ("success_once", "success_at_end", "length", "return")
 
 
@@ -68,9 +75,10 @@ class Journal:
         old = json.loads(self.plan_path.read_text()) if resume and self.plan_path.exists() else None
         self._old_server = old.get(SERVER) if old is not None else None
         if old is not None:
-            diff = sorted(k for k in set(old) | set(plan) if k != SERVER and old.get(k) != plan.get(k))
+            was, now = {**ADDED_PLAN_KEYS, **old}, {**ADDED_PLAN_KEYS, **plan}
+            diff = sorted(k for k in set(was) | set(now) if k != SERVER and was.get(k) != now.get(k))
             if diff:
-                details = "; ".join(f"{k}: {old.get(k)!r} -> {plan.get(k)!r}" for k in diff)
+                details = "; ".join(f"{k}: {was.get(k)!r} -> {now.get(k)!r}" for k in diff)
                 raise ConfigError(
                     f"--resume: {self.plan_path} was written for other episodes ({details}); "
                     "resume with the same settings or use another eval.out_dir"

@@ -25,8 +25,6 @@ that gets no reply within ``reply_timeout_s`` fails like a dropped one (:func:`i
 
 from __future__ import annotations
 
-import logging
-import threading
 import time
 from dataclasses import dataclass, replace
 from typing import Any
@@ -36,12 +34,11 @@ import numpy as np
 from wamkit.config import ConfigError
 from wamkit.constants import OBS_STATE, TASK, image_key
 
-log = logging.getLogger(__name__)
-
 
 @dataclass(frozen=True)
 class Patience:
-    """How long one connection waits for its server before the request fails with ``ConnectionError``.
+    """How long one connection waits for its server before the request fails with ``ConnectionError``
+    (``TimeoutError`` when the server never replied).
 
     ``retries``: a dropped connection is reopened this often (with backoff, for up to
     ``connect_timeout_s``) and the request sent again; ``reply_timeout_s``: seconds a request may wait
@@ -65,26 +62,13 @@ FAILOVER_CONNECT_S = 5.0  # a server that refuses a new connection this long is 
 
 
 def infer_within(client: Any, request: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-    """``client.infer(request)``, but a reply that has not come within ``timeout_s`` closes the
-    connection (again every ``timeout_s``), so a hung server's request fails like a dropped one
-    (``ConnectionError`` once the client's retries are spent) instead of blocking the stage forever.
-    The client has no reply timeout of its own; closing from this watcher thread is what interrupts its
-    blocking ``recv``."""
-    if timeout_s <= 0:
-        return client.infer(request)
-    done = threading.Event()
+    """``client.infer(request)`` with a reply timeout (0: wait forever): a hung server's request fails
+    with ``TimeoutError`` (an ``OSError``, as a dropped connection's ``ConnectionError`` is) once the
+    client's retries are spent, in the calling thread, instead of blocking the stage forever.
 
-    def watch() -> None:
-        while not done.wait(timeout_s):
-            log.warning("no reply from %s within %g s; closing the connection", client.url, timeout_s)
-            client.close()
-
-    watcher = threading.Thread(target=watch, name="reply-timeout", daemon=True)
-    watcher.start()
-    try:
-        return client.infer(request)
-    finally:
-        done.set()
+    The timeout is the client's own (:meth:`wamkit.serve.client.PolicyClient.infer`): no other thread
+    ever closes a connection a stage may be reconnecting at that moment."""
+    return client.infer(request, timeout_s=timeout_s)
 
 
 def check_spec_fits(spec: dict[str, Any], suite: Any, url: str, render_quality: str | None = None) -> None:

@@ -193,11 +193,12 @@ def _run(
         t_warm = time.perf_counter()
         if prebuild:
             _prebuild(executor, per_worker, todo)
-        # calibration: patient connections, one server after the other
-        per_server = [functools.partial(make_policy, url, env_cfg, Patience()) for url in urls]
+        # calibration: patient connections, one server after the other, as long a reply timeout as
+        # the run's (a server that hangs here stops the run, naming its URL)
+        patience = Patience(reply_timeout_s=ecfg.server_timeout_s)
+        per_server = {url: functools.partial(make_policy, url, env_cfg, patience) for url in urls}
         stages, cal = _calibrate(executor, per_server, todo, ecfg, workers)
         stage_slots, _ = layout(num_envs, stages, workers)
-        patience = Patience(reply_timeout_s=ecfg.server_timeout_s)
         pool = ServerPool(urls, lambda url, pat: make_policy(url, env_cfg, pat), stages, patience)
         pipeline = Pipeline(
             executor,
@@ -244,11 +245,11 @@ def _run(
 
 
 def _calibrate(
-    executor, per_server: list[Callable], todo: list[EpisodeSpec], ecfg: EvalConfig, workers: int
+    executor, per_server: dict[str, Callable], todo: list[EpisodeSpec], ecfg: EvalConfig, workers: int
 ) -> tuple[int, Calibration | None]:
     """``(stages, calibration)``: the calibration unless ``eval.calibrate_s=0``, and P chosen from it
     for ``--pipeline auto`` (``eval.pipeline_stages=0``, which EvalConfig refuses without one).
-    ``per_server``: one policy factory per server (each server is measured, and so warmed)."""
+    ``per_server``: URL -> policy factory (each server is measured, and so warmed)."""
     stages, n, cal, s = ecfg.pipeline_stages, ecfg.num_envs, None, len(per_server)
     if ecfg.calibrate_s > 0:
         sizes = batch_sizes(n, stages, s)

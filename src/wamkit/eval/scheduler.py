@@ -143,8 +143,8 @@ class Pipeline:
         self.infer_intervals: list[tuple[int, float, float]] = []
         self.stage_steps = [0] * n  # per stage: env steps applied (reruns included: real work)
         self.resets = 0  # episode starts answered by an env (reruns included)
-        # per request: (its observations, its model call's, the server's index)
-        self.requests: list[tuple[int, int, int]] = []
+        # per request: (its observations, its model call's, the server's index, the stage's)
+        self.requests: list[tuple[int, int, int, int]] = []
         self._queue: collections.deque[EpisodeSpec] = collections.deque()
         self._qlock = threading.Lock()
         self._stop = threading.Event()
@@ -221,7 +221,7 @@ class Pipeline:
                 continue
             chunks, infer_s, call_batch, server = policy([sl.obs for sl in ready])
             t2 = self.now()
-            self.requests.append((len(ready), max(int(call_batch), len(ready)), server))
+            self.requests.append((len(ready), max(int(call_batch), len(ready)), server, s))
             self.events.append((s, "infer", t1, t2))
             self.stage_infer_s[s] += infer_s
             # within the request's round trip [t1, t2], even if the server's clock or report is off

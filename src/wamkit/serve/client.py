@@ -9,6 +9,11 @@ Connecting retries with exponential backoff (``backoff_s`` doubling up to ``max_
 network blip, another request's error closing the shared connection) is sent again once on a fresh
 connection; inference requests are idempotent. A request the server *refused* is not retried.
 
+``PolicyClient.infer(obs, timeout_s=T)`` waits at most T seconds for a reply (per attempt). A reply
+that has not come by then is taken as a lost connection: the connection is closed (a late reply must
+never answer the next request), the request sent again on a fresh one while retries last, and then
+:class:`TimeoutError` is raised in the calling thread (an ``OSError``, as ``ConnectionError`` is).
+
 ``AsyncPolicyClient`` allows many concurrent ``infer`` calls on one connection: they are sent in call
 order and the server answers in the same order, so each caller gets its own reply.
 """
@@ -87,7 +92,7 @@ class PolicyClient:
         self.metadata: dict[str, Any] = {}
         self._connect()
 
-    def _connect(self) -> None:
+    def _connect(self) -> websockets.sync.client.ClientConnection:
         backoff = _Backoff(self.url, *self._opts)
         while True:
             try:
@@ -97,26 +102,33 @@ class PolicyClient:
                 ).__enter__()
                 self.metadata = unpackb(ws.recv())
                 self._ws = ws
-                return
+                return ws
             except InvalidURI:
                 raise
             except (*_CONNECT_ERRORS, ConnectionClosed) as err:
                 time.sleep(backoff.next_delay(err))
 
-    def infer(self, obs: dict[str, Any]) -> dict[str, Any]:
-        """Send one (single or batched) observation dict; return the decoded reply."""
+    def infer(self, obs: dict[str, Any], timeout_s: float = 0.0) -> dict[str, Any]:
+        """Send one (single or batched) observation dict; return the decoded reply.
+
+        ``timeout_s`` > 0: seconds each attempt waits for its reply before the connection counts as
+        lost (module docstring); :class:`TimeoutError` once the retries are spent. 0 waits forever."""
         data = packb(obs)
         for attempt in range(self.retries + 1):
-            if self._ws is None:
-                self._connect()
-            assert self._ws is not None
+            ws = self._ws if self._ws is not None else self._connect()
             try:
-                self._ws.send(data)
-                message = self._ws.recv()
+                ws.send(data)
+                message = ws.recv(timeout=timeout_s if timeout_s > 0 else None)
             except ConnectionClosed as err:
                 self._ws = None
                 if attempt == self.retries:
                     raise ConnectionError(f"connection to {self.url} lost: {err}") from err
+                continue
+            except TimeoutError as err:
+                self.close()
+                if attempt == self.retries:
+                    raise TimeoutError(f"no reply from {self.url} within {timeout_s:g} s") from err
+                log.warning("no reply from %s within %g s; sending the request again", self.url, timeout_s)
                 continue
             if isinstance(message, str):
                 self.close()  # the server closes after an error; the next call reconnects
