@@ -171,6 +171,8 @@ class SftBench:
             lean[LATENTS] = self.latents[b]
         else:
             rows = torch.stack([self.cache.get("bench", i) for i in range(b)])
+            if self.device.type == "cuda":  # page-locked, as the trainer's loader hands batches over
+                rows = rows.pin_memory()
             lean[LATENTS] = rows.to(self.device, non_blocking=True)
         return lean
 

@@ -116,7 +116,7 @@ class TrainLoader:
     """Iterates batches forever. ``state_dict()`` is the exact position (global samples consumed)."""
 
     def __init__(self, dataset, batch_size: int, seed: int, num_workers: int, rank: int = 0,
-                 world_size: int = 1, window: int = DEFAULT_WINDOW):  # fmt: skip
+                 world_size: int = 1, window: int = DEFAULT_WINDOW, pin_memory: bool = False):  # fmt: skip
         if batch_size < 1 or world_size < 1 or not 0 <= rank < world_size:
             raise ValueError(
                 f"bad loader shape: batch_size={batch_size}, rank={rank}, world_size={world_size}"
@@ -124,6 +124,9 @@ class TrainLoader:
         self.dataset = dataset
         self.batch_size, self.seed, self.num_workers = batch_size, seed, num_workers
         self.rank, self.world_size = rank, world_size
+        # page-locked batches: a copy to the GPU from pageable memory first waits for every kernel
+        # queued before it, so the host could not queue the next step while the GPU runs this one
+        self.pin_memory = pin_memory
         sizes = list(getattr(dataset, "suite_sizes", [len(dataset)]))
         weights = list(getattr(dataset, "weights", [1.0] * len(sizes)))
         self.stream = SampleStream(sizes, weights, seed, window)
@@ -138,6 +141,7 @@ class TrainLoader:
             collate_fn=collate,
             persistent_workers=False,
             prefetch_factor=2 if self.num_workers > 0 else None,
+            pin_memory=self.pin_memory,
         )
         return iter(loader)
 
@@ -181,7 +185,8 @@ class TrainLoader:
 
 
 def make_train_loader(dataset, batch_size: int, seed: int, num_workers: int, rank: int = 0,
-                      world_size: int = 1, window: int = DEFAULT_WINDOW) -> TrainLoader:  # fmt: skip
+                      world_size: int = 1, window: int = DEFAULT_WINDOW,
+                      pin_memory: bool = False) -> TrainLoader:  # fmt: skip
     """An endless loader over ``dataset`` (see the module docstring); per-rank batches of ``batch_size``,
-    samples in file-local windows of ``window`` (1: a plain permutation)."""
-    return TrainLoader(dataset, batch_size, seed, num_workers, rank, world_size, window)
+    samples in file-local windows of ``window`` (1: a plain permutation); ``pin_memory`` for a GPU."""
+    return TrainLoader(dataset, batch_size, seed, num_workers, rank, world_size, window, pin_memory)

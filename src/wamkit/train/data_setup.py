@@ -13,6 +13,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from wamkit.actions.representations import get_representation
@@ -135,8 +136,10 @@ def build_data(cfg: RunConfig, rank: int, world_size: int, run_dir: Path):
         dataset = make_train_dataset(cfg.data, spec, () if cache else future_offsets, extras)
         if cache:
             dataset = adapter.latent_dataset(dataset, cache, spec, ds.fps)
+        pin = cfg.train.device != "cpu" and torch.cuda.is_available()  # batches go to a GPU
         return make_train_loader(
-            dataset, cfg.train.micro_batch, cfg.data.seed, cfg.data.num_workers, rank, world_size
-        )
+            dataset, cfg.train.micro_batch, cfg.data.seed, cfg.data.num_workers, rank, world_size,
+            pin_memory=pin,
+        )  # fmt: skip
 
     return io, spec_path, make_loader
