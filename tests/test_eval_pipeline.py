@@ -17,49 +17,25 @@ import time
 
 import pytest
 
-from wamkit.config import ConfigError, load_config
+from tests.eval_helpers import DELAY, eval_config, results
+from wamkit.config import ConfigError
 from wamkit.eval.journal import read_journal
 from wamkit.eval.runner import run_eval
 from wamkit.eval.server_proc import start_server_process
 
 TASKS = ["reach-v3"]  # one task: building a MetaWorld task costs seconds per env
 TRIALS = 6
-SCHEDULING = ("timing", "stage", "worker", "restarts", "video")  # how an episode ran, not what happened
 
 
 @pytest.fixture(scope="module")
 def server():
-    args = ["--model", "delay", "--random-init", "--device", "cpu", "--option", "delay_ms=5"]
-    with start_server_process(args) as srv:
+    with start_server_process(DELAY) as srv:
         yield srv
 
 
 def config(server, out, *extra):
-    return load_config(
-        None,
-        [
-            f"eval.server_url={server.url}",
-            f"eval.out_dir={out}",
-            f"env.tasks={','.join(TASKS)}",
-            "env.image_size=64",
-            "env.max_steps=16",
-            f"eval.trials={TRIALS}",
-            "eval.num_envs=2",
-            "eval.pipeline_stages=2",
-            "eval.workers=2",
-            "eval.replan_interval=4",
-            "eval.videos=0",
-            *extra,
-        ],
-    )
-
-
-def results(out) -> dict[str, dict]:
-    """Journal records by episode key, without the scheduling fields."""
-    return {
-        key: {k: v for k, v in r.items() if k not in SCHEDULING}
-        for key, r in read_journal(out / "episodes.jsonl").items()
-    }
+    cases = [f"env.tasks={','.join(TASKS)}", "env.image_size=64", f"eval.trials={TRIALS}"]
+    return eval_config(server.url, out, *cases, "eval.calibrate_s=3", *extra)
 
 
 def finished(out) -> int:
@@ -216,7 +192,7 @@ def test_bad_configs_name_the_keys(server, tmp_path):
 def test_server_restart_mid_run_is_survived(reference, tmp_path):
     """The server process is stopped mid-run and a new one starts on the same port a little later:
     the stages reconnect (with backoff) and the results are those of the undisturbed run."""
-    args = ["--model", "delay", "--random-init", "--device", "cpu", "--option", "delay_ms=5"]
+    args = DELAY
     restarted = threading.Event()
     with contextlib.ExitStack() as stack:
         first = stack.enter_context(start_server_process(args))

@@ -27,14 +27,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.eval_helpers import DELAY, results
 from wamkit.config import load_config
-from wamkit.eval.journal import read_journal
 from wamkit.eval.runner import run_eval
 from wamkit.eval.server_proc import free_port, start_server_process
 
 RAY = shutil.which("ray") or str(Path(sys.executable).parent / "ray")
-DELAY = ["--model", "delay", "--random-init", "--device", "cpu", "--option", "delay_ms=5"]
-SCHEDULING = ("timing", "stage", "worker", "restarts", "video")
 OVERRIDES = [
     "env.tasks=reach-v3",
     "env.image_size=32",
@@ -126,13 +124,6 @@ import json, sys, ray
 ray.init(address=sys.argv[1], log_to_driver=False)
 print(json.dumps([{"id": n["NodeID"], "alive": n["Alive"], "resources": n["Resources"]} for n in ray.nodes()]))
 """
-
-
-def results(out: Path) -> dict[str, dict]:
-    return {
-        key: {k: v for k, v in r.items() if k not in SCHEDULING}
-        for key, r in read_journal(out / "episodes.jsonl").items()
-    }
 
 
 @pytest.mark.skipif(not Path(RAY).is_file(), reason="the ray CLI is missing (pip install 'wamkit[ray]')")

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from websockets.sync.server import serve as sync_serve
 
+from tests.eval_helpers import DELAY, eval_config, results
 from wamkit.config import ConfigError, load_config
 from wamkit.constants import OBS_STATE, TASK, image_key
 from wamkit.eval.autotune import choose_stages
@@ -28,9 +29,7 @@ from wamkit.eval.scheduler import Pipeline
 from wamkit.eval.server_proc import start_server_process
 from wamkit.serve.codec import packb
 
-DELAY = ["--model", "delay", "--random-init", "--device", "cpu", "--option", "delay_ms=5"]
 TRIALS = 6
-SCHEDULING = ("timing", "stage", "worker", "restarts", "video")  # how an episode ran, not what happened
 
 
 @pytest.fixture(scope="module")
@@ -40,31 +39,7 @@ def servers():
 
 
 def config(urls, out, *extra):
-    return load_config(
-        None,
-        [
-            f"eval.server_url={','.join(urls)}",
-            f"eval.out_dir={out}",
-            "env.tasks=reach-v3",
-            "env.image_size=32",
-            "env.max_steps=16",
-            f"eval.trials={TRIALS}",
-            "eval.num_envs=4",
-            "eval.pipeline_stages=2",
-            "eval.workers=2",
-            "eval.replan_interval=4",
-            "eval.videos=0",
-            "eval.calibrate_s=1",
-            *extra,
-        ],
-    )
-
-
-def results(out) -> dict[str, dict]:
-    return {
-        key: {k: v for k, v in r.items() if k not in SCHEDULING}
-        for key, r in read_journal(out / "episodes.jsonl").items()
-    }
+    return eval_config(urls, out, f"eval.trials={TRIALS}", "eval.num_envs=4", *extra)
 
 
 def keys_in_order(out) -> list[str]:

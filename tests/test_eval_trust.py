@@ -13,14 +13,15 @@ import time
 
 import pytest
 
-from wamkit.config import ConfigError, load_config
+from tests.eval_helpers import DELAY
+from tests.eval_helpers import eval_config as config
+from wamkit.config import ConfigError
 from wamkit.eval.calibrate import Calibration, independent_bound
 from wamkit.eval.host import ChunkHost
 from wamkit.eval.journal import read_journal, server_diff
 from wamkit.eval.runner import run_eval
 from wamkit.eval.server_proc import start_server_process
 
-DELAY = ["--model", "delay", "--random-init", "--device", "cpu", "--option", "delay_ms=5"]
 BROKEN, FLAKY = 2, 3  # trials whose env raises always / once (calibration uses trials 0 and 1)
 
 
@@ -28,27 +29,6 @@ BROKEN, FLAKY = 2, 3  # trials whose env raises always / once (calibration uses 
 def server():
     with start_server_process(DELAY) as srv:
         yield srv
-
-
-def config(url, out, *extra):
-    return load_config(
-        None,
-        [
-            f"eval.server_url={url}",
-            f"eval.out_dir={out}",
-            "env.tasks=reach-v3",
-            "env.image_size=32",
-            "env.max_steps=16",
-            "eval.trials=2",
-            "eval.num_envs=2",
-            "eval.pipeline_stages=2",
-            "eval.workers=2",
-            "eval.replan_interval=4",
-            "eval.videos=0",
-            "eval.calibrate_s=1",
-            *extra,
-        ],
-    )
 
 
 # -- the bound ---------------------------------------------------------------------------------------

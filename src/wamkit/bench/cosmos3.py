@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from wamkit.bench.timing import sync, timed
 from wamkit.device import resolve_device
 
 TASKS = [
@@ -110,20 +111,6 @@ def make_batch(io, b: int, seed: int = 0) -> dict[str, Any]:
     return batch
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
-def _timed(fn, device: torch.device, repeats: int = 1) -> float:
-    _sync(device)
-    start = time.perf_counter()
-    for _ in range(repeats):
-        fn()
-    _sync(device)
-    return (time.perf_counter() - start) / repeats
-
-
 def _use_path(ad, path: str, stock_attention: str) -> None:
     """Point the adapter at one path (the same weights and caches)."""
     ad.options["fast_inference"] = path != "stock"
@@ -168,7 +155,7 @@ def step_seconds(ad, batch: dict, device: torch.device, calls: int = 5) -> float
     """Median seconds of one denoising step (the step function alone, after a warm-up call)."""
     velocity, lat_v, lat_a, t = step_inputs(ad, batch)
     velocity(lat_v, lat_a, t)
-    return float(np.median([_timed(lambda: velocity(lat_v, lat_a, t), device) for _ in range(calls)]))
+    return float(np.median([timed(lambda: velocity(lat_v, lat_a, t), device) for _ in range(calls)]))
 
 
 def measure(ad, path: str, batch: dict, args, device: torch.device) -> tuple[Row, np.ndarray]:
@@ -178,7 +165,7 @@ def measure(ad, path: str, batch: dict, args, device: torch.device) -> tuple[Row
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     out: dict[str, np.ndarray] = {}
-    full = _timed(lambda: out.update(_predict(ad, batch, args.steps)), device, args.repeats)
+    full = timed(lambda: out.update(_predict(ad, batch, args.steps)), device, args.repeats)
     peak = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None
     step_s = step_seconds(ad, batch, device)
     flops = _step_flops(ad, path, b)
@@ -191,7 +178,7 @@ def measure(ad, path: str, batch: dict, args, device: torch.device) -> tuple[Row
 def prepare_seconds(ad, batch: dict, device: torch.device, calls: int = 3) -> float:
     """Median seconds of a prediction's work before its denoising steps: the observations through the
     VAE, the requests' segments, the step function chosen (text keys/values from the cache)."""
-    return float(np.median([_timed(lambda: ad._prepare(batch, "policy", {}), device) for _ in range(calls)]))
+    return float(np.median([timed(lambda: ad._prepare(batch, "policy", {}), device) for _ in range(calls)]))
 
 
 @torch.no_grad()
@@ -201,11 +188,11 @@ def profile_step(ad, batch: dict, rows: int, device: torch.device) -> str:
 
     velocity, lat_v, lat_a, t = step_inputs(ad, batch)
     velocity(lat_v, lat_a, t)
-    _sync(device)
+    sync(device)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as prof:
         velocity(lat_v, lat_a, t)
-        _sync(device)
+        sync(device)
     key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
     return prof.key_averages().table(sort_by=key, row_limit=rows)
 

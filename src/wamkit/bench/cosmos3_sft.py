@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from wamkit.bench.timing import sync, timed
 from wamkit.device import resolve_device
 
 PEAK_BF16 = 989.4e12  # H100/H200 SXM dense bf16
@@ -185,27 +186,13 @@ class SftBench:
         self.opt.step()
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
-def _timed(fn, device: torch.device, repeats: int) -> float:
-    _sync(device)
-    start = time.perf_counter()
-    for _ in range(repeats):
-        fn()
-    _sync(device)
-    return (time.perf_counter() - start) / repeats
-
-
 def measure(bench: SftBench, path: str, b: int, steps: int, attention: str) -> Row:
     """One row, timed after every row of the batch was warmed up (see :func:`warm`)."""
     dev = bench.device
     bench.ad.processor.mode = attention
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
-    s = _timed(lambda: bench.step(path, b), dev, steps)
+    s = timed(lambda: bench.step(path, b), dev, steps)
     mfu = bench.ad.flops_per_sample() * b / s / PEAK_BF16 if dev.type == "cuda" else None
     peak = torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else None
     return Row(path, b, s, b / s, mfu, peak, attention=attention)
@@ -235,12 +222,12 @@ def profile_steps(bench: SftBench, path: str, b: int, n: int, rows: int) -> str:
 
     dev = bench.device
     bench.step(path, b)
-    _sync(dev)
+    sync(dev)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
     with profile(activities=activities) as prof:
         for _ in range(n):
             bench.step(path, b)
-        _sync(dev)
+        sync(dev)
     key = "self_cuda_time_total" if dev.type == "cuda" else "self_cpu_time_total"
     return prof.key_averages().table(sort_by=key, row_limit=rows)
 
@@ -329,7 +316,7 @@ def run(args, device: torch.device, batches: list[int]) -> dict[str, Any]:
                     _print_row(row)
             rows += batch_rows
             _print_attention_ratios(batch_rows, attentions)
-            encode_s[b] = _timed(lambda b=b: bench.encode(b), device, 2)
+            encode_s[b] = timed(lambda b=b: bench.encode(b), device, 2)
             print(f"{'':<12} VAE encode of {b} clips alone: {encode_s[b] * 1e3:.0f} ms", flush=True)
         if args.profile:
             pb = args.profile_batch or max(batches)

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import time
 
 import torch
 
+from wamkit.bench.timing import timed
 from wamkit.config import ModelConfig, parse_override
 from wamkit.models import ModelIO, build_model
 from wamkit.models.synthetic import synthetic_batch
@@ -32,20 +32,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--image-size", type=int, default=128, help="camera image size of the inputs")
     parser.add_argument("--threads", type=int, default=0, help="CPU intra-op threads (0: torch's default)")
     parser.add_argument("--peak-tflops", type=float, default=H200_BF16_PEAK_TFLOPS, help="GPU bf16 peak")
-
-
-def _timed(fn, steps: int, warmup: int, device: torch.device) -> float:
-    """Seconds per call of ``fn`` (mean over ``steps`` after ``warmup`` calls)."""
-    for _ in range(warmup):
-        fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(steps):
-        fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return (time.perf_counter() - start) / steps
 
 
 def main(args: argparse.Namespace) -> int:
@@ -93,9 +79,9 @@ def main(args: argparse.Namespace) -> int:
                 adapter.predict(batch, seed=0)
 
         adapter.module.train()
-        t_train = _timed(train_step, args.steps, args.warmup, device)
+        t_train = timed(train_step, device, args.steps, args.warmup)
         adapter.module.eval()
-        t_pred = _timed(infer, args.steps, args.warmup, device)
+        t_pred = timed(infer, device, args.steps, args.warmup)
         rows.append((b, b / t_train, b / t_pred))
         line = (
             f"{b:>5}  {b / t_train:>18.1f}  {t_train * 1e3:>9.1f}  {b / t_pred:>13.1f}  {t_pred * 1e3:>10.1f}"

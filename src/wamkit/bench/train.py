@@ -29,7 +29,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from wamkit.bench.procs import kill_tree
+from wamkit.bench.timing import timed
 from wamkit.models.synthetic import synthetic_batch
 
 H200_BF16_PEAK = 989e12
@@ -91,19 +91,6 @@ def _int_list(text: str) -> list[int]:
     return values
 
 
-def _timed(fn, steps: int, warmup: int, device: torch.device) -> float:
-    for _ in range(warmup):
-        fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return (time.perf_counter() - t0) / steps
-
-
 def _batch(adapter, micro_batch: int, device: torch.device, latents: bool) -> dict[str, Any]:
     """The synthetic batch of one step; with ``latents``, its video targets encoded once (on ``device``)
     and handed over as a latent cache's rows are, the future frames dropped."""
@@ -141,7 +128,7 @@ def _measure_bare(cfg, device: torch.device, bf16: bool, args: argparse.Namespac
         for p in bare.module.parameters():
             p.grad = None
 
-    t = _timed(step, args.steps, args.warmup, device)
+    t = timed(step, device, args.steps, args.warmup)
     n_params = sum(p.numel() for p in bare.module.parameters())
     return t, bare.flops_per_sample(), n_params
 
@@ -207,7 +194,7 @@ def main(args: argparse.Namespace) -> int:
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(device)
         trainer_step, _, _ = _trainer_step(cfg, device, args, mb)
-        t_train = _timed(trainer_step, args.steps, args.warmup, device)
+        t_train = timed(trainer_step, device, args.steps, args.warmup)
         mem = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
         if args.profile:
             _profile(trainer_step, device, args.profile)
@@ -239,7 +226,7 @@ def _worker(args: argparse.Namespace) -> int:
     device, mb = info.device, args.micro_batch[0]
     try:
         step, n_params, flops = _trainer_step(_model_config(args), device, args, mb)
-        t = _timed(step, args.steps, args.warmup, device)
+        t = timed(step, device, args.steps, args.warmup)
         mem = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
         worst = torch.tensor([t, mem], dtype=torch.float64, device=device)
         dist.all_reduce(worst, op=dist.ReduceOp.MAX)

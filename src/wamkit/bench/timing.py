@@ -1,0 +1,26 @@
+"""Wall time of GPU work: every benchmark's timer (the device is synchronised around the timed calls)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+
+
+def sync(device: torch.device) -> None:
+    """Wait for the work queued on ``device`` (a no-op on the CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn: Callable[[], object], device: torch.device, steps: int = 1, warmup: int = 0) -> float:
+    """Seconds per call of ``fn``: the mean over ``steps`` calls after ``warmup`` untimed ones."""
+    for _ in range(warmup):
+        fn()
+    sync(device)
+    start = time.perf_counter()
+    for _ in range(steps):
+        fn()
+    sync(device)
+    return (time.perf_counter() - start) / steps
