@@ -222,7 +222,7 @@ class FittedPolicy:
         self.action_dim = suite_info(env_cfg.suite).action_dim
 
     def __call__(self, obs_list: list[dict[str, Any]]) -> tuple[np.ndarray, float, int]:
-        from wamkit.eval.remote import infer_within, reply_timing
+        from wamkit.eval.remote import reply_timing
 
         req: dict[str, Any] = {}
         for i, key in enumerate(self.image_keys or self.cameras):
@@ -236,7 +236,7 @@ class FittedPolicy:
         req[OBS_STATE] = state
         req["prompt"] = [str(o[TASK]) for o in obs_list]
         t0 = time.perf_counter()
-        reply = infer_within(self.client, req, self.reply_timeout_s)
+        reply = self.client.infer(req, timeout_s=self.reply_timeout_s)
         rtt = time.perf_counter() - t0
         actions = np.asarray(reply["actions"], np.float32)
         out = np.zeros((*actions.shape[:2], self.action_dim), np.float32)

@@ -20,7 +20,9 @@ server serving something else is refused.
 How long a connection waits for its server is a :class:`Patience`: with one server, a dropped
 connection is reopened (with backoff) and the request sent again; with several, :data:`FAILOVER`
 gives up at once so that the stage can move to another server (:mod:`wamkit.eval.servers`). A request
-that gets no reply within ``reply_timeout_s`` fails like a dropped one (:func:`infer_within`).
+that gets no reply within ``reply_timeout_s`` fails like a dropped one (the client's own timeout,
+:meth:`wamkit.serve.client.PolicyClient.infer`: no other thread closes a connection a stage may be
+reconnecting).
 """
 
 from __future__ import annotations
@@ -59,16 +61,6 @@ class Patience:
 
 
 FAILOVER_CONNECT_S = 5.0  # a server that refuses a new connection this long is dropped when others are up
-
-
-def infer_within(client: Any, request: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-    """``client.infer(request)`` with a reply timeout (0: wait forever): a hung server's request fails
-    with ``TimeoutError`` (an ``OSError``, as a dropped connection's ``ConnectionError`` is) once the
-    client's retries are spent, in the calling thread, instead of blocking the stage forever.
-
-    The timeout is the client's own (:meth:`wamkit.serve.client.PolicyClient.infer`): no other thread
-    ever closes a connection a stage may be reconnecting at that moment."""
-    return client.infer(request, timeout_s=timeout_s)
 
 
 def check_spec_fits(spec: dict[str, Any], suite: Any, url: str, render_quality: str | None = None) -> None:
@@ -149,7 +141,7 @@ class RemotePolicy:
     def __call__(self, obs_list: list[dict[str, Any]]) -> tuple[np.ndarray, float, int]:
         req = self.request(obs_list)
         t0 = time.perf_counter()
-        reply = infer_within(self.client, req, self.reply_timeout_s)
+        reply = self.client.infer(req, timeout_s=self.reply_timeout_s)
         rtt = time.perf_counter() - t0
         if "actions" not in reply:
             raise RuntimeError(f"server reply lacks 'actions' (keys: {sorted(reply)})")

@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from diffusers.models.attention_dispatch import dispatch_attention_fn
 from diffusers.models.transformers.transformer_cosmos3 import _rotate_half
+from torch.nn.attention.flex_attention import flex_attention
 
 
 @dataclass(frozen=True)
@@ -238,8 +239,6 @@ def _flex_attention(
     """Attention of the generation queries [B, H, G, d] over ``[text | generation]`` keys/values
     [B, KV, U_pad + G, d] (grouped-query: KV heads as they are), the text padding of request b (keys
     ``text_len[b]`` .. ``U_pad - 1``) masked out."""
-    from torch.nn.attention.flex_attention import flex_attention
-
     u_pad = k.shape[2] - q.shape[2]
 
     def keep_seen(score, b, h, q_idx, kv_idx):
