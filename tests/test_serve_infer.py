@@ -216,7 +216,7 @@ def test_bench_serve_prints_ratios(capsys):
 def test_random_init_servers_started_alike_serve_the_same_weights():
     """Two random-init servers of one model (one evaluation's stages spread over them) must hold the same
     weights: the evaluator refuses servers whose weights hashes differ."""
-    from wamkit.serve.policy import weights_sha256
+    from wamkit.models.base import weights_sha256
 
     torch.manual_seed(123)  # whatever the process drew before, the weights are the preset's seed's
     a = random_init("tiny", "small", device="cpu")

@@ -19,6 +19,7 @@ object the training dataset ran.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -26,6 +27,20 @@ import numpy as np
 import torch
 
 from wamkit.constants import ACTION, OBS_STATE, TASK, image_key
+
+
+def weights_sha256(module: torch.nn.Module | None) -> str:
+    """sha256 over a module's state dict (names, dtypes, shapes and bytes, in name order); "" if none.
+    Each tensor's own buffer is hashed: no second copy of the weights."""
+    if module is None:
+        return ""
+    h = hashlib.sha256()
+    for name, tensor in sorted(module.state_dict().items()):
+        t = tensor.detach().contiguous().reshape(-1)
+        h.update(f"{name}|{t.dtype}|{list(tensor.shape)}|".encode())
+        h.update(t.view(torch.uint8).cpu().numpy())
+    return h.hexdigest()
+
 
 Mode = Literal["policy", "forward_dynamics", "inverse_dynamics"]
 # model.options.<this>: a folder written by `wamkit cache-latents` that a training run reads its targets

@@ -31,7 +31,6 @@ roll out the whole chunk, ``"video"``: uint8 [T, H, W, 3] (every predicted frame
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +39,7 @@ import torch
 
 from wamkit.actions.spec import PreprocessSpec
 from wamkit.constants import OBS_STATE, TASK, image_key
+from wamkit.models.base import weights_sha256
 
 MODES = ("policy", "inverse_dynamics", "forward_dynamics")
 GOAL_IMAGE = "goal_image"  # inverse dynamics: f"{GOAL_IMAGE}.{cam}" per camera; bare: the first camera
@@ -48,18 +48,6 @@ OPENPI_STATE_KEY = "observation/state"
 PROMPT = "prompt"
 CONTROL_KEYS = ("mode", "seed")
 FD_ACTIONS = "actions"
-
-
-def weights_sha256(module: torch.nn.Module | None) -> str:
-    """sha256 over a module's state dict (names, dtypes, shapes and bytes, in name order); "" if none."""
-    if module is None:
-        return ""
-    h = hashlib.sha256()
-    for name, tensor in sorted(module.state_dict().items()):
-        t = tensor.detach().contiguous().reshape(-1)
-        h.update(f"{name}|{t.dtype}|{list(tensor.shape)}|".encode())
-        h.update(t.view(torch.uint8).cpu().numpy())  # the buffer itself: no second copy of the weights
-    return h.hexdigest()
 
 
 class RequestError(ValueError):

@@ -42,11 +42,11 @@ from PIL import Image
 
 from wamkit.config import ConfigError
 from wamkit.constants import ACTION, ACTION_IS_PAD, IDLE_FRAMES, TASK, future_image_key, image_key
-from wamkit.models.base import LATENT_CACHE_OPTION, ModelIO, ParamGroup
+from wamkit.models.base import LATENT_CACHE_OPTION, ModelIO, ParamGroup, weights_sha256
 from wamkit.models.cosmos3 import latents
 from wamkit.models.cosmos3.fast_policy import FastPolicy
 from wamkit.models.cosmos3.inference import Cosmos3Inference
-from wamkit.models.cosmos3.latents import LATENTS, LatentCache, weights_sha256
+from wamkit.models.cosmos3.latents import LATENTS, LatentCache
 from wamkit.models.cosmos3.packing import PackedLayout, RequestSegments, install_processor, pack
 from wamkit.models.cosmos3.recipe import action_prompt, train_sigmas
 from wamkit.models.cosmos3.towers import param_role, train_flops

@@ -81,16 +81,6 @@ class LatentCacheError(ConfigError):
     names the file or the fields."""
 
 
-def weights_sha256(module: torch.nn.Module) -> str:
-    """sha256 over a module's state dict (names, dtypes, shapes and bytes, in name order)."""
-    h = hashlib.sha256()
-    for name, tensor in sorted(module.state_dict().items()):
-        t = tensor.detach().contiguous().reshape(-1)
-        h.update(f"{name}|{t.dtype}|{list(tensor.shape)}|".encode())
-        h.update(t.view(torch.uint8).cpu().numpy())
-    return h.hexdigest()
-
-
 def data_fingerprint(spec, fps: float) -> dict[str, Any]:
     """The data's side of the fingerprint from the run's preprocessing spec (image transform, cameras)."""
     return {
