@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from wamkit.bench.timing import sync, timed
+from wamkit.bench.timing import profile_table, timed
 from wamkit.device import resolve_device
 
 TASKS = [
@@ -184,17 +184,8 @@ def prepare_seconds(ad, batch: dict, device: torch.device, calls: int = 3) -> fl
 @torch.no_grad()
 def profile_step(ad, batch: dict, rows: int, device: torch.device) -> str:
     """A torch.profiler table of one denoising step of the adapter's current path."""
-    from torch.profiler import ProfilerActivity, profile
-
     velocity, lat_v, lat_a, t = step_inputs(ad, batch)
-    velocity(lat_v, lat_a, t)
-    sync(device)
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with profile(activities=activities) as prof:
-        velocity(lat_v, lat_a, t)
-        sync(device)
-    key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
-    return prof.key_averages().table(sort_by=key, row_limit=rows)
+    return profile_table(lambda: velocity(lat_v, lat_a, t), device, rows)
 
 
 def _paths(args, device: torch.device) -> list[str]:

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from wamkit.bench.timing import sync, timed
+from wamkit.bench.timing import profile_table, timed
 from wamkit.device import resolve_device
 
 PEAK_BF16 = 989.4e12  # H100/H200 SXM dense bf16
@@ -218,18 +218,7 @@ def warm(bench: SftBench, b: int, steps: int, rows: list[tuple[str, str]]) -> se
 
 def profile_steps(bench: SftBench, path: str, b: int, n: int, rows: int) -> str:
     """A torch.profiler table of ``n`` steps of one row (after a warm-up step)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    dev = bench.device
-    bench.step(path, b)
-    sync(dev)
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
-    with profile(activities=activities) as prof:
-        for _ in range(n):
-            bench.step(path, b)
-        sync(dev)
-    key = "self_cuda_time_total" if dev.type == "cuda" else "self_cpu_time_total"
-    return prof.key_averages().table(sort_by=key, row_limit=rows)
+    return profile_table(lambda: bench.step(path, b), bench.device, rows, calls=n)
 
 
 def _print_row(r: Row) -> None:

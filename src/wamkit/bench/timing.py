@@ -24,3 +24,19 @@ def timed(fn: Callable[[], object], device: torch.device, steps: int = 1, warmup
         fn()
     sync(device)
     return (time.perf_counter() - start) / steps
+
+
+def profile_table(fn: Callable[[], object], device: torch.device, rows: int, calls: int = 1) -> str:
+    """``calls`` calls of ``fn`` under torch.profiler (after one untimed call): the ``rows`` costliest
+    ops by device time (CPU time on a CPU)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    sync(device)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        for _ in range(calls):
+            fn()
+        sync(device)
+    key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    return prof.key_averages().table(sort_by=key, row_limit=rows, max_name_column_width=60)

@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 
 from wamkit.bench.procs import kill_tree
-from wamkit.bench.timing import timed
+from wamkit.bench.timing import profile_table, timed
 from wamkit.models.synthetic import synthetic_batch
 
 H200_BF16_PEAK = 989e12
@@ -135,15 +135,7 @@ def _measure_bare(cfg, device: torch.device, bf16: bool, args: argparse.Namespac
 
 def _profile(step, device: torch.device, rows: int) -> None:
     """One step under torch.profiler: the ``rows`` costliest ops by device time (CPU time on a CPU)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with profile(activities=acts) as prof:
-        step()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-    key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
-    print(prof.key_averages().table(sort_by=key, row_limit=rows, max_name_column_width=60))
+    print(profile_table(step, device, rows))
 
 
 def _trainer_step(cfg, device: torch.device, args: argparse.Namespace, micro_batch: int):
