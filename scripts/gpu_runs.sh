@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The GPU benchmark runs behind docs/benchmarks.md, grouped so that each group fits one call of at most
-# 10 minutes on a 2-GPU H200 machine (nvidia-h200-x2). Run on that machine, in the checkout's root,
+# 10 minutes on a 2-GPU H200 machine (nvidia-h200-x2); groups named together run in turn. Run on that machine, in the checkout's root,
 # after the carried wheels are in place (`source scripts/gpu_env.sh`; which groups of scripts/gpu_carry.sh
 # each needs is said below). Every command's output goes to $OUT/<name>.log (and its figures to
 # $OUT/<name>.json); a failing command is reported and the group goes on.
 #
 #   bash scripts/gpu_runs.sh inference     # core: Cosmos3 inference (GPU 0) beside Cosmos3 SFT (GPU 1)
 #   bash scripts/gpu_runs.sh serve         # serve: Cosmos3-Nano served against in-process
+#   bash scripts/gpu_runs.sh eval-tiny1b   # sim + serve: the MetaWorld schedules against tiny/1b (1 GPU)
 #   bash scripts/gpu_runs.sh eval          # sim + core: MetaWorld schedules, two servers, training on 1 and 2 GPUs
 #   bash scripts/gpu_runs.sh cosmos3-eval  # sim + serve: the schedules against a Cosmos3-Nano-shaped server
 #   bash scripts/gpu_runs.sh train-cosmos3 # serve: Cosmos3 nano_l8 SFT (cached-latent shape) on 1 and 2 GPUs
@@ -45,9 +46,20 @@ run() {  # run NAME SECONDS CMD... : one command with a time limit, output to $O
   tail -n 40 "$OUT/$name.log"
 }
 
-group=${1:?usage: gpu_runs.sh GROUP (see the header)}
+[ $# -gt 0 ] || { echo "usage: gpu_runs.sh GROUP... (see the header)" >&2; exit 2; }
 export LIBERO_CONFIG_PATH=${LIBERO_CONFIG_PATH:-/tmp/libero_cfg}
+# the machine's shape: on one GPU, env workers render on the GPU that serves; on two, on the second
+NGPU=$(nvidia-smi -L | wc -l)
+GPUS=$(seq -s, 0 $((NGPU - 1)))
+CORES=$(nproc)
+RENDER_GPU=${RENDER_GPU:-$((NGPU - 1))}
+# LIBERO run sizes (override for a shorter or longer run): trials per task, serial trials, envs, look
+TRIALS=${TRIALS:-5}
+SERIAL_TRIALS=${SERIAL_TRIALS:-1}
+NUM_ENVS=${NUM_ENVS:-40}
+QUALITY=${QUALITY:-default}
 nvidia-smi --query-gpu=index,name,memory.used --format=csv,noheader | tee -a "$OUT/index.txt"
+for group in "$@"; do
 case "$group" in
   inference)
     # Cosmos3-Nano policy inference, then serving, on GPU 0; Cosmos3 nano_l8 SFT on GPU 1 meanwhile
@@ -67,6 +79,12 @@ case "$group" in
     # Cosmos3-Nano served against in-process (two 15B models built, the served one hashes 30 GB)
     CUDA_VISIBLE_DEVICES=0 run serve_cosmos3 560 $W bench serve --model cosmos3 --preset nano --device cuda \
       --batch 8,32 --concurrency 8,32 --max-batch 32 --seconds 20 --json "$OUT/serve_cosmos3.json"
+    ;;
+  eval-tiny1b)
+    # the MetaWorld schedules against the tiny/1b server on GPU 0 (one GPU is enough)
+    run eval_tiny1b 100 $W bench eval --tasks reach-v3,push-v3 --trials 8 --max-steps 40 --image-size 128 \
+      --num-envs 16 --workers 16 --model tiny --preset 1b --device cuda:0 --stages 2,auto \
+      --json "$OUT/eval_tiny1b.json"
     ;;
   eval)
     # the delay-server schedules (CPU only) beside the 2-GPU SIGKILL resume check (a correctness run)
@@ -109,34 +127,38 @@ case "$group" in
   libero-render)
     # where env workers render: step + render steps/s by process count, look and EGL device
     run libero_render 560 $W bench env --suites libero_10 --sizes 256 --qualities default,fast \
-      --processes 8,16,32 --render-gpus 0,1 --seconds 4 --json "$OUT/libero_render.json"
+      --processes "1,8,$CORES" --render-gpus "$GPUS" --seconds 4 --json "$OUT/libero_render.json"
     ;;
   libero-schedules)
-    # the schedules on 50 of LIBERO-10's 500 episodes (5 trials per task; serial on 1), protocol look,
-    # the tiny/1b server on GPU 0, env workers rendering on GPU 1
-    run libero_schedules 560 $W bench eval --suite libero_10 --tasks 0,1,2,3,4,5,6,7,8,9 --trials 5 \
-      --serial-trials 1 --max-steps 520 --image-size 256 --render-quality default --render-gpu 1 \
-      --num-envs 40 --workers 30 --model tiny --preset 1b --device cuda:0 --fit-shapes --stages 2,4,auto \
+    # the schedules on TRIALS x 10 of LIBERO-10's 500 episodes (serial on SERIAL_TRIALS x 10), the
+    # tiny/1b server on GPU 0, env workers rendering on RENDER_GPU
+    run libero_schedules 590 $W bench eval --suite libero_10 --tasks 0,1,2,3,4,5,6,7,8,9 --trials "$TRIALS" \
+      --serial-trials "$SERIAL_TRIALS" --max-steps 520 --image-size 256 --render-quality "$QUALITY" \
+      --render-gpu "$RENDER_GPU" --num-envs "$NUM_ENVS" --workers "$CORES" --model tiny --preset 1b \
+      --device cuda:0 --fit-shapes --stages 2,4,auto \
       --json "$OUT/libero_schedules.json"
     ;;
   libero-500)
     # all 500 episodes, the pipelined schedule alone (auto P), two runs for the median
     run libero_500 590 $W bench eval --suite libero_10 --tasks 0,1,2,3,4,5,6,7,8,9 --trials 50 \
-      --max-steps 520 --image-size 256 --render-quality default --render-gpu 1 --num-envs 100 --workers 30 \
+      --max-steps 520 --image-size 256 --render-quality "$QUALITY" --render-gpu "$RENDER_GPU" \
+      --num-envs "$NUM_ENVS" --workers "$CORES" \
       --model tiny --preset 1b --device cuda:0 --fit-shapes --schedules pipelined --stages auto \
       --json "$OUT/libero_500.json"
     ;;
   libero-cosmos3)
     # the Cosmos3-Nano-shaped server (30 steps, full 16-step chunks) on 20 episodes, serial on 10
-    run libero_cosmos3 560 $W bench eval --suite libero_10 --tasks 0,1,2,3,4,5,6,7,8,9 --trials 2 \
-      --serial-trials 1 --max-steps 520 --image-size 256 --render-quality default --render-gpu 1 \
-      --num-envs 20 --workers 20 --replan-interval 16 --model cosmos3 --preset nano --device cuda:0 \
+    run libero_cosmos3 590 $W bench eval --suite libero_10 --tasks 0,1,2,3,4,5,6,7,8,9 --trials "$TRIALS" \
+      --serial-trials "$SERIAL_TRIALS" --max-steps 520 --image-size 256 --render-quality "$QUALITY" \
+      --render-gpu "$RENDER_GPU" --num-envs "$NUM_ENVS" --workers "$CORES" --replan-interval 16 \
+      --model cosmos3 --preset nano --device cuda:0 \
       --fit-shapes --stages 2,4,auto --json "$OUT/libero_cosmos3.json"
     ;;
   *)
-    echo "unknown group '$group' (inference | serve | eval | cosmos3-eval | train-cosmos3 | libero-stash |" \
+    echo "unknown group '$group' (inference | serve | eval-tiny1b | eval | cosmos3-eval | train-cosmos3 | libero-stash |" \
       "libero-install |" \
       "libero-render | libero-schedules | libero-500 | libero-cosmos3)" >&2
     exit 2
     ;;
 esac
+done
