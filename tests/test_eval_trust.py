@@ -96,6 +96,11 @@ def test_server_diff_names_what_differs():
         "url: 'ws://a' -> 'ws://b'"
     ]
     assert server_diff(None, b) == []
+    # an identity written before the autocast field existed was a server without autocast
+    assert server_diff(a, {**a, "identity": {**a["identity"], "autocast": "off"}}) == []
+    assert server_diff(a, {**a, "identity": {**a["identity"], "autocast": "bf16"}}) == [
+        "autocast: 'off' -> 'bf16'"
+    ]
 
 
 def test_resume_against_another_model_is_refused(server, tmp_path):

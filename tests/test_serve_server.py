@@ -14,7 +14,7 @@ from openpi_client.websocket_client_policy import WebsocketClientPolicy
 from websockets.sync.client import connect
 
 from wamkit.actions.stats import FeatureStats, StatsFile
-from wamkit.config import ModelConfig
+from wamkit.config import ModelConfig, load_config
 from wamkit.models import build_model
 from wamkit.models.pretrained import save_pretrained
 from wamkit.serve.client import PolicyClient, ServerError
@@ -333,3 +333,21 @@ def test_two_camera_dynamics_take_every_cameras_goal_and_return_the_rollout():
     reply = policy.infer({**o, "mode": "forward_dynamics", "seed": 0, "actions": chunk})
     assert reply["video"].dtype == np.uint8 and reply["video"].ndim == 4
     np.testing.assert_array_equal(reply["frames"], reply["video"][-1])
+
+
+def test_precision_resolves_per_device_and_enters_the_identity(tmp_path):
+    want = _export(tmp_path / "export")
+    policy = load_served(tmp_path / "export", "cpu")  # auto on the CPU: fp32, no autocast
+    assert policy.autocast is None and policy.metadata()["identity"]["autocast"] == "off"
+    np.testing.assert_allclose(policy.infer(obs(4))["actions"], want, atol=1e-5)
+    with pytest.raises(ValueError, match=r"serve.precision=bf16 needs the model on a CUDA device; it is on cpu"):
+        load_served(tmp_path / "export", "cpu", precision="bf16")
+    with pytest.raises(ValueError, match=r"serve.precision: expected one of auto, fp32, bf16, got 'half'"):
+        random_init("tiny", "small", device="cpu", precision="half")
+    with pytest.raises(ValueError, match=r"serve.precision=bf16 needs a CUDA device"):
+        load_config(None, ["serve.precision=bf16", "serve.device=cpu"])
+    # the autocast a CUDA server resolves to wraps the model call (bf16 autocast runs on the CPU too)
+    policy.autocast = torch.bfloat16
+    got = policy.infer(obs(4))["actions"]
+    assert not np.array_equal(got, want)  # computed in bf16 ...
+    np.testing.assert_allclose(got, want, atol=0.1)  # ... as the same model

@@ -154,6 +154,14 @@ class ServeConfig:
     device: str = "auto"
     raw_actions: bool = False  # True: reply with the model's normalised output, not env-ready actions
     max_message_mb: float = 64.0
+    # compute of a model call: auto = bf16 autocast on a CUDA device for a model whose weights are fp32
+    # (as the trainer's precision: bf16 runs them), the weights' own dtype otherwise; fp32 = no autocast;
+    # bf16 = autocast (CUDA only). The served identity records the result.
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
+
+    def __post_init__(self) -> None:
+        if self.precision == "bf16" and self.device == "cpu":
+            raise ConfigError("serve.precision=bf16 needs a CUDA device; use auto or fp32 on the CPU")
 
 
 @dataclass

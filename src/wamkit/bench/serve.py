@@ -52,6 +52,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda")
     parser.add_argument(
+        "--precision",
+        choices=("auto", "fp32", "bf16"),
+        default="auto",
+        help="serve.precision in both processes (default: auto, bf16 autocast for fp32 weights on CUDA)",
+    )
+    parser.add_argument(
         "--batch", type=_ints, default=[1, 8, 32], help="batch sizes per request (default: 1,8,32)"
     )
     parser.add_argument(
@@ -85,7 +91,15 @@ def make_obs(meta_io: dict[str, Any], batch: int | None, seed: int = 0) -> dict[
 
 
 def _serve_process(
-    model: str, preset: str, options: dict, device: str, max_batch: int, max_wait_ms: float, threads: int, q
+    model: str,
+    preset: str,
+    options: dict,
+    device: str,
+    precision: str,
+    max_batch: int,
+    max_wait_ms: float,
+    threads: int,
+    q,
 ) -> None:
     import torch
 
@@ -94,7 +108,8 @@ def _serve_process(
     from wamkit.serve.loading import random_init
     from wamkit.serve.server import PolicyServer
 
-    server = PolicyServer(random_init(model, preset, options, device), "127.0.0.1", 0, max_batch, max_wait_ms)
+    policy = random_init(model, preset, options, device, precision=precision)
+    server = PolicyServer(policy, "127.0.0.1", 0, max_batch, max_wait_ms)
     asyncio.run(server.serve(started=q.put))  # sends the bound port back, then serves until terminated
 
 
@@ -155,10 +170,10 @@ def main(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    policy = random_init(args.model, args.preset, options, args.device)
+    policy = random_init(args.model, args.preset, options, args.device, precision=args.precision)
     meta = policy.metadata()["inputs"]
     print(
-        f"model: {args.model}/{args.preset} {options} on {args.device}"
+        f"model: {args.model}/{args.preset} {options} on {args.device}, autocast {policy.identity()['autocast']}"
         + (" (BENCHMARK MODEL: a fixed delay, not a policy)" if args.model == "delay" else "")
     )
     sizes = sorted({*args.batch, *(min(c, args.max_batch) for c in args.concurrency)})
@@ -174,6 +189,7 @@ def main(args: argparse.Namespace) -> int:
             args.preset,
             options,
             args.device,
+            args.precision,
             args.max_batch,
             args.max_wait_ms,
             args.threads,

@@ -137,13 +137,18 @@ def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+# identity fields added later, with the value every server before them had
+ADDED_IDENTITY_KEYS = {"autocast": "off"}
+
+
 def server_diff(old: dict[str, Any] | None, new: dict[str, Any]) -> list[str]:
     """``"field: old -> new"`` for what differs between two plan ``server`` entries: their identities
     where both have one, else their locations (``url`` / ``serve_dir``)."""
     if not old:
         return []
     if old.get("identity") and new.get("identity"):
-        a, b = _flat(old["identity"]), _flat(new["identity"])
+        a = ADDED_IDENTITY_KEYS | _flat(old["identity"])
+        b = ADDED_IDENTITY_KEYS | _flat(new["identity"])
     else:
         a = {k: v for k, v in old.items() if k != "identity"}
         b = {k: v for k, v in new.items() if k != "identity"}

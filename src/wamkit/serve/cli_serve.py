@@ -7,7 +7,7 @@ Flags override the ``serve`` section of ``--config`` (a YAML preset) and ``--set
 defaults live in :class:`wamkit.config.ServeConfig`. ``--port 0`` picks a free port and logs it.
 
 The metadata sent on connect names what is served (``identity``: model, weights sha256, stats sha256,
-action transform; :meth:`ServedPolicy.identity`), and the start-up log repeats it, so an evaluation
+action transform, autocast; :meth:`ServedPolicy.identity`), and the start-up log repeats it, so an evaluation
 can refuse to mix results of two models (``wamkit eval --resume``).
 """
 
@@ -32,6 +32,7 @@ FLAGS = {
     "max_wait_ms": "max_wait_ms",
     "device": "device",
     "max_message_mb": "max_message_mb",
+    "precision": "precision",
 }
 
 
@@ -55,6 +56,12 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", help="auto | cpu | cuda (default: serve.device)")
     parser.add_argument(
         "--raw-actions", action="store_true", default=None, help="reply with the model's normalised output"
+    )
+    parser.add_argument(
+        "--precision",
+        choices=("auto", "fp32", "bf16"),
+        help="model-call compute: auto = bf16 autocast for fp32 weights on CUDA, else as the weights "
+        "(default: serve.precision)",
     )
 
 
@@ -101,11 +108,16 @@ def build_policy(args: argparse.Namespace, cfg: RunConfig) -> ServedPolicy:
             raise ConfigError(
                 "--model, --preset and --option apply to --random-init; a serving directory has its own"
             )
-        return load_served(args.export_dir, cfg.serve.device, cfg.serve.raw_actions)
+        return load_served(args.export_dir, cfg.serve.device, cfg.serve.raw_actions, cfg.serve.precision)
     if not args.random_init:
         raise ConfigError("nothing to serve: give a serving directory (EXPORT_DIR) or --random-init")
     return random_init(
-        cfg.model.name, cfg.model.preset, cfg.model.options, cfg.serve.device, cfg.serve.raw_actions
+        cfg.model.name,
+        cfg.model.preset,
+        cfg.model.options,
+        cfg.serve.device,
+        cfg.serve.raw_actions,
+        cfg.serve.precision,
     )
 
 
@@ -114,11 +126,12 @@ def main(args: argparse.Namespace) -> int:
     policy = build_policy(args, cfg)
     ident = policy.identity()
     log.info(
-        "serving %s: weights sha256 %s, stats sha256 %s, actions %s",
+        "serving %s: weights sha256 %s, stats sha256 %s, actions %s, autocast %s",
         ident["model"],
         ident["weights_sha256"][:16],
         ident["stats_sha256"][:16],
         ident["action_transform"],
+        ident["autocast"],
     )
     s = cfg.serve
     server = PolicyServer(policy, s.host, s.port, s.max_batch, s.max_wait_ms, s.max_message_mb)

@@ -47,8 +47,11 @@ def identity_spec(io: ModelIO) -> PreprocessSpec:
     )
 
 
-def load_served(export_dir: str | Path, device: str = "auto", raw_actions: bool = False) -> ServedPolicy:
-    """Load a serving directory onto ``device``; a missing file is an error naming it."""
+def load_served(
+    export_dir: str | Path, device: str = "auto", raw_actions: bool = False, precision: str = "auto"
+) -> ServedPolicy:
+    """Load a serving directory onto ``device``; a missing file is an error naming it. ``precision``:
+    ``serve.precision`` (:class:`ServedPolicy`)."""
     root = Path(export_dir)
     if not root.is_dir():
         raise ConfigError(f"serving directory {root} does not exist")
@@ -71,7 +74,7 @@ def load_served(export_dir: str | Path, device: str = "auto", raw_actions: bool 
     adapter = load_pretrained(root, device=dev)
     try:
         spec = PreprocessSpec.load(root / SPEC_FILE)
-        policy = ServedPolicy(adapter, spec, raw_actions=raw_actions, source=str(root))
+        policy = ServedPolicy(adapter, spec, raw_actions=raw_actions, source=str(root), precision=precision)
     except SpecError as err:
         raise ConfigError(str(err)) from None
     log.info("loaded %s from %s on %s", adapter.name, root, dev)
@@ -84,6 +87,7 @@ def random_init(
     options: dict[str, Any] | None = None,
     device: str = "auto",
     raw_actions: bool = False,
+    precision: str = "auto",
 ) -> ServedPolicy:
     """An untrained model of the preset's default inputs, with identity stats (for benchmarks). The
     weights are drawn from a fixed seed, so servers started alike serve the same model (the same
@@ -96,5 +100,9 @@ def random_init(
     adapter.module.to(dev)
     adapter.module.eval()
     return ServedPolicy(
-        adapter, identity_spec(adapter.io), raw_actions=raw_actions, source=f"random-init {name}/{preset}"
+        adapter,
+        identity_spec(adapter.io),
+        raw_actions=raw_actions,
+        source=f"random-init {name}/{preset}",
+        precision=precision,
     )

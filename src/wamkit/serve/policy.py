@@ -21,8 +21,13 @@ sends ``prompt`` as a list of B strings):
   ``forward_dynamics`` takes ``actions`` [chunk, D_env] env commands (model space with ``raw_actions``).
 
 The metadata's ``identity`` names what is served: the model, a hash of its weights, the hash of the
-spec's stats and the action transform (:meth:`ServedPolicy.identity`); an evaluator records it, so
-results of two different models are never mixed in one journal.
+spec's stats, the action transform and the autocast of its model calls (:meth:`ServedPolicy.identity`);
+an evaluator records it, so results of two different models (or of one model at two precisions) are
+never mixed in one journal.
+
+Precision (``serve.precision``): ``auto`` runs a model whose weights are fp32 under bf16 autocast on a
+CUDA device, as the trainer's ``precision: bf16`` ran it (a 1B model in fp32 is several times slower
+on a GPU); weights already in a lower dtype (Cosmos3's bf16) run as they are, and the CPU runs fp32.
 
 Replies: ``{"actions": float32 [chunk, D_env]}`` (``[B, chunk, D_env]`` when batched), or for
 ``forward_dynamics`` ``{"frames": uint8 [H, W, 3]}`` (the last predicted frame) plus, from models that
@@ -31,6 +36,7 @@ roll out the whole chunk, ``"video"``: uint8 [T, H, W, 3] (every predicted frame
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +44,7 @@ import numpy as np
 import torch
 
 from wamkit.actions.spec import PreprocessSpec
+from wamkit.config import ConfigError
 from wamkit.constants import OBS_STATE, TASK, image_key
 from wamkit.models.base import weights_sha256
 
@@ -46,6 +53,7 @@ GOAL_IMAGE = "goal_image"  # inverse dynamics: f"{GOAL_IMAGE}.{cam}" per camera;
 OPENPI_IMAGE_KEYS = ("observation/image", "observation/wrist_image")  # -> the model's cameras in order
 OPENPI_STATE_KEY = "observation/state"
 PROMPT = "prompt"
+PRECISIONS = ("auto", "fp32", "bf16")
 CONTROL_KEYS = ("mode", "seed")
 FD_ACTIONS = "actions"
 
@@ -86,11 +94,37 @@ def _numeric(value: Any, key: str) -> np.ndarray:
     return arr
 
 
+def _autocast_dtype(adapter: Any, precision: str) -> torch.dtype | None:
+    """The autocast dtype of ``adapter``'s model calls under ``serve.precision`` (None: none)."""
+    if precision not in PRECISIONS:
+        raise ConfigError(f"serve.precision: expected one of {', '.join(PRECISIONS)}, got {precision!r}")
+    module = getattr(adapter, "module", None)
+    params = next(module.parameters(), None) if isinstance(module, torch.nn.Module) else None
+    if precision == "fp32" or params is None:
+        return None
+    on_cuda = params.device.type == "cuda"
+    if precision == "bf16":
+        if not on_cuda:
+            raise ConfigError(
+                f"serve.precision=bf16 needs the model on a CUDA device; it is on {params.device.type} "
+                "(use auto or fp32)"
+            )
+        return torch.bfloat16
+    return torch.bfloat16 if on_cuda and params.dtype == torch.float32 else None
+
+
 class ServedPolicy:
     """A model adapter plus the preprocessing spec it was trained with, as the server and ``wamkit
     infer`` run it. A spec that does not fit the model is refused here, at start."""
 
-    def __init__(self, adapter: Any, spec: PreprocessSpec, raw_actions: bool = False, source: str = ""):
+    def __init__(
+        self,
+        adapter: Any,
+        spec: PreprocessSpec,
+        raw_actions: bool = False,
+        source: str = "",
+        precision: str = "auto",
+    ):
         self.adapter = adapter
         self.io = adapter.io
         self.spec = spec
@@ -98,6 +132,10 @@ class ServedPolicy:
         self.source = source
         spec.check_model(self.io, where=f"preprocessing spec of {source or adapter.name}")
         self.env_action_dim = spec.env_action_dim
+        self.autocast = _autocast_dtype(adapter, precision)
+        module = getattr(adapter, "module", None)
+        params = next(module.parameters(), None) if isinstance(module, torch.nn.Module) else None
+        self._device_type = params.device.type if params is not None else "cpu"
         self._identity: dict[str, Any] | None = None
 
     def identity(self) -> dict[str, Any]:
@@ -116,6 +154,7 @@ class ServedPolicy:
                     "env_action_dim": spec.env_action_dim,
                     "raw": self.raw_actions,
                 },
+                "autocast": "bf16" if self.autocast is not None else "off",
             }
         return self._identity
 
@@ -293,7 +332,8 @@ class ServedPolicy:
                 inputs[name] = {k: _cat([r.inputs[name][k] for r in requests]) for k in first_value}
             else:
                 inputs[name] = _cat([r.inputs[name] for r in requests])
-        out = self.adapter.predict(batch, mode=first.mode, seed=first.seed, **inputs)
+        with self._compute():
+            out = self.adapter.predict(batch, mode=first.mode, seed=first.seed, **inputs)
         if first.mode == "forward_dynamics":
             results = {"frames": np.asarray(out["frames"], np.uint8)}
             if "video" in out:
@@ -310,6 +350,11 @@ class ServedPolicy:
             replies.append(reply)
             start += r.n
         return replies
+
+    def _compute(self) -> contextlib.AbstractContextManager:
+        if self.autocast is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self._device_type, dtype=self.autocast)
 
     def infer(self, obs: dict[str, Any]) -> dict[str, np.ndarray]:
         """In-process equivalent of one server round trip (no batching with others)."""
