@@ -110,7 +110,8 @@ def _autocast_dtype(adapter: Any, precision: str) -> torch.dtype | None:
                 "(use auto or fp32)"
             )
         return torch.bfloat16
-    return torch.bfloat16 if on_cuda and params.dtype == torch.float32 else None
+    fp32 = all(p.dtype == torch.float32 for p in module.parameters() if p.is_floating_point())
+    return torch.bfloat16 if on_cuda and fp32 else None
 
 
 class ServedPolicy:
