@@ -82,7 +82,7 @@ case "$group" in
     ;;
   eval-tiny1b)
     # the MetaWorld schedules against the tiny/1b server on GPU 0 (one GPU is enough)
-    run eval_tiny1b 100 $W bench eval --tasks reach-v3,push-v3 --trials 8 --max-steps 40 --image-size 128 \
+    run eval_tiny1b 300 $W bench eval --tasks reach-v3,push-v3 --trials 8 --max-steps 40 --image-size 128 \
       --num-envs 16 --workers 16 --model tiny --preset 1b --device cuda:0 --stages 2,auto \
       --json "$OUT/eval_tiny1b.json"
     ;;
@@ -93,7 +93,7 @@ case "$group" in
       --stages 2,auto --json "$OUT/eval_delay.json" &
     run resume_check 150 python3 scripts/resume_check.py --processes 2 --device cuda --precision bf16 &
     wait
-    run eval_tiny1b 100 $W bench eval --tasks reach-v3,push-v3 --trials 8 --max-steps 40 --image-size 128 \
+    run eval_tiny1b 300 $W bench eval --tasks reach-v3,push-v3 --trials 8 --max-steps 40 --image-size 128 \
       --num-envs 16 --workers 16 --model tiny --preset 1b --device cuda:0 --stages 2,auto \
       --json "$OUT/eval_tiny1b.json"
     run eval_2servers 170 $W bench eval --tasks reach-v3,push-v3 --trials 32 --max-steps 64 --image-size 128 \
