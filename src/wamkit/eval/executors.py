@@ -65,7 +65,11 @@ def _died_types() -> tuple[type[BaseException], ...]:
 
 
 class Executor:
-    """W workers with K env slots each; see the module docstring."""
+    """W workers with K env slots each; see the module docstring.
+
+    ``env_cfg`` and ``slots_per_worker`` say what the workers were built for (None: unknown), so a
+    caller that hands one executor to several runs (``run_eval(env_workers=...)``) can be refused when
+    a run needs other envs."""
 
     def __init__(
         self,
@@ -74,8 +78,12 @@ class Executor:
         watchdog_s: float = 300.0,
         max_restarts: int | None = None,
         kind: str = "local",
+        env_cfg: EnvConfig | None = None,
+        slots_per_worker: list[int] | None = None,
     ):
         self.kind = kind
+        self.env_cfg = env_cfg
+        self.slots_per_worker = slots_per_worker
         self.num_workers = num_workers
         self.watchdog_s = watchdog_s
         self.max_restarts = max_restarts if max_restarts is not None else 3 * num_workers + 3
@@ -220,7 +228,14 @@ def local_executor(
     def make(w: int) -> WorkerHandle:
         return EnvWorker(env_cfg, slots_per_worker[w], worker_id=w, host_factory=factory)
 
-    return Executor(make, len(slots_per_worker), watchdog_s, kind="local")
+    return Executor(
+        make,
+        len(slots_per_worker),
+        watchdog_s,
+        kind="local",
+        env_cfg=env_cfg,
+        slots_per_worker=slots_per_worker,
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -353,7 +368,14 @@ def ray_executor(
     def make(w: int) -> WorkerHandle:
         return RayEnvWorker(env_cfg, slots_per_worker[w], worker_id=w)
 
-    return Executor(make, len(slots_per_worker), watchdog_s, kind="ray")
+    return Executor(
+        make,
+        len(slots_per_worker),
+        watchdog_s,
+        kind="ray",
+        env_cfg=env_cfg,
+        slots_per_worker=slots_per_worker,
+    )
 
 
 def make_executor(

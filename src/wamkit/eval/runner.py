@@ -8,6 +8,13 @@ Order of a run: plan and journal (a resume with other settings is refused) -> re
 check that they all serve one model (:func:`wamkit.eval.servers.same_model`) and that it is the
 journal's (``plan.json`` ``server.identity``) -> start the env workers -> calibrate (:mod:`wamkit.eval.calibrate`; also picks P for ``--pipeline auto``) -> the timed
 pipeline -> reports, with the efficiency against the calibrated bound beside the utilisation.
+
+Env workers a caller keeps: :func:`start_env_workers` starts the workers a run of ``cfg`` would, and
+``run_eval(cfg, env_workers=...)`` uses them instead of starting its own, neither closing them nor
+skipping anything else (the calibration included), so several runs of the same envs and shape (the
+benchmark's repeats) build their simulators once. Results cannot change: every episode resets its env
+from the episode's seed, whatever the env ran before (as within one run, where a slot's env serves
+episode after episode; ``tests/test_eval_reset.py``, ``tests/test_bench_eval_reuse.py``).
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ from wamkit.config import ConfigError, EnvConfig, EvalConfig, RunConfig
 from wamkit.envs.base import EpisodeSpec
 from wamkit.eval.calibrate import Calibration, batch_sizes, calibrate, independent_bound
 from wamkit.eval.episodes import plan_episodes, plan_record
-from wamkit.eval.executors import make_executor
+from wamkit.eval.executors import Executor, make_executor
 from wamkit.eval.journal import Journal, episode_key
 from wamkit.eval.remote import Patience, RemotePolicy, served_identity
 from wamkit.eval.report import write_reports
@@ -100,6 +107,7 @@ def run_eval(
     on_pipeline: Callable[[Pipeline], None] | None = None,
     prebuild: bool = False,
     host_factory: Callable | None = None,
+    env_workers: Executor | None = None,
 ) -> dict[str, Any]:
     """Evaluate ``cfg.env`` against the server of ``cfg.eval``; return the summary (also on disk).
 
@@ -108,10 +116,13 @@ def run_eval(
     ``on_pipeline`` sees the pipeline once it runs (tests use it to kill workers). ``prebuild`` resets
     every env once on every task before the clock starts, so the measured wall time holds no simulator
     construction (the benchmark uses it; results do not change). ``host_factory`` replaces the env
-    host class of the local executor's workers (tests inject failing envs with it).
+    host class of the local executor's workers (tests inject failing envs with it). ``env_workers``:
+    workers from :func:`start_env_workers` for this run's envs and shape, owned (closed) by the caller.
     """
     env_cfg, ecfg = cfg.env, cfg.eval
     check_eval_config(ecfg)
+    if env_workers is not None:
+        _check_env_workers(env_workers, cfg, host_factory)
     episodes = plan_episodes(env_cfg, ecfg)
     from wamkit.envs import suite_info
     from wamkit.envs.suites import resolve_env_config
@@ -132,8 +143,9 @@ def run_eval(
                 # models, another model than the journal's) before workers start
                 identity = same_model(urls, [_probe(make_policy, url, env_cfg) for url in urls])
                 journal.check_server({**server_location(ecfg), "identity": identity})
+                workers = functools.partial(_open_workers, cfg, host_factory, env_workers)
                 timing, events, stages = _run(
-                    cfg, todo, journal, urls, make_policy, progress, on_pipeline, prebuild, host_factory
+                    cfg, todo, journal, urls, make_policy, progress, on_pipeline, prebuild, workers
                 )
         summary = write_reports(out, list(journal.records.values()), journal.plan, timing, events, stages)
     all_ = summary["all"]
@@ -146,6 +158,46 @@ def run_eval(
         out,
     )
     return summary
+
+
+def slots_per_worker(ecfg: EvalConfig) -> list[int]:
+    """Env slots on each worker: ``eval.num_envs`` over ``min(eval.workers, eval.num_envs)`` workers
+    (a worker without envs would only cost memory); the stage count does not change it."""
+    return layout(ecfg.num_envs, 1, min(ecfg.workers, ecfg.num_envs))[1]
+
+
+def start_env_workers(cfg: RunConfig, host_factory: Callable | None = None) -> Executor:
+    """The env workers a run of ``cfg`` would start (``eval.executor``, local or Ray), for a caller to
+    hand to every run of the same envs and shape (``run_eval(env_workers=...)``) and to close
+    (``with start_env_workers(cfg) as workers:``). Their envs are built as the first call reaches them;
+    their restart limit (``Executor.max_restarts``) counts over every run they serve."""
+    ecfg = cfg.eval
+    return make_executor(
+        ecfg.executor, cfg.env, slots_per_worker(ecfg), ecfg.watchdog_s, host_factory, ecfg.ray_address
+    )
+
+
+def _check_env_workers(workers: Executor, cfg: RunConfig, host_factory: Callable | None) -> None:
+    """Refuse a caller's workers that are not what this run would start (other envs, another layout)."""
+    if host_factory is not None:
+        raise ValueError("run_eval: host_factory is for the workers it starts; give it to start_env_workers")
+    want = {"env": cfg.env, "slots per worker": slots_per_worker(cfg.eval), "executor": cfg.eval.executor}
+    have = {"env": workers.env_cfg, "slots per worker": workers.slots_per_worker, "executor": workers.kind}
+    wrong = [k for k in want if want[k] != have[k]]
+    if wrong:
+        raise ValueError(
+            "run_eval: env_workers were started for another run: "
+            + "; ".join(f"{k}: {have[k]} here, {want[k]} wanted" for k in wrong)
+        )
+
+
+def _open_workers(
+    cfg: RunConfig, host_factory: Callable | None, env_workers: Executor | None
+) -> contextlib.AbstractContextManager[Executor]:
+    """The run's env workers: the caller's (left open), else fresh ones (closed at the end)."""
+    if env_workers is not None:
+        return contextlib.nullcontext(env_workers)
+    return start_env_workers(cfg, host_factory)
 
 
 def _probe(make_policy, url: str, env_cfg: EnvConfig) -> dict[str, Any] | None:
@@ -168,12 +220,12 @@ def _run(
     progress,
     on_pipeline,
     prebuild,
-    host_factory=None,
+    open_workers: Callable[[], contextlib.AbstractContextManager[Executor]],
 ):
     env_cfg, ecfg = cfg.env, cfg.eval
     num_envs = ecfg.num_envs
-    workers = min(ecfg.workers, num_envs)  # a worker without envs would only cost memory
-    _, per_worker = layout(num_envs, 1, workers)  # slots per worker do not depend on the stage count
+    per_worker = slots_per_worker(ecfg)
+    workers = len(per_worker)
     out = Path(ecfg.out_dir)
     fps = _video_fps(env_cfg)
     bar = Progress(len(todo), progress)
@@ -186,10 +238,8 @@ def _run(
         if journal.append(record):
             bar.update(record)
 
-    executor_cm = make_executor(
-        ecfg.executor, env_cfg, per_worker, ecfg.watchdog_s, host_factory, ray_address=ecfg.ray_address
-    )
-    with executor_cm as executor:
+    with open_workers() as executor:
+        restarts = executor.restarts  # a caller's workers may come from earlier runs
         t_warm = time.perf_counter()
         if prebuild:
             _prebuild(executor, per_worker, todo)
@@ -219,6 +269,7 @@ def _run(
         try:
             pipeline.run(todo)
         finally:
+            pipeline.stop()  # interrupted: its stage threads stop calling workers a caller may keep
             bar.close()
         wall = time.perf_counter() - t0
         timing = {
@@ -232,7 +283,7 @@ def _run(
             "executor": ecfg.executor,
             "servers": len(urls),
             "servers_dropped": pool.report(),
-            "worker_restarts": executor.restarts,
+            "worker_restarts": executor.restarts - restarts,
             "warmup_s": warmup,
             "resets": pipeline.resets,
             "requests": len(pipeline.requests),
