@@ -9,7 +9,8 @@ Failure model:
 - an exception inside a host method comes back as :class:`WorkerError` (the worker lives on);
 - a worker that exits or is killed raises :class:`WorkerDied` naming the worker and the episodes it
   hosted, so a caller can start a new worker and re-run those episodes;
-- the child exits as soon as its pipe closes, so it cannot outlive its parent, even a killed one.
+- the child exits as soon as its pipe closes, so it cannot outlive its parent, even a killed one;
+- the child ignores SIGINT (a Ctrl-C reaches the whole process group): the parent ends it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import contextlib
 import logging
 import multiprocessing as mp
 import os
+import signal
 import threading
 import time
 import traceback
@@ -61,6 +63,10 @@ def _worker_main(
     conn: Connection, env_cfg: EnvConfig, num_envs: int, worker_id: int, host_factory: Callable[..., Any]
 ) -> None:
     """The child's loop: build the host, then answer messages until 'close' or the pipe closes."""
+    # Ctrl-C and `timeout -s INT` signal the whole process group; the parent decides when a worker ends
+    # (its 'close', or its pipe closing), so an interrupted run closes its envs in order and its
+    # executor does not take the workers for dead and start new ones while it shuts down
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ.setdefault("MUJOCO_GL", "egl")
     try:
         host = host_factory(env_cfg, num_envs)
