@@ -14,6 +14,19 @@ each figure printed is the median over the repeats. Printed: wall time, env-step
 times (:func:`wamkit.eval.report.throughput`). Runs must agree episode by episode (the delay model is
 deterministic), which the benchmark checks.
 
+The env workers are started once per shape, (a)'s one env on one worker and the others' N envs over W
+workers, and every run of that shape reuses them (``run_eval(env_workers=...)``), where each run used
+to start its own: a LIBERO run spent half a minute building the simulators the previous run had built.
+Every episode still resets its env from its own seed, so results do not change, and every run still
+calibrates, on those workers. Local workers only: with ``--executor ray`` each run starts its own
+actors, as both shapes' actors at once would not fit a local Ray cluster (:func:`_shared_workers`).
+
+Figures as they come: each run prints one line as it finishes (wall, env-steps/s, efficiency,
+utilisation) and rewrites ``--json`` with everything measured so far, ``"complete": false`` until the
+last run and ``"complete": true`` with the final medians. An interrupted benchmark (Ctrl-C,
+``timeout -s INT``) prints the medians of the runs that finished, each short row saying how many of
+``--repeats`` it holds, and exits non-zero (130).
+
 By default the server is the FIXED-LATENCY ``delay`` model: inference is a sleep of ``--delay-ms`` (+
 ``--per-obs-ms`` per observation; by default 20 ms + 2 ms, the shape of a 1B-class policy on one GPU:
 launch-bound at small batches), which measures the scheduler alone; ``--model NAME --preset P`` serves
@@ -32,6 +45,7 @@ import contextlib
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -41,6 +55,7 @@ import numpy as np
 
 from wamkit.config import ConfigError, load_config
 from wamkit.constants import OBS_STATE, TASK, image_key
+from wamkit.files import atomic_write_json
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -79,7 +94,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="(a) runs only the first this many trials per task (its env-steps/s is compared; the "
         "episodes it shares with the others must agree) (default: all, as --trials)",
     )
-    parser.add_argument("--executor", default="local", choices=["local", "ray"])
+    parser.add_argument(
+        "--executor",
+        default="local",
+        choices=["local", "ray"],
+        help="env workers: local processes, started once per shape (serial's, the others') and reused "
+        "by every run of it, or Ray actors, started by each run (default: local)",
+    )
     parser.add_argument(
         "--repeats", type=int, default=2, help="runs of each schedule, interleaved; medians (default: 2)"
     )
@@ -130,7 +151,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--out", default="", help="keep each run's outputs here (default: a temporary folder)"
     )
-    parser.add_argument("--json", default="", help="also write the figures to this JSON file")
+    parser.add_argument(
+        "--json",
+        default="",
+        help='also write the figures to this JSON file, rewritten after every run ("complete": false '
+        "until the last)",
+    )
 
 
 def _serve_args(args: argparse.Namespace, device: str = "") -> tuple[list[str], str]:
@@ -248,11 +274,8 @@ class FittedPolicy:
         self.client.close()
 
 
-def _run_mode(
-    args, urls: list[str], out: Path, num_envs: int, stages: int, workers: int, trials: int = 0
-) -> dict[str, Any]:
-    from wamkit.eval.runner import run_eval
-
+def _config(args, urls: list[str], out: Path, num_envs: int, stages: int, workers: int, trials: int = 0):
+    """One run's evaluation config: the same envs for every schedule, its own shape and output folder."""
     cameras = [c for c in args.cameras.split(",") if c]
     overrides = [
         f"env.suite={args.suite}",
@@ -276,9 +299,35 @@ def _run_mode(
         overrides.append(f"env.cameras=[{', '.join(cameras)}]")
     elif args.suite.startswith("libero"):
         overrides.append("env.cameras=[agentview, wrist]")
+    return load_config(None, overrides)
+
+
+def _shared_workers(stack: contextlib.ExitStack, pools: dict, cfg):
+    """The local env workers of ``cfg``'s shape (slots per worker), started by the first run of that
+    shape and handed to every later one; closed with ``stack``. Serial is one shape, the others another.
+
+    None (each run starts its own) with Ray: both shapes' actors at once ask for 1 + W CPUs, and a local
+    Ray cluster has as many as the machine has cores, so the second shape's actors would wait forever
+    for a CPU; local processes ask for none (serial's one worker idles while the others run)."""
+    from wamkit.eval.runner import slots_per_worker, start_env_workers
+
+    if cfg.eval.executor != "local":
+        return None
+    shape = tuple(slots_per_worker(cfg.eval))
+    if shape not in pools:
+        pools[shape] = stack.enter_context(start_env_workers(cfg))
+    return pools[shape]
+
+
+def _run_mode(args, cfg, env_workers) -> dict[str, Any]:
+    """One run of ``cfg`` on ``env_workers``: its throughput and its outcome per episode."""
+    from wamkit.eval.runner import run_eval
+
     factory = FittedPolicy if args.fit_shapes else None
-    summary = run_eval(load_config(None, overrides), progress=False, prebuild=True, policy_factory=factory)
-    records = [json.loads(line) for line in (out / "episodes.jsonl").read_text().splitlines()]
+    summary = run_eval(cfg, progress=False, prebuild=True, policy_factory=factory, env_workers=env_workers)
+    records = [
+        json.loads(line) for line in (Path(cfg.eval.out_dir) / "episodes.jsonl").read_text().splitlines()
+    ]
     outcome = {
         f"{r['task']}/{r['trial']}": (r["success_once"], r["length"], round(r["return"], 6)) for r in records
     }
@@ -341,49 +390,99 @@ def main(args: argparse.Namespace) -> int:
     workers = args.workers or os.cpu_count() or 1
     servers = _server_count(args)
     modes = _modes(args, servers)
-    counts = [1, servers] if servers > 1 else [1]  # servers per run: one, and all of them
-    runs: dict[tuple[int, int], list[dict[str, Any]]] = {
-        (i, c): [] for i in range(len(modes)) for c in counts
-    }
     with contextlib.ExitStack() as stack:
         root = Path(args.out) if args.out else Path(stack.enter_context(tempfile.TemporaryDirectory()))
         root.mkdir(parents=True, exist_ok=True)  # --out may name a folder that does not exist yet
         urls, label = _start_servers(args, stack, root, servers)
-        for r in range(args.repeats):  # interleaved: a, b, c, ..., a, b, c, ... (1 and S servers each)
-            for i, (name, n, p) in enumerate(modes):
-                for c in counts:
-                    out = root / (f"mode{i}_run{r}" if c == servers == 1 else f"mode{i}_servers{c}_run{r}")
-                    if out.exists():
-                        raise ConfigError(f"--out: {out} already exists; choose an empty folder")
-                    trials = args.serial_trials if name.startswith("(a)") else 0
-                    runs[(i, c)].append(_run_mode(args, urls[:c], out, n, p, workers, trials))
+        bench = Runs(args, label, workers, modes, servers)
+        pools: dict[tuple[int, ...], Any] = {}  # env workers by shape, kept for every run of it
+        try:
+            for r in range(args.repeats):  # interleaved: a, b, c, ..., a, b, c, ... (1 and S servers each)
+                for i, (name, n, p) in enumerate(modes):
+                    for c in bench.counts:
+                        out = root / (
+                            f"mode{i}_run{r}" if c == servers == 1 else f"mode{i}_servers{c}_run{r}"
+                        )
+                        if out.exists():
+                            raise ConfigError(f"--out: {out} already exists; choose an empty folder")
+                        trials = args.serial_trials if name.startswith("(a)") else 0
+                        cfg = _config(args, urls[:c], out, n, p, workers, trials)
+                        bench.add(i, c, r, _run_mode(args, cfg, _shared_workers(stack, pools, cfg)))
+        except KeyboardInterrupt:
+            # before the workers and servers are closed (which takes a while): what finished, at once
+            print("\ninterrupted: medians of the runs that finished", flush=True)
+            bench.report(complete=False)
+            raise
+    same = bench.report(complete=True)
     deterministic = not args.model and not args.server_url  # the delay model: results must agree
-    same = _agree([x["outcome"] for results in runs.values() for x in results])
-    if servers > 1:
-        _print_servers(args, label, workers, modes, runs, servers, same)
-        if args.json:
-            figures = [
-                {"mode": name, "num_envs": n, "servers": c, **_median(runs[(i, c)])["throughput"],
-                 "runs": [x["throughput"] for x in runs[(i, c)]]}
-                for i, (name, n, _) in enumerate(modes)
-                for c in counts
-            ]  # fmt: skip
-            Path(args.json).write_text(json.dumps({"server": label, "runs": figures}, indent=1))
-        return 0 if same or not deterministic else 1
-    rows = [(name, n, _median(runs[(i, 1)])) for i, (name, n, _) in enumerate(modes)]
-    _print(args, label, workers, rows)
-    if args.json:
-        figures = [
-            {
-                "mode": name,
-                "num_envs": n,
-                **res["throughput"],
-                "runs": [x["throughput"] for x in runs[(i, 1)]],
-            }
-            for i, (name, n, res) in enumerate(rows)
-        ]
-        Path(args.json).write_text(json.dumps({"server": label, "runs": figures}, indent=1))
     return 0 if same or not deterministic else 1
+
+
+class Runs:
+    """The runs measured so far, by ``(schedule index, servers)``. Each run is printed on one line as it
+    finishes and the ``--json`` file rewritten (``"complete": false`` until every run is in), so a
+    benchmark stopped part-way still leaves the figures of what it measured."""
+
+    def __init__(self, args, label: str, workers: int, modes: list[tuple[str, int, int]], servers: int):
+        self.args, self.label, self.workers, self.modes, self.servers = args, label, workers, modes, servers
+        self.counts = [1, servers] if servers > 1 else [1]  # servers per run: one, and all of them
+        self.runs: dict[tuple[int, int], list[dict[str, Any]]] = {
+            (i, c): [] for i in range(len(modes)) for c in self.counts
+        }
+
+    def add(self, i: int, c: int, repeat: int, result: dict[str, Any]) -> None:
+        self.runs[(i, c)].append(result)
+        print(self._line(i, c, repeat, result["throughput"]), flush=True)
+        self.write_json(complete=False)
+
+    def _line(self, i: int, c: int, repeat: int, tp: dict[str, Any]) -> str:
+        name, _, stages = self.modes[i]
+        where = f", {c} server{'s' if c > 1 else ''}" if self.servers > 1 else ""
+        chosen = "" if stages else f" (P={tp['stages']})"  # auto: the stage count it chose
+        return (
+            f"run {repeat + 1} of {self.args.repeats}: {name}{chosen}{where}: "
+            f"wall {tp['wall']:.2f} s, {tp['env_steps_per_s']:.1f} env-steps/s, efficiency "
+            f"{_percent(tp['efficiency'])}, utilisation {_percent(tp['utilisation'])}"
+        )
+
+    def figures(self) -> list[dict[str, Any]]:
+        """One row per schedule (and server count) with a finished run: medians, and every run."""
+        rows = []
+        for i, (name, n, _) in enumerate(self.modes):
+            for c in self.counts:
+                done = self.runs[(i, c)]
+                if done:
+                    row = {"mode": name, "num_envs": n, **({"servers": c} if self.servers > 1 else {})}
+                    row.update(_median(done)["throughput"], runs=[x["throughput"] for x in done])
+                    rows.append(row)
+        return rows
+
+    def write_json(self, complete: bool) -> None:
+        """``--json``: the figures so far; ``repeats`` is the runs asked per schedule, ``len(row["runs"])``
+        the runs that finished (fewer only when ``complete`` is false)."""
+        if self.args.json:
+            doc = {"server": self.label, "complete": complete, "repeats": self.args.repeats}
+            atomic_write_json(self.args.json, {**doc, "runs": self.figures()})
+
+    def report(self, complete: bool) -> bool:
+        """Print the medians (of the runs that finished, when not ``complete``), write ``--json``;
+        return whether every run agrees with every other, episode by episode."""
+        self.write_json(complete)
+        finished = [x["outcome"] for results in self.runs.values() for x in results]
+        same = _agree(finished)
+        if not finished:
+            print("no run finished", flush=True)
+        elif self.servers > 1:
+            _print_servers(self.args, self.label, self.workers, self.modes, self.runs, self.servers, same)
+        else:
+            rows = [(name, n, self.runs[(i, 1)]) for i, (name, n, _) in enumerate(self.modes)]
+            _print(self.args, self.label, self.workers, rows)
+        sys.stdout.flush()
+        return same
+
+
+def _percent(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.0f}%"
 
 
 MEDIAN_KEYS = ("wall", "env_steps_per_s", "sim", "infer", "busy_bound", "utilisation", "bound_sim",
@@ -419,12 +518,22 @@ def _stages_label(tp: dict[str, Any]) -> str:
     return str(chosen[0]) if len(chosen) == 1 else "/".join(map(str, tp["stages_chosen"]))
 
 
-def _print(args, label: str, workers: int, rows) -> None:
+def _finished(k: int, repeats: int) -> str:
+    """A row's note when fewer runs finished than were asked (an interrupted benchmark)."""
+    return "" if k == repeats else f"  {k} of {repeats} runs"
+
+
+def _print(args, label: str, workers: int, schedules: list[tuple[str, int, list]]) -> None:
+    """The medians table; ``schedules``: ``(name, num_envs, finished runs)``, at least one run in all."""
+    rows = [(name, n, _median(done), len(done)) for name, n, done in schedules if done]
+    medians = f"medians of {args.repeats} interleaved runs per schedule"
+    if len(rows) < len(schedules) or any(k < args.repeats for *_, k in rows):
+        medians = f"INTERRUPTED: medians of the runs that finished ({args.repeats} asked per schedule)"
     n_ep = len(rows[-1][2]["outcome"] or {})
     print(
         f"wamkit bench eval: {args.suite} {args.tasks}, {n_ep} episodes of <= {args.max_steps} steps, "
         f"{args.image_size} px {args.render_quality} render, replan every {args.replan_interval}, "
-        f"{workers} workers ({args.executor}); medians of {args.repeats} interleaved runs per schedule"
+        f"{workers} workers ({args.executor}); {medians}"
     )
     print(f"server: {label}")
     if args.serial_trials:
@@ -435,21 +544,25 @@ def _print(args, label: str, workers: int, rows) -> None:
     head = f"{'schedule':44} {'envs':>4} {'P':>3} {'wall s':>7} {'steps/s':>8} {'vs (a)':>6} {'vs (b)':>6} "
     head += f"{'bound s':>7} {'side':>5} {'effic.':>6} {'busy s':>7} {'util.':>5}"
     print(head)
-    by_label = {name[:3]: res["throughput"] for name, _, res in rows}  # "(a)", "(b)", "(c)"
+    by_label = {name[:3]: res["throughput"] for name, _, res, _ in rows}  # "(a)", "(b)", "(c)"
     base_a = by_label["(a)"]["env_steps_per_s"] if "(a)" in by_label else None
     base_b = by_label["(b)"]["env_steps_per_s"] if "(b)" in by_label else None
 
     def vs(sps: float, base: float | None) -> str:
         return f"{sps / base:>5.2f}x" if base else f"{'-':>6}"
 
-    for name, n, res in rows:
+    for name, n, res, k in rows:
         tp = res["throughput"]
         sps = tp["env_steps_per_s"]
         print(
             f"{name:44} {n:>4} {_stages_label(tp):>3} {tp['wall']:>7.2f} {sps:>8.1f} {vs(sps, base_a)} "
             f"{vs(sps, base_b)} {tp['bound']:>7.2f} {tp['bound_side'][:5]:>5} "
             f"{100 * tp['efficiency']:>5.0f}% {tp['busy_bound']:>7.2f} {100 * tp['utilisation']:>4.0f}%"
+            f"{_finished(k, args.repeats)}"
         )
+    for name, n, done in schedules:
+        if not done:
+            print(f"{name:44} {n:>4}   no run finished")
     b = by_label.get("(b)") or rows[0][2]["throughput"]
     ratio = (b["bound_sim"]) / max(b["bound_infer"], 1e-9)
     cal = b.get("calibration") or {}
@@ -468,8 +581,8 @@ def _print(args, label: str, workers: int, rows) -> None:
         "utilisation = busy / wall, busy = max(summed worker busy time / workers, union of the server's "
         "busy intervals), the run's own times"
     )
-    same = all(res["outcome"] is not None for _, _, res in rows) and _agree(
-        [res["outcome"] for _, _, res in rows]
+    same = all(res["outcome"] is not None for _, _, res, _ in rows) and _agree(
+        [res["outcome"] for _, _, res, _ in rows]
     )
     if same:
         print("episode results identical across schedules and repeats: yes")
@@ -484,13 +597,17 @@ def _print(args, label: str, workers: int, rows) -> None:
 
 
 def _print_servers(args, label: str, workers: int, modes, runs, servers: int, same: bool) -> None:
-    """One row per schedule: one server and all S side by side (medians), and the ratio."""
-    n_ep = len(runs[(0, 1)][0]["outcome"])
+    """One row per schedule: one server and all S side by side (medians), and the ratio. Interrupted,
+    the schedules with a finished run on both sides have a row (with how many), the others a note."""
+    both = [i for i in range(len(modes)) if runs[(i, 1)] and runs[(i, servers)]]
+    medians = f"medians of {args.repeats} interleaved runs each"
+    if any(len(done) < args.repeats for done in runs.values()):
+        medians = f"INTERRUPTED: medians of the runs that finished ({args.repeats} asked each)"
+    n_ep = len(next(done for done in runs.values() if done)[0]["outcome"])
     print(
         f"wamkit bench eval: {args.suite} {args.tasks}, {n_ep} episodes of <= {args.max_steps} steps, "
         f"{args.image_size} px {args.render_quality} render, replan every {args.replan_interval}, "
-        f"{workers} workers ({args.executor}); 1 server vs {servers}, medians of {args.repeats} "
-        "interleaved runs each"
+        f"{workers} workers ({args.executor}); 1 server vs {servers}, {medians}"
     )
     print(f"server: {label}")
     s = str(servers)
@@ -500,6 +617,12 @@ def _print_servers(args, label: str, workers: int, modes, runs, servers: int, sa
         f"{s + ' vs 1':>7}"
     )
     for i, (name, n, _) in enumerate(modes):
+        k1, ks = len(runs[(i, 1)]), len(runs[(i, servers)])
+        if i not in both:
+            print(
+                f"{name[4:]:24} {n:>4}   not measured on both sides (runs finished: 1 server {k1}, {s} {ks})"
+            )
+            continue
         one, many = (_median(runs[(i, c)])["throughput"] for c in (1, servers))
         cells = []
         for tp in (one, many):
@@ -508,8 +631,9 @@ def _print_servers(args, label: str, workers: int, modes, runs, servers: int, sa
                 f"{_stages_label(tp):>5} {tp['env_steps_per_s']:>11.1f} {tp['bound_side']:>10} {eff:>6}"
             )
         ratio = many["env_steps_per_s"] / max(one["env_steps_per_s"], 1e-9)
-        print(f"{name[4:]:24} {n:>4} {cells[0]} {cells[1]} {ratio:>6.2f}x")
-    cal = _median(runs[(0, servers)])["throughput"].get("calibration") or {}
+        short = "" if k1 == ks == args.repeats else f"  {k1} and {ks} of {args.repeats} runs"
+        print(f"{name[4:]:24} {n:>4} {cells[0]} {cells[1]} {ratio:>6.2f}x{short}")
+    cal = (_median(runs[(both[0], servers)])["throughput"].get("calibration") or {}) if both else {}
     for k, table in enumerate(cal.get("server_latency") or []):
         lat = ", ".join(f"{b}: {1000 * v:.1f}" for b, v in table.items())
         print(f"calibration: server {k} ms by batch size {{{lat}}}")
