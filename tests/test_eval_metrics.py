@@ -10,7 +10,7 @@ from scipy.stats import binomtest
 from wamkit.config import ConfigError
 from wamkit.eval.journal import Journal, read_journal, record_key
 from wamkit.eval.metrics import summarize, wilson_interval
-from wamkit.eval.report import markdown_table, throughput, write_reports
+from wamkit.eval.report import markdown_table, throughput, throughput_line, write_reports
 
 
 @pytest.mark.parametrize("k,n", [(0, 1), (0, 10), (3, 10), (7, 20), (10, 10), (481, 500), (250, 500)])
@@ -67,6 +67,12 @@ def test_throughput_bound_and_efficiency():
     tp = throughput({**timing, "bound_sim": 4.0, "bound_infer": 5.0})
     assert (tp["bound"], tp["bound_side"]) == (5.0, "inference")
     assert tp["efficiency"] == pytest.approx(0.5) and tp["utilisation"] == pytest.approx(0.8)
+    assert "bound_above_run" not in tp
+    # a bound above the run: the calibration overestimated that side, and the report says so
+    tp = throughput({**timing, "bound_sim": 4.0, "bound_infer": 12.0})
+    assert tp["efficiency"] == pytest.approx(1.2)
+    assert tp["bound_above_run"] == {"side": "inference", "calibrated": 12.0, "run_busy": 6.0}
+    assert "the calibration overestimated inference (12.00 s calibrated, 6.00 s busy" in throughput_line(tp)
 
 
 def test_journal_appends_durably_and_refuses_twice(tmp_path):

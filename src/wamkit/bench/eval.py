@@ -529,7 +529,8 @@ def _print(args, label: str, workers: int, schedules: list[tuple[str, int, list]
     medians = f"medians of {args.repeats} interleaved runs per schedule"
     if len(rows) < len(schedules) or any(k < args.repeats for *_, k in rows):
         medians = f"INTERRUPTED: medians of the runs that finished ({args.repeats} asked per schedule)"
-    n_ep = len(rows[-1][2]["outcome"] or {})
+    # the episodes of a run (a sampling model's medians carry no common outcome; each run has its own)
+    n_ep = len([done for _, _, done in schedules if done][-1][0]["outcome"])
     print(
         f"wamkit bench eval: {args.suite} {args.tasks}, {n_ep} episodes of <= {args.max_steps} steps, "
         f"{args.image_size} px {args.render_quality} render, replan every {args.replan_interval}, "
@@ -581,6 +582,12 @@ def _print(args, label: str, workers: int, schedules: list[tuple[str, int, list]
         "utilisation = busy / wall, busy = max(summed worker busy time / workers, union of the server's "
         "busy intervals), the run's own times"
     )
+    over = [name for name, _, res, _ in rows if res["throughput"]["efficiency"] > 1.0]
+    if over:
+        print(
+            f"efficiency over 100% ({'; '.join(over)}): the run beat its calibrated bound, so a calibration "
+            "overestimated a cost (the latency table of each run is in its log); those efficiencies are not reliable"
+        )
     same = all(res["outcome"] is not None for _, _, res, _ in rows) and _agree(
         [res["outcome"] for _, _, res, _ in rows]
     )

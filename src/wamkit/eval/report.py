@@ -38,7 +38,9 @@ def throughput(timing: dict[str, Any]) -> dict[str, Any]:
 
     - ``efficiency = bound / wall`` with ``bound = max(bound_sim, bound_infer)``, measured apart from
       the run: a schedule that makes simulation or inference slower loses efficiency. None when the
-      run was not calibrated (``eval.calibrate_s=0``).
+      run was not calibrated (``eval.calibrate_s=0``). Over 100% means the run beat its bound, so the
+      calibration overestimated a cost (a GPU model's latency can vary between calibrations);
+      ``bound_above_run`` then names the side, its calibrated seconds and the run's busy seconds.
     - ``utilisation = busy_bound / wall`` with ``busy_bound = max(sim / workers, infer)``, the run's
       own busy times: how well the schedule kept the slower side busy (never over 100%).
     """
@@ -60,6 +62,9 @@ def throughput(timing: dict[str, Any]) -> dict[str, Any]:
         out["bound"] = max(b_sim, b_infer)
         out["bound_side"] = "simulation" if b_sim >= b_infer else "inference"
         out["efficiency"] = out["bound"] / wall if wall > 0 else 0.0
+        if out["efficiency"] > 1.0:
+            run_busy = sim / workers if out["bound_side"] == "simulation" else infer
+            out["bound_above_run"] = {"side": out["bound_side"], "calibrated": out["bound"], "run_busy": run_busy}
     return out
 
 
@@ -121,10 +126,17 @@ def throughput_line(tp: dict[str, Any]) -> str:
     )
     if tp.get("efficiency") is None:
         return head + "not calibrated (no independent bound); " + busy
-    return head + (
+    line = head + (
         f"efficiency {100 * tp['efficiency']:.0f}% against the calibrated bound {tp['bound']:.1f} s "
         f"({tp['bound_side']}: sim {tp['bound_sim']:.1f} s, inference {tp['bound_infer']:.1f} s); " + busy
     )
+    over = tp.get("bound_above_run")
+    if over:
+        line += (
+            f" The run beat its bound: the calibration overestimated {over['side']} ({over['calibrated']:.2f} s "
+            f"calibrated, {over['run_busy']:.2f} s busy in the run), so this efficiency is not reliable."
+        )
+    return line
 
 
 def plot_success(summary: dict[str, Any], path: Path) -> Path:
