@@ -8,7 +8,8 @@
 #   bash scripts/gpu_runs.sh inference     # core: Cosmos3 inference (GPU 0) beside Cosmos3 SFT (GPU 1)
 #   bash scripts/gpu_runs.sh serve         # serve: Cosmos3-Nano served against in-process
 #   bash scripts/gpu_runs.sh eval-tiny1b   # sim + serve: the MetaWorld schedules against tiny/1b (1 GPU)
-#   bash scripts/gpu_runs.sh eval          # sim + core: MetaWorld schedules, two servers, training on 1 and 2 GPUs
+#   bash scripts/gpu_runs.sh eval          # sim + core: MetaWorld schedules (delay, tiny/1b), SIGKILL resume on 2 GPUs
+#   bash scripts/gpu_runs.sh eval-2gpu     # sim + core: two servers for one evaluation, tiny/1b training on 1 and 2 GPUs
 #   bash scripts/gpu_runs.sh cosmos3-eval  # sim + serve: the schedules against a Cosmos3-Nano-shaped server
 #   bash scripts/gpu_runs.sh train-cosmos3 # serve: Cosmos3 nano_l8 SFT (cached-latent shape) on 1 and 2 GPUs
 #
@@ -62,17 +63,18 @@ nvidia-smi --query-gpu=index,name,memory.used --format=csv,noheader | tee -a "$O
 for group in "$@"; do
 case "$group" in
   inference)
-    # Cosmos3-Nano policy inference, then serving, on GPU 0; Cosmos3 nano_l8 SFT on GPU 1 meanwhile
+    # Cosmos3-Nano policy inference, then the SFT attention modes, on GPU 0; Cosmos3 nano_l8 SFT rows on
+    # GPU 1 meanwhile (each GPU's chain stays under the 10-minute call)
     (CUDA_VISIBLE_DEVICES=0 run cosmos3_b32 270 $W bench cosmos3 --preset nano --steps 30 --batches 32 \
-        --paths stock,fast+compile_sdpa,fast+compile --profile --profile-rows 18 --json "$OUT/cosmos3_b32.json") &
+        --paths stock,fast+compile_sdpa,fast+compile --profile --profile-rows 18 --json "$OUT/cosmos3_b32.json"
+     CUDA_VISIBLE_DEVICES=0 run cosmos3_sft_attention 290 $W bench cosmos3-sft --preset nano_l8 --batches 32 \
+        --gradient-checkpointing --paths transformer --attention mask,loop,flex --profile 3 --profile-rows 25 \
+        --json "$OUT/cosmos3_sft_attention.json") &
     (CUDA_VISIBLE_DEVICES=1 run cosmos3_sft_b8 200 $W bench cosmos3-sft --preset nano_l8 --batches 8 \
         --json "$OUT/cosmos3_sft_b8.json"
      CUDA_VISIBLE_DEVICES=1 run cosmos3_sft_b32 240 $W bench cosmos3-sft --preset nano_l8 --batches 32 \
         --gradient-checkpointing --profile 3 --profile-path transformer --profile-rows 25 \
-        --json "$OUT/cosmos3_sft_b32.json"
-     CUDA_VISIBLE_DEVICES=1 run cosmos3_sft_attention 300 $W bench cosmos3-sft --preset nano_l8 --batches 32 \
-        --gradient-checkpointing --paths transformer --attention mask,loop,flex --profile 3 --profile-rows 25 \
-        --json "$OUT/cosmos3_sft_attention.json") &
+        --json "$OUT/cosmos3_sft_b32.json") &
     wait
     ;;
   serve)
@@ -96,6 +98,9 @@ case "$group" in
     run eval_tiny1b 300 $W bench eval --tasks reach-v3,push-v3 --trials 8 --max-steps 40 --image-size 128 \
       --num-envs 16 --workers 16 --model tiny --preset 1b --device cuda:0 --stages 2,auto \
       --json "$OUT/eval_tiny1b.json"
+    ;;
+  eval-2gpu)
+    # two servers for one evaluation (one per GPU), then tiny/1b training on 1 and 2 GPUs
     run eval_2servers 170 $W bench eval --tasks reach-v3,push-v3 --trials 32 --max-steps 64 --image-size 128 \
       --num-envs 64 --workers 16 --model tiny --preset 1b --option num_steps=40 --devices cuda:0,cuda:1 \
       --stages auto --json "$OUT/eval_2servers.json"
@@ -132,7 +137,7 @@ case "$group" in
   libero-schedules)
     # the schedules on TRIALS x 10 of LIBERO-10's 500 episodes (serial on SERIAL_TRIALS x 10), the
     # tiny/1b server on GPU 0, env workers rendering on RENDER_GPU
-    run libero_schedules 590 $W bench eval --suite libero_10 --tasks 0,1,2,3,4,5,6,7,8,9 --trials "$TRIALS" \
+    run libero_schedules 570 $W bench eval --suite libero_10 --tasks 0,1,2,3,4,5,6,7,8,9 --trials "$TRIALS" \
       --serial-trials "$SERIAL_TRIALS" --max-steps 520 --image-size 256 --render-quality "$QUALITY" \
       --render-gpu "$RENDER_GPU" --num-envs "$NUM_ENVS" --workers "$CORES" --model tiny --preset 1b \
       --device cuda:0 --fit-shapes --stages 2,4,auto \
@@ -140,7 +145,7 @@ case "$group" in
     ;;
   libero-500)
     # all 500 episodes, the pipelined schedule alone (auto P), two runs for the median
-    run libero_500 590 $W bench eval --suite libero_10 --tasks 0,1,2,3,4,5,6,7,8,9 --trials 50 \
+    run libero_500 570 $W bench eval --suite libero_10 --tasks 0,1,2,3,4,5,6,7,8,9 --trials 50 \
       --max-steps 520 --image-size 256 --render-quality "$QUALITY" --render-gpu "$RENDER_GPU" \
       --num-envs "$NUM_ENVS" --workers "$CORES" \
       --model tiny --preset 1b --device cuda:0 --fit-shapes --schedules pipelined --stages auto \
@@ -150,13 +155,13 @@ case "$group" in
     # the Cosmos3-Nano-shaped server (30 steps, full 16-step chunks, CUDA-graph steps) on 8 episodes
     # (tasks 0-3 x 2 trials; serial on 4) cut at 160 steps: random weights never succeed, so every step
     # costs the same and env-steps/s carries over to 520-step episodes; auto P only, to fit one call
-    run libero_cosmos3 590 $W bench eval --suite libero_10 --tasks 0,1,2,3 --trials 2 --serial-trials 1 \
+    run libero_cosmos3 570 $W bench eval --suite libero_10 --tasks 0,1,2,3 --trials 2 --serial-trials 1 \
       --max-steps 160 --image-size 256 --render-quality "$QUALITY" --render-gpu "$RENDER_GPU" \
       --num-envs 8 --workers 8 --replan-interval 16 --model cosmos3 --preset nano --device cuda:0 \
       --fit-shapes --stages auto --json "$OUT/libero_cosmos3.json"
     ;;
   *)
-    echo "unknown group '$group' (inference | serve | eval-tiny1b | eval | cosmos3-eval | train-cosmos3 | libero-stash |" \
+    echo "unknown group '$group' (inference | serve | eval-tiny1b | eval | eval-2gpu | cosmos3-eval | train-cosmos3 | libero-stash |" \
       "libero-install |" \
       "libero-render | libero-schedules | libero-500 | libero-cosmos3)" >&2
     exit 2

@@ -73,6 +73,11 @@ def test_eval_cli_errors_name_the_keys(serve_dir, tmp_path):
     assert nodir.returncode == 2 and "eval.serve_dir" in nodir.stderr
     pipe = wamkit(f"eval.serve_dir={serve_dir}", "--pipeline", "fast")
     assert pipe.returncode == 2 and "--pipeline" in pipe.stderr
+    # the run's serve settings reach the server it starts: bf16 autocast on this CPU-only machine is
+    # refused by that server, naming the key
+    bf16 = wamkit(f"eval.serve_dir={serve_dir}", f"eval.out_dir={tmp_path / 'bf16'}", "serve.precision=bf16")
+    assert bf16.returncode != 0
+    assert "serve.precision=bf16 needs the model on a CUDA device" in bf16.stderr
 
 
 def test_a_model_from_other_data_is_refused_before_any_episode():

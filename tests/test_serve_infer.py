@@ -90,6 +90,7 @@ def test_infer_writes_outputs_and_reports_invalid_samples(samples, tmp_path, cap
     assert (
         args["action_chunk_size"] == 16 and args["model_mode"] == "wam" and args["wamkit"]["mode"] == "policy"
     )
+    assert args["wamkit"]["autocast"] == "off"  # the CPU computes fp32
     extra = json.loads((out / "extra_fields" / "sample_args.json").read_text())
     assert extra["colour"] == "red" and extra["wamkit"]["unused_fields"] == ["colour", "view_point"]
     result = json.loads((out / "a" / "sample_outputs.json").read_text())

@@ -340,7 +340,9 @@ def test_precision_resolves_per_device_and_enters_the_identity(tmp_path):
     policy = load_served(tmp_path / "export", "cpu")  # auto on the CPU: fp32, no autocast
     assert policy.autocast is None and policy.metadata()["identity"]["autocast"] == "off"
     np.testing.assert_allclose(policy.infer(obs(4))["actions"], want, atol=1e-5)
-    with pytest.raises(ValueError, match=r"serve.precision=bf16 needs the model on a CUDA device; it is on cpu"):
+    with pytest.raises(
+        ValueError, match=r"serve.precision=bf16 needs the model on a CUDA device; it is on cpu"
+    ):
         load_served(tmp_path / "export", "cpu", precision="bf16")
     with pytest.raises(ValueError, match=r"serve.precision: expected one of auto, fp32, bf16, got 'half'"):
         random_init("tiny", "small", device="cpu", precision="half")

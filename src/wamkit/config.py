@@ -155,8 +155,8 @@ class ServeConfig:
     raw_actions: bool = False  # True: reply with the model's normalised output, not env-ready actions
     max_message_mb: float = 64.0
     # compute of a model call: auto = bf16 autocast on a CUDA device for a model whose weights are fp32
-    # (as the trainer's precision: bf16 runs them), the weights' own dtype otherwise; fp32 = no autocast;
-    # bf16 = autocast (CUDA only). The served identity records the result.
+    # (speed; whatever precision it trained in), the weights' own dtype otherwise; fp32 = no autocast
+    # (the reference numerics); bf16 = autocast (CUDA only). The served identity records the result.
     precision: Literal["auto", "fp32", "bf16"] = "auto"
 
     def __post_init__(self) -> None:

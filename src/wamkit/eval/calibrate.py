@@ -43,6 +43,7 @@ from wamkit.eval.scheduler import layout
 
 log = logging.getLogger(__name__)
 MAX_TIMED_CALLS = 10  # per batch size: enough for a median
+WARM_CALLS = 2  # untimed calls per batch size after its first, at least
 MAX_SIM_ROUNDS = 200
 
 
@@ -256,17 +257,18 @@ def _time_sim(sim: _Sim, chunks: np.ndarray, budget_s: float) -> tuple[float, fl
 
 
 def _time_server(policy: Callable, obs: list[dict], sizes: list[int], budget_s: float) -> dict[int, float]:
-    """Median server seconds per request of each size, after untimed requests of that size: at least
-    one (a cold first call of the shape) and for a fifth of its share (a GPU idle before the
-    calibration can run its first calls of a launch-bound model at twice the run's latency)."""
+    """Median server seconds per request of each size, after untimed requests of that size: a cold
+    first call of the shape (compilation, allocation), then ``WARM_CALLS`` more or a fifth of its
+    share, whichever lasts longer (the server and GPU busy again before anything is timed)."""
     latency = {}
     share = budget_s / max(1, len(sizes))
     for b in sizes:
         batch = [obs[i % len(obs)] for i in range(b)]
-        warm_until = time.perf_counter() + share / 5
         policy(batch)
-        while time.perf_counter() < warm_until:
+        warm_until, warm = time.perf_counter() + share / 5, 0
+        while warm < WARM_CALLS or time.perf_counter() < warm_until:
             policy(batch)
+            warm += 1
         times: list[float] = []
         deadline = time.perf_counter() + share
         while not times or (time.perf_counter() < deadline and len(times) < MAX_TIMED_CALLS):

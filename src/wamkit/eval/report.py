@@ -64,7 +64,11 @@ def throughput(timing: dict[str, Any]) -> dict[str, Any]:
         out["efficiency"] = out["bound"] / wall if wall > 0 else 0.0
         if out["efficiency"] > 1.0:
             run_busy = sim / workers if out["bound_side"] == "simulation" else infer
-            out["bound_above_run"] = {"side": out["bound_side"], "calibrated": out["bound"], "run_busy": run_busy}
+            out["bound_above_run"] = {
+                "side": out["bound_side"],
+                "calibrated": out["bound"],
+                "run_busy": run_busy,
+            }
     return out
 
 

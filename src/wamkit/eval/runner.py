@@ -30,7 +30,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from wamkit.config import ConfigError, EnvConfig, EvalConfig, RunConfig
+from wamkit.config import ConfigError, EnvConfig, EvalConfig, RunConfig, ServeConfig
 from wamkit.envs.base import EpisodeSpec
 from wamkit.eval.calibrate import Calibration, batch_sizes, calibrate, independent_bound
 from wamkit.eval.episodes import plan_episodes, plan_record
@@ -44,6 +44,7 @@ from wamkit.eval.video import filmed, frame_of, write_mp4
 from wamkit.files import atomic_write_json
 
 log = logging.getLogger(__name__)
+STOP_WAIT_S = 10.0  # how long a stopped (interrupted) pipeline waits for its stage threads
 
 
 def check_eval_config(ecfg: EvalConfig) -> None:
@@ -67,16 +68,20 @@ def server_location(ecfg: EvalConfig) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def reach_servers(ecfg: EvalConfig) -> Iterator[list[str]]:
+def reach_servers(ecfg: EvalConfig, serve: ServeConfig | None = None) -> Iterator[list[str]]:
     """Yield the server URLs: ``eval.server_url``, or a local server started from ``eval.serve_dir`` in
-    its own process (log in ``<out_dir>/server.log``), stopped on exit."""
+    its own process (log in ``<out_dir>/server.log``), stopped on exit, with the run's ``serve``
+    settings (device, precision, batching)."""
     if ecfg.server_urls:
         yield ecfg.server_urls
         return
     from wamkit.eval.server_proc import start_server_process
 
     Path(ecfg.out_dir).mkdir(parents=True, exist_ok=True)
-    with start_server_process(ecfg.serve_dir, log_path=Path(ecfg.out_dir) / "server.log") as srv:
+    serve = serve or ServeConfig()
+    args = [ecfg.serve_dir, "--device", serve.device, "--precision", serve.precision]
+    args += ["--max-batch", str(serve.max_batch), "--max-wait-ms", str(serve.max_wait_ms)]
+    with start_server_process(args, log_path=Path(ecfg.out_dir) / "server.log") as srv:
         yield [srv.url]
 
 
@@ -138,7 +143,7 @@ def run_eval(
         log.info("%d episodes planned, %d to run", len(episodes), len(todo))
         timing, events, stages = None, [], ecfg.pipeline_stages or 1
         if todo:
-            with reach_servers(ecfg) as urls:
+            with reach_servers(ecfg, cfg.serve) as urls:
                 # fail fast (no server, cameras the env does not render, servers serving different
                 # models, another model than the journal's) before workers start
                 identity = same_model(urls, [_probe(make_policy, url, env_cfg) for url in urls])
@@ -269,7 +274,10 @@ def _run(
         try:
             pipeline.run(todo)
         finally:
-            pipeline.stop()  # interrupted: its stage threads stop calling workers a caller may keep
+            # interrupted: its stage threads stop calling workers a caller may keep
+            left = pipeline.stop(wait_s=STOP_WAIT_S)
+            if left:
+                log.warning("stage threads %s still running %.0f s after the stop", left, STOP_WAIT_S)
             bar.close()
         wall = time.perf_counter() - t0
         timing = {

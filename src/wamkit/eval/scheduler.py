@@ -148,6 +148,7 @@ class Pipeline:
         self._queue: collections.deque[EpisodeSpec] = collections.deque()
         self._qlock = threading.Lock()
         self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
         self._errors: list[BaseException] = []
         self.t0 = time.perf_counter()
 
@@ -176,7 +177,7 @@ class Pipeline:
     def run(self, episodes: list[EpisodeSpec]) -> None:
         self._queue.extend(episodes)
         self.t0 = time.perf_counter()
-        threads = [
+        self._threads = threads = [
             threading.Thread(target=self._stage_main, args=(s,), name=f"stage-{s}", daemon=True)
             for s in range(len(self.stages))
         ]
@@ -187,8 +188,16 @@ class Pipeline:
         if self._errors:
             raise self._errors[0]
 
-    def stop(self) -> None:
+    def stop(self, wait_s: float = 0.0) -> list[str]:
+        """Tell the stage threads to stop after their current step and wait up to ``wait_s`` for them
+        (an interrupted run whose caller keeps the env workers must not leave threads calling them).
+        Returns the names of the threads still running."""
         self._stop.set()
+        deadline = time.perf_counter() + wait_s
+        for t in self._threads:
+            if t is not threading.current_thread():
+                t.join(max(0.0, deadline - time.perf_counter()))
+        return [t.name for t in self._threads if t.is_alive()]
 
     def _next_episode(self) -> EpisodeSpec | None:
         with self._qlock:

@@ -42,11 +42,11 @@ def start_server_process(
     end of its log.
     """
     if isinstance(serve_args, str):
-        if not Path(serve_args).is_dir():
-            raise ConfigError(
-                f"eval.serve_dir: {serve_args} is not a directory (a serving directory is expected)"
-            )
         serve_args = [serve_args]
+    if serve_args and not serve_args[0].startswith("-") and not Path(serve_args[0]).is_dir():
+        raise ConfigError(
+            f"eval.serve_dir: {serve_args[0]} is not a directory (a serving directory is expected)"
+        )
     port = port or free_port(host)
     cmd = [sys.executable, "-m", "wamkit", "--log-level", "warning", "serve", *serve_args]
     cmd += ["--host", host, "--port", str(port)]

@@ -106,7 +106,8 @@ def run_sample(policy, s: dict[str, Any], out: Path) -> dict[str, Any]:
     """Run one resolved sample and write its three files; returns the ``sample_outputs.json`` object."""
     batch, inputs = _model_inputs(policy, s)
     try:
-        reply = policy.adapter.predict(batch, mode=s["mode"], seed=s["seed"], **inputs)
+        with policy.compute():
+            reply = policy.adapter.predict(batch, mode=s["mode"], seed=s["seed"], **inputs)
     except ValueError as err:
         raise SampleError(f"sample '{s['name']}': {err}") from None
     observed = _side_by_side(s["views"])
@@ -144,6 +145,7 @@ def _sample_args(policy, s: dict[str, Any], out: Path) -> dict[str, Any]:
         "model": policy.adapter.name,
         "source": policy.source,
         "mode": s["mode"],
+        "autocast": policy.identity()["autocast"],
         "unused_fields": s["unused"],
     }
     return {**s["raw"], **resolved, "output_dir": str(out), "wamkit": meta}

@@ -26,8 +26,9 @@ an evaluator records it, so results of two different models (or of one model at 
 never mixed in one journal.
 
 Precision (``serve.precision``): ``auto`` runs a model whose weights are fp32 under bf16 autocast on a
-CUDA device, as the trainer's ``precision: bf16`` ran it (a 1B model in fp32 is several times slower
-on a GPU); weights already in a lower dtype (Cosmos3's bf16) run as they are, and the CPU runs fp32.
+CUDA device (a 1B model in fp32 is several times slower on a GPU; its actions differ from fp32's by
+bf16 rounding, whatever precision it was trained in); weights already in a lower dtype (Cosmos3's
+bf16) run as they are, and the CPU runs fp32. ``fp32`` keeps the reference numerics.
 
 Replies: ``{"actions": float32 [chunk, D_env]}`` (``[B, chunk, D_env]`` when batched), or for
 ``forward_dynamics`` ``{"frames": uint8 [H, W, 3]}`` (the last predicted frame) plus, from models that
@@ -333,7 +334,7 @@ class ServedPolicy:
                 inputs[name] = {k: _cat([r.inputs[name][k] for r in requests]) for k in first_value}
             else:
                 inputs[name] = _cat([r.inputs[name] for r in requests])
-        with self._compute():
+        with self.compute():
             out = self.adapter.predict(batch, mode=first.mode, seed=first.seed, **inputs)
         if first.mode == "forward_dynamics":
             results = {"frames": np.asarray(out["frames"], np.uint8)}
@@ -352,7 +353,8 @@ class ServedPolicy:
             start += r.n
         return replies
 
-    def _compute(self) -> contextlib.AbstractContextManager:
+    def compute(self) -> contextlib.AbstractContextManager:
+        """The context of a model call: bf16 autocast when ``serve.precision`` resolved to it."""
         if self.autocast is None:
             return contextlib.nullcontext()
         return torch.autocast(self._device_type, dtype=self.autocast)
