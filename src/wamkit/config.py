@@ -14,7 +14,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import yaml
 
@@ -143,6 +143,10 @@ class TrainConfig:
             raise ConfigError("train.precision=bf16 needs a CUDA device; use train.precision=fp32 on the CPU")
 
 
+ServePrecision = Literal["auto", "fp32", "bf16"]
+SERVE_PRECISIONS: tuple[str, ...] = get_args(ServePrecision)
+
+
 @dataclass
 class ServeConfig:
     """The inference server."""
@@ -157,7 +161,7 @@ class ServeConfig:
     # compute of a model call: auto = bf16 autocast on a CUDA device for a model whose weights are fp32
     # (speed; whatever precision it trained in), the weights' own dtype otherwise; fp32 = no autocast
     # (the reference numerics); bf16 = autocast (CUDA only). The served identity records the result.
-    precision: Literal["auto", "fp32", "bf16"] = "auto"
+    precision: ServePrecision = "auto"
 
     def __post_init__(self) -> None:
         if self.precision == "bf16" and self.device == "cpu":

@@ -53,7 +53,7 @@ from typing import Any
 
 import numpy as np
 
-from wamkit.config import ConfigError, load_config
+from wamkit.config import SERVE_PRECISIONS, ConfigError, load_config
 from wamkit.constants import OBS_STATE, TASK, image_key
 from wamkit.files import atomic_write_json
 
@@ -126,7 +126,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     server.add_argument("--device", default="auto", help="server device (default: auto)")
     server.add_argument(
         "--precision",
-        choices=("auto", "fp32", "bf16"),
+        choices=SERVE_PRECISIONS,
         default="auto",
         help="serve.precision of a --model server (default: auto, bf16 autocast for fp32 weights on CUDA)",
     )
@@ -516,9 +516,8 @@ def _median(results: list[dict[str, Any]]) -> dict[str, Any]:
     b_sim, b_infer = tp["bound_sim"], tp["bound_infer"]
     tp["bound_side"] = None if b_sim is None else ("simulation" if b_sim >= b_infer else "inference")
     # the flag of a run that beat its bound belongs to that run; the row says only whether its median does
-    flagged = [t for t in tps if t.get("bound_above_run")]
     tp.pop("bound_above_run", None)
-    tp["runs_above_bound"] = len(flagged)
+    tp["runs_above_bound"] = sum(1 for t in tps if t.get("bound_above_run"))
     same = all(r["outcome"] == results[0]["outcome"] for r in results)
     return {"throughput": tp, "outcome": results[0]["outcome"] if same else None}
 

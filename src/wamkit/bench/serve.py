@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from wamkit.config import parse_override
+from wamkit.config import SERVE_PRECISIONS, parse_override
 
 # the delay model's cost when --model delay is given no --option; other models keep their preset
 DELAY_DEFAULTS = ["delay_ms=10", "per_obs_ms=0.05"]
@@ -53,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda")
     parser.add_argument(
         "--precision",
-        choices=("auto", "fp32", "bf16"),
+        choices=SERVE_PRECISIONS,
         default="auto",
         help="serve.precision in both processes (default: auto, bf16 autocast for fp32 weights on CUDA)",
     )
@@ -173,7 +173,7 @@ def main(args: argparse.Namespace) -> int:
     policy = random_init(args.model, args.preset, options, args.device, precision=args.precision)
     meta = policy.metadata()["inputs"]
     print(
-        f"model: {args.model}/{args.preset} {options} on {args.device}, autocast {policy.identity()['autocast']}"
+        f"model: {args.model}/{args.preset} {options} on {args.device}, autocast {'bf16' if policy.autocast else 'off'}"
         + (" (BENCHMARK MODEL: a fixed delay, not a policy)" if args.model == "delay" else "")
     )
     sizes = sorted({*args.batch, *(min(c, args.max_batch) for c in args.concurrency)})

@@ -46,6 +46,8 @@ KEY_FIELDS = ("suite", "task", "trial", "seed")
 # EGL's choice of device, which is -1), so --resume of an older run is not refused for the key alone.
 # A key added to plan_record (episodes.py) whose old runs all had one value belongs here.
 ADDED_PLAN_KEYS: dict[str, Any] = {"render_gpu": -1}
+# The same for the server identity's fields (before serve.precision, no server used autocast).
+ADDED_IDENTITY_KEYS: dict[str, Any] = {"autocast": "off"}
 REQUIRED = KEY_FIELDS + ("success_once", "success_at_end", "length", "return")
 
 
@@ -135,10 +137,6 @@ def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     for k, v in d.items():
         out |= _flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v}
     return out
-
-
-# identity fields added later, with the value every server before them had
-ADDED_IDENTITY_KEYS = {"autocast": "off"}
 
 
 def server_diff(old: dict[str, Any] | None, new: dict[str, Any]) -> list[str]:

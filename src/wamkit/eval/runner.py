@@ -77,6 +77,10 @@ def reach_servers(ecfg: EvalConfig, serve: ServeConfig | None = None) -> Iterato
         return
     from wamkit.eval.server_proc import start_server_process
 
+    if not Path(ecfg.serve_dir).is_dir():
+        raise ConfigError(
+            f"eval.serve_dir: {ecfg.serve_dir} is not a directory (a serving directory is expected)"
+        )
     Path(ecfg.out_dir).mkdir(parents=True, exist_ok=True)
     serve = serve or ServeConfig()
     args = [ecfg.serve_dir, "--device", serve.device, "--precision", serve.precision]

@@ -15,8 +15,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
-from wamkit.config import ConfigError
-
 
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
@@ -43,10 +41,6 @@ def start_server_process(
     """
     if isinstance(serve_args, str):
         serve_args = [serve_args]
-    if serve_args and not serve_args[0].startswith("-") and not Path(serve_args[0]).is_dir():
-        raise ConfigError(
-            f"eval.serve_dir: {serve_args[0]} is not a directory (a serving directory is expected)"
-        )
     port = port or free_port(host)
     cmd = [sys.executable, "-m", "wamkit", "--log-level", "warning", "serve", *serve_args]
     cmd += ["--host", host, "--port", str(port)]

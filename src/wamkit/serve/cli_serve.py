@@ -17,7 +17,7 @@ import argparse
 import dataclasses
 import logging
 
-from wamkit.config import ConfigError, RunConfig, load_config, parse_override
+from wamkit.config import SERVE_PRECISIONS, ConfigError, RunConfig, load_config, parse_override
 from wamkit.serve.loading import load_served, random_init
 from wamkit.serve.policy import ServedPolicy
 from wamkit.serve.server import PolicyServer, run_server
@@ -59,7 +59,7 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--precision",
-        choices=("auto", "fp32", "bf16"),
+        choices=SERVE_PRECISIONS,
         help="model-call compute: auto = bf16 autocast for fp32 weights on CUDA, else as the weights "
         "(default: serve.precision)",
     )

@@ -45,7 +45,7 @@ import numpy as np
 import torch
 
 from wamkit.actions.spec import PreprocessSpec
-from wamkit.config import ConfigError
+from wamkit.config import SERVE_PRECISIONS, ConfigError
 from wamkit.constants import OBS_STATE, TASK, image_key
 from wamkit.models.base import weights_sha256
 
@@ -54,7 +54,6 @@ GOAL_IMAGE = "goal_image"  # inverse dynamics: f"{GOAL_IMAGE}.{cam}" per camera;
 OPENPI_IMAGE_KEYS = ("observation/image", "observation/wrist_image")  # -> the model's cameras in order
 OPENPI_STATE_KEY = "observation/state"
 PROMPT = "prompt"
-PRECISIONS = ("auto", "fp32", "bf16")
 CONTROL_KEYS = ("mode", "seed")
 FD_ACTIONS = "actions"
 
@@ -95,24 +94,25 @@ def _numeric(value: Any, key: str) -> np.ndarray:
     return arr
 
 
-def _autocast_dtype(adapter: Any, precision: str) -> torch.dtype | None:
-    """The autocast dtype of ``adapter``'s model calls under ``serve.precision`` (None: none)."""
-    if precision not in PRECISIONS:
-        raise ConfigError(f"serve.precision: expected one of {', '.join(PRECISIONS)}, got {precision!r}")
+def _autocast(adapter: Any, precision: str) -> tuple[torch.dtype | None, str]:
+    """``(dtype, device type)`` of the autocast of ``adapter``'s model calls under ``serve.precision``
+    (dtype None: no autocast)."""
+    if precision not in SERVE_PRECISIONS:
+        raise ConfigError(
+            f"serve.precision: expected one of {', '.join(SERVE_PRECISIONS)}, got {precision!r}"
+        )
     module = getattr(adapter, "module", None)
     params = next(module.parameters(), None) if isinstance(module, torch.nn.Module) else None
-    if precision == "fp32" or params is None:
-        return None
-    on_cuda = params.device.type == "cuda"
-    if precision == "bf16":
-        if not on_cuda:
-            raise ConfigError(
-                f"serve.precision=bf16 needs the model on a CUDA device; it is on {params.device.type} "
-                "(use auto or fp32)"
-            )
-        return torch.bfloat16
+    if params is None:
+        return None, "cpu"
+    device = params.device.type
+    if precision == "bf16" and device != "cuda":
+        raise ConfigError(
+            f"serve.precision=bf16 needs the model on a CUDA device; it is on {device} (use auto or fp32)"
+        )
     fp32 = all(p.dtype == torch.float32 for p in module.parameters() if p.is_floating_point())
-    return torch.bfloat16 if on_cuda and fp32 else None
+    bf16 = precision == "bf16" or (precision == "auto" and device == "cuda" and fp32)
+    return (torch.bfloat16 if bf16 else None), device
 
 
 class ServedPolicy:
@@ -134,10 +134,7 @@ class ServedPolicy:
         self.source = source
         spec.check_model(self.io, where=f"preprocessing spec of {source or adapter.name}")
         self.env_action_dim = spec.env_action_dim
-        self.autocast = _autocast_dtype(adapter, precision)
-        module = getattr(adapter, "module", None)
-        params = next(module.parameters(), None) if isinstance(module, torch.nn.Module) else None
-        self._device_type = params.device.type if params is not None else "cpu"
+        self.autocast, self._device_type = _autocast(adapter, precision)
         self._identity: dict[str, Any] | None = None
 
     def identity(self) -> dict[str, Any]:
