@@ -10,6 +10,7 @@
 #   bash scripts/gpu_runs.sh eval-tiny1b   # sim + serve: the MetaWorld schedules against tiny/1b (1 GPU)
 #   bash scripts/gpu_runs.sh eval          # sim + core: MetaWorld schedules (delay, tiny/1b), SIGKILL resume on 2 GPUs
 #   bash scripts/gpu_runs.sh eval-2gpu     # sim + core: two servers for one evaluation, tiny/1b training on 1 and 2 GPUs
+#                                          (eval-2servers, train-tiny-2gpu: each alone)
 #   bash scripts/gpu_runs.sh cosmos3-eval  # sim + serve: the schedules against a Cosmos3-Nano-shaped server
 #   bash scripts/gpu_runs.sh train-cosmos3 # serve: Cosmos3 nano_l8 SFT (cached-latent shape) on 1 and 2 GPUs
 #
@@ -100,18 +101,25 @@ case "$group" in
       --json "$OUT/eval_tiny1b.json"
     ;;
   eval-2gpu)
-    # two servers for one evaluation (one per GPU), then tiny/1b training on 1 and 2 GPUs
-    run eval_2servers 170 $W bench eval --tasks reach-v3,push-v3 --trials 32 --max-steps 64 --image-size 128 \
-      --num-envs 64 --workers 16 --model tiny --preset 1b --option num_steps=40 --devices cuda:0,cuda:1 \
-      --stages auto --json "$OUT/eval_2servers.json"
+    bash "$0" eval-2servers train-tiny-2gpu
+    ;;
+  eval-2servers)
+    # two servers for one evaluation (one per GPU): 128 envs, so that P=4 gives each server two whole
+    # stages of 32 (one simulates while the other is served) and one server P=4 stages of 32 too
+    run eval_2servers 300 $W bench eval --tasks reach-v3,push-v3 --trials 64 --max-steps 64 --image-size 128 \
+      --num-envs 128 --workers $((CORES - 4)) --model tiny --preset 1b --option num_steps=40 \
+      --devices cuda:0,cuda:1 --stages 4,auto --json "$OUT/eval_2servers.json"
+    ;;
+  train-tiny-2gpu)
     # tiny/1b: 1 and 2 GPUs at micro-batch 64 per GPU (the fastest single-GPU setting), 1 GPU at 32 too
     run train_scaling 170 $W bench train --model tiny --preset 1b --precision bf16 --processes 1,2 \
       --micro-batch 64,32 --steps 5 --warmup 2
     ;;
   train-cosmos3)
-    # Cosmos3 nano_l8 SFT from latents encoded once (as a latent cache gives them) on 1 and 2 GPUs
-    run train_cosmos3 560 $W bench train --model cosmos3 --preset nano_l8 --precision bf16 --processes 1,2 \
-      --micro-batch 16,32 --latents --option gradient_checkpointing=true --steps 3 --warmup 2
+    # Cosmos3 nano_l8 SFT from latents encoded once (as a latent cache gives them) on 1 and 2 GPUs: two
+    # processes at micro-batch 32 per GPU, one at 32 and 16 (32 was the faster single-GPU setting)
+    run train_cosmos3 570 $W bench train --model cosmos3 --preset nano_l8 --precision bf16 --processes 1,2 \
+      --micro-batch 32,16 --latents --option gradient_checkpointing=true --steps 5 --warmup 3
     ;;
   cosmos3-eval)
     # the evaluator against a Cosmos3-Nano-shaped server (30 steps, full 16-step chunks), MetaWorld fitted
@@ -161,7 +169,7 @@ case "$group" in
       --fit-shapes --stages auto --json "$OUT/libero_cosmos3.json"
     ;;
   *)
-    echo "unknown group '$group' (inference | serve | eval-tiny1b | eval | eval-2gpu | cosmos3-eval | train-cosmos3 | libero-stash |" \
+    echo "unknown group '$group' (inference | serve | eval-tiny1b | eval | eval-2gpu | eval-2servers | train-tiny-2gpu | cosmos3-eval | train-cosmos3 | libero-stash |" \
       "libero-install |" \
       "libero-render | libero-schedules | libero-500 | libero-cosmos3)" >&2
     exit 2

@@ -40,18 +40,19 @@ from torch.nn.attention.flex_attention import flex_attention
 
 @dataclass(frozen=True)
 class TextKV:
-    """One prompt's text keys and values per decoder layer, each [KV heads, U, head_dim], as the
-    generation tokens read them (``k_norm_und_for_gen`` and rotary applied to the keys)."""
+    """One prompt's text keys and values of every decoder layer, each [layers, KV heads, U, head_dim]
+    (one tensor: a batch's context copies a prompt in one call), as the generation tokens read them
+    (``k_norm_und_for_gen`` and rotary applied to the keys)."""
 
-    keys: tuple[torch.Tensor, ...]
-    values: tuple[torch.Tensor, ...]
+    keys: torch.Tensor
+    values: torch.Tensor
 
     @property
     def length(self) -> int:
-        return int(self.keys[0].shape[1])
+        return int(self.keys.shape[2])
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
+        return sum(t.numel() * t.element_size() for t in (self.keys, self.values))
 
 
 def rotary(module: torch.nn.Module, position_ids: torch.Tensor, dtype: torch.dtype):
@@ -91,7 +92,7 @@ def encode_text(module: torch.nn.Module, input_ids: torch.Tensor, position_ids: 
         )
         x = x + attn.to_out(out.squeeze(0).flatten(-2, -1))
         x = x + layer.mlp(layer.post_attention_layernorm(x))
-    return TextKV(tuple(keys), tuple(values))
+    return TextKV(torch.stack(keys), torch.stack(values))
 
 
 @dataclass
@@ -136,11 +137,6 @@ class StepContext:
         return tuple((tuple(t.shape), t.dtype) for t in self.tensors())
 
 
-def _pad_stack(parts: list[torch.Tensor], length: int) -> torch.Tensor:
-    """[heads, U_i, d] tensors -> [B, heads, length, d], zero-padded along U."""
-    return torch.stack([F.pad(p, (0, 0, 0, length - p.shape[1])) for p in parts])
-
-
 def build_context(
     module: torch.nn.Module,
     texts: list[TextKV],
@@ -172,20 +168,25 @@ def build_context(
     masked = (masked or any(n < u_pad for n in lengths)) and not flex
     attn = module.layers[0].self_attn
     groups = attn.num_attention_heads // attn.num_key_value_heads
-    text_k, text_v = [], []
-    for layer in range(len(module.layers)):
-        k = _pad_stack([t.keys[layer] for t in texts], u_pad)
-        v = _pad_stack([t.values[layer] for t in texts], u_pad)
-        if masked:
-            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-        text_k.append(k)
-        text_v.append(v)
+    # every layer's text of every request in one buffer [2, layers, B, KV, U_pad, d], zero-padded: one
+    # copy per request (per distinct prompt and request), not one pad per layer and request
+    kv = texts[0].keys.new_zeros(
+        (2, len(module.layers), len(texts), *texts[0].keys.shape[1:2], u_pad, texts[0].keys.shape[3])
+    )
+    for i, t in enumerate(texts):
+        kv[0, :, i, :, : t.length] = t.keys
+        kv[1, :, i, :, : t.length] = t.values
+    if masked:
+        kv = kv.repeat_interleave(groups, dim=3)
+    text_k, text_v = list(kv[0].unbind(0)), list(kv[1].unbind(0))
     key_bias = None
     if masked:
-        key_bias = torch.zeros(len(texts), 1, 1, u_pad + g, device=dev, dtype=dt)
-        for i, n in enumerate(lengths):
-            key_bias[i, ..., n:u_pad] = float("-inf")
-    rope = [rotary(module, p.to(dev), dt) for p in gen_positions]
+        lens = torch.tensor(lengths, device=dev).view(-1, 1, 1, 1)
+        pos = torch.arange(u_pad + g, device=dev)
+        padding = (pos >= lens) & (pos < u_pad)
+        key_bias = torch.zeros(padding.shape, device=dev, dtype=dt).masked_fill_(padding, float("-inf"))
+    # rotary is per position: one call over every request's positions
+    cos, sin = rotary(module, torch.cat(gen_positions, 1).to(dev), dt)
     frames = torch.tensor([f not in vision_cond for f in range(latent_frames)], device=dev)
     actions = torch.tensor(
         [a not in action_cond for a in range(g - latent_frames * frame_tokens)], device=dev
@@ -198,8 +199,8 @@ def build_context(
         text_v=text_v,
         key_bias=key_bias,
         text_len=torch.tensor(lengths, device=dev, dtype=torch.int32) if flex else None,
-        cos=torch.stack([c for c, _ in rope]).unsqueeze(2),
-        sin=torch.stack([s for _, s in rope]).unsqueeze(2),
+        cos=cos.view(len(texts), g, 1, -1),
+        sin=sin.view(len(texts), g, 1, -1),
         noisy_vision=frames.repeat_interleave(frame_tokens).view(1, -1, 1),
         noisy_action=actions.view(1, -1, 1),
         noisy_frames=frames.view(1, 1, -1, 1, 1),

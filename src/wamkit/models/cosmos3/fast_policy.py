@@ -167,13 +167,18 @@ class FastPolicy:
         self.cache.clear()
         self._steps.clear()
 
-    def text_kv(self, key: Hashable, segment: RequestSegments) -> TextKV:
+    def stamp(self) -> tuple:
+        """The identity of the weights, device and dtype the cached text keys/values belong to."""
+        weight = self.module.proj_in.weight
+        return weights_stamp(self.module), weight.device, weight.dtype
+
+    def text_kv(self, key: Hashable, segment: RequestSegments, stamp: tuple | None = None) -> TextKV:
+        """The text keys/values of one prompt; ``stamp``: :meth:`stamp`, taken once per batch."""
         dev = self.module.proj_in.weight.device
-        stamp = (weights_stamp(self.module), dev, self.module.proj_in.weight.dtype)
         text = segment.text
         return self.cache.get(
             key,
-            stamp,
+            self.stamp() if stamp is None else stamp,
             lambda: encode_text(self.module, text["input_ids"].to(dev), text["text_mrope_ids"].to(dev)),
         )
 
@@ -191,7 +196,8 @@ class FastPolicy:
 
         ``keys``: per request its prompt's cache key; ``latent_shape`` = (C, T, h, w); ``action_shape``
         = (A, D)."""
-        texts = [self.text_kv(k, s) for k, s in zip(keys, segments)]
+        stamp = self.stamp()  # one walk over the weights per batch, not one per request
+        texts = [self.text_kv(k, s, stamp) for k, s in zip(keys, segments)]
         gen_pos = [
             torch.cat([s.vision["vision_mrope_ids"], s.action["action_mrope_ids"]], 1) for s in segments
         ]
