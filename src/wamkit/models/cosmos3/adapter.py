@@ -38,12 +38,12 @@ import numpy as np
 import torch
 from diffusers import Cosmos3OmniPipeline
 from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import _EMBODIMENT_TO_DOMAIN_ID
-from PIL import Image
 
 from wamkit.config import ConfigError
 from wamkit.constants import ACTION, ACTION_IS_PAD, IDLE_FRAMES, TASK, future_image_key, image_key
 from wamkit.models.base import LATENT_CACHE_OPTION, ModelIO, ParamGroup, weights_sha256
 from wamkit.models.cosmos3 import latents
+from wamkit.models.cosmos3.encoding import Canvas, ClipEncoder
 from wamkit.models.cosmos3.fast_policy import FastPolicy
 from wamkit.models.cosmos3.inference import Cosmos3Inference
 from wamkit.models.cosmos3.latents import LATENTS, LatentCache
@@ -81,6 +81,7 @@ class Cosmos3Adapter(Cosmos3Inference):
             use_native_flow_schedule=True,  # the sigma grid cosmos samples with (recipe.native_sigmas)
         )
         self.pipe.set_progress_bar_config(disable=True)
+        self.clip_encoder = ClipEncoder(self.pipe)  # the pipeline's preprocessing and encode, batched
         self.domain_id = _EMBODIMENT_TO_DOMAIN_ID[options["domain_name"]]
         self.processor = install_processor(transformer, options["attention"])
         # policy mode's default path (options.fast_inference): cached text keys/values, batched requests
@@ -164,26 +165,20 @@ class Cosmos3Adapter(Cosmos3Inference):
 
     def _encode(self, clips: list[list[np.ndarray]], device: torch.device | None = None) -> torch.Tensor:
         """Clips (per sample, a list of uint8 frames) -> cropped normalised latents [B, C, T, h, w] fp32,
-        encoded on ``device`` (default: the transformer's)."""
-        dev, frames, size = device or self.device, [], None
-        for clip in clips:
-            pil = [Image.fromarray(f) for f in clip]
-            f, size, _, _ = self.pipe._prepare_action_video_conditioning(
-                pil, self.options["resolution_tier"], len(pil), device=dev, dtype=torch.float32
-            )
-            frames.append(f)
+        encoded on ``device`` (default: the transformer's), as the pipeline encodes them (``encoding``)."""
+        dev = torch.device(device or self.device)
         vae_dev = next(self.vae.parameters()).device
         if vae_dev != dev:
             self.vae.to(dev)
         with torch.no_grad(), torch.autocast(dev.type, enabled=False):
-            z = self.pipe._encode_video(torch.cat(frames))
-        return self.pipe._remove_action_video_padding_from_latent(z, size).float()
+            return self.clip_encoder(clips, self.options["resolution_tier"], dev)
+
+    def _canvas(self, frame: np.ndarray) -> Canvas:
+        """The action canvas of frames of ``frame``'s shape (cached per shape and tier)."""
+        return self.clip_encoder.canvas(frame.shape[:2], self.options["resolution_tier"])
 
     def _canvas_hw(self, frame: np.ndarray) -> tuple[int, int]:
-        _, _, h, w = self.pipe._prepare_action_video_conditioning(
-            [Image.fromarray(frame)], self.options["resolution_tier"], 1, device="cpu", dtype=torch.float32
-        )
-        return h, w
+        return self._canvas(frame).size
 
     def prompt(self, task: str, hw: tuple[int, int], idle_frames: int | None) -> str:
         """The caption text of one request on a canvas of ``hw`` = (height, width)."""
@@ -379,16 +374,9 @@ class Cosmos3Adapter(Cosmos3Inference):
         """The layout of one request of ``io``'s size with a typical LIBERO task (for FLOP counts)."""
         if self._nominal is None:
             frame = np.zeros((self.io.image_size, self.io.image_size * len(self.io.cameras), 3), np.uint8)
-            hw = self._canvas_hw(frame)
-            s = int(self.vae.config.scale_factor_spatial)
-            content = self.pipe._prepare_action_video_conditioning(
-                [Image.fromarray(frame)],
-                self.options["resolution_tier"],
-                1,
-                device="cpu",
-                dtype=torch.float32,
-            )[1]
-            h, w = max(int(content[2]) // s, 1), max(int(content[3]) // s, 1)
+            canvas = self._canvas(frame)
+            hw = canvas.size
+            h, w = canvas.latent_hw(int(self.vae.config.scale_factor_spatial))
             shape = (self.module.config.latent_channel, self._latent_frames(), h, w)
             task = "put both the alphabet soup and the tomato sauce in the basket"
             self._nominal = self._layout([self.prompt(task, hw, 0)], hw, shape, (0,), ())

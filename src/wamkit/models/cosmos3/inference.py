@@ -12,8 +12,9 @@ forward_dynamics    frame 0                              all ``chunk`` given
 inverse_dynamics    all (the whole observed clip)        generated
 ==================  ===================================  =================================
 
-Sampling is UniPC on the adapter's scheduler (the native flow schedule), guidance 1 (no CFG). Each step's
-velocities come from one of two interchangeable functions, with the very same sampler around them:
+Sampling is UniPC on the adapter's scheduler (the native flow schedule), guidance 1 (no CFG): diffusers'
+update, applied to the vision latents and actions together with no host wait per step (``sampler``). Each
+step's velocities come from one of two interchangeable functions, with the very same sampler around them:
 
 - *stock*: ``Cosmos3OmniTransformer.forward`` over the packed sequence of all requests (``packing``);
 - *fast* (policy mode, ``options.fast_inference``, the default): the text keys/values of each prompt
@@ -23,7 +24,7 @@ velocities come from one of two interchangeable functions, with the very same sa
 
 from __future__ import annotations
 
-import copy
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +36,7 @@ from wamkit.models.base import Mode
 from wamkit.models.cosmos3.fast_policy import Velocity
 from wamkit.models.cosmos3.packing import PackedLayout, pack
 from wamkit.models.cosmos3.recipe import native_sigmas
+from wamkit.models.cosmos3.sampler import host_buffer, to_device, unipc_sampler
 
 MODES = ("policy", "forward_dynamics", "inverse_dynamics")
 
@@ -50,6 +52,11 @@ class Prepared:
     act_init: torch.Tensor
     action_cond: tuple[int, ...]
     velocity: Velocity
+
+
+def _views(flat: torch.Tensor, shapes: list[tuple[int, ...]]) -> list[torch.Tensor]:
+    """Consecutive views of ``flat`` with these shapes."""
+    return [p.view(s) for p, s in zip(flat.split([math.prod(s) for s in shapes]), shapes)]
 
 
 def _np(x: Any) -> np.ndarray:
@@ -170,36 +177,51 @@ class Cosmos3Inference:
 
     def _sample(self, prep: Prepared, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
         """UniPC denoising of all requests at once; conditioned frames/tokens are held fixed, as in the
-        pipeline (their velocity is zeroed). Returns the latents [B, C, T, h, w] and actions."""
-        x0, vision_cond, act_init, action_cond = prep.x0, prep.vision_cond, prep.act_init, prep.action_cond
-        dev, n, t_lat = self.device, x0.shape[0], self._latent_frames()
-        shape_v = (1, x0.shape[1], t_lat, *x0.shape[3:])
-        noise_v, noise_a = [], []
-        for i in range(n):  # the pipeline's draw order: the vision latents, then the actions
-            g = torch.Generator("cpu").manual_seed(seed + i)
-            noise_v.append(torch.randn(shape_v, generator=g))
-            noise_a.append(torch.randn(act_init.shape[1:], generator=g))
-        cond_v = torch.zeros(t_lat, 1, 1, device=dev)
-        cond_v[list(vision_cond)] = 1.0
-        cond_a = torch.zeros(self.io.chunk, 1, device=dev)
-        cond_a[list(action_cond)] = 1.0
-        lat_v = torch.cat(noise_v).to(dev)
+        pipeline (their velocity is zeroed). Returns the latents [B, C, T, h, w] and actions.
+
+        One sampler steps the vision latents and the noisy actions together (``sampler``: diffusers'
+        update, bit for bit, without a host wait per step)."""
+        x0, act_init = prep.x0, prep.act_init
+        dev, t_lat = self.device, self._latent_frames()
+        shape_v = (x0.shape[0], x0.shape[1], t_lat, *x0.shape[3:])
+        noise_v, noise_a, act, cond_v, cond_a = self._draw(seed, shape_v, prep)
+        lat_v = noise_v
         t0 = x0.shape[2]  # encoded frames: 1 (policy, forward dynamics) or all (inverse dynamics)
         lat_v[:, :, :t0] = cond_v[:t0] * x0 + (1 - cond_v[:t0]) * lat_v[:, :, :t0]
-        lat_a = cond_a * act_init.to(dev) + (1 - cond_a) * torch.stack(noise_a).to(dev)
+        lat_a = cond_a * act + (1 - cond_a) * noise_a
 
-        sch_v = copy.deepcopy(self.scheduler)
         steps = int(self.options["num_inference_steps"])
-        sch_v.set_timesteps(steps, device=dev, sigmas=native_sigmas(sch_v, steps))
-        sch_a = copy.deepcopy(sch_v)
-        noisy_actions = len(action_cond) < self.io.chunk
-        for t in sch_v.timesteps:
+        noisy_actions = len(prep.action_cond) < act_init.shape[1]
+        samples = [lat_v, lat_a] if noisy_actions else [lat_v]
+        sampler = unipc_sampler(self.scheduler, native_sigmas(self.scheduler, steps), dev, samples)
+        for t in sampler.timesteps:
             with torch.profiler.record_function("cosmos3.denoise_step"):  # a named range in profiles
                 v_v, v_a = prep.velocity(lat_v, lat_a, t)
-            lat_v = sch_v.step(v_v * (1 - cond_v), t, lat_v, return_dict=False)[0]
             if noisy_actions:
-                lat_a = sch_a.step(v_a * (1 - cond_a), t, lat_a, return_dict=False)[0]
+                lat_v, lat_a = sampler.step(t, [v_v * (1 - cond_v), v_a * (1 - cond_a)])
+            else:
+                (lat_v,) = sampler.step(t, [v_v * (1 - cond_v)])
         return lat_v, lat_a
+
+    def _draw(self, seed: int, shape_v: tuple[int, ...], prep: Prepared) -> list[torch.Tensor]:
+        """The initial noise of the latents [B, C, T, h, w] and actions [B, chunk, D] (request i from
+        ``seed + i``, in the pipeline's draw order: the vision latents, then the actions), the initial
+        actions and the held-frame masks [T, 1, 1] and [chunk, 1]: built in one host buffer and copied
+        to the device at once, without waiting for the device."""
+        act_init = prep.act_init
+        shapes = [shape_v, act_init.shape, act_init.shape, (shape_v[2], 1, 1), (act_init.shape[1], 1)]
+        host = host_buffer(sum(math.prod(s) for s in shapes), self.device)
+        noise_v, noise_a, act, cond_v, cond_a = _views(host, shapes)
+        for i in range(shape_v[0]):
+            g = torch.Generator("cpu").manual_seed(seed + i)
+            torch.randn(noise_v[i].shape, generator=g, out=noise_v[i])
+            torch.randn(noise_a[i].shape, generator=g, out=noise_a[i])
+        act.copy_(act_init)
+        cond_v.zero_()
+        cond_a.zero_()
+        cond_v[list(prep.vision_cond)] = 1.0
+        cond_a[list(prep.action_cond)] = 1.0
+        return _views(to_device(host, self.device), shapes)
 
     def _decode(self, lat_v: torch.Tensor) -> np.ndarray:
         """Latents [B, C, T, h, w] -> uint8 video [B, F, H, W, 3] (F = chunk + 1 frames)."""
