@@ -18,27 +18,31 @@ def test_bench_train_processes_prints_rows_and_ratios_that_add_up():
         sys.executable, "-m", "wamkit", "bench", "train", "--model", "tiny", "--preset", "small",
         "--option", "width=32", "--option", "depth=2", "--option", "heads=2",
         "--processes", "2", "--micro-batch", "2,4", "--steps", "2", "--warmup", "1",
+        "--reshard-after-forward", "auto,never",
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=REPO)
     assert out.returncode == 0, out.stderr[-3000:]
-    # processes, micro-batch, s/step, samples/s, per process, MFU (n/a on a CPU), GiB, scaling, vs best 1
+    # processes, micro-batch, s/step, samples/s, per process, MFU (n/a on a CPU), GiB, scaling, vs best 1,
+    # reshard after forward
     row = re.compile(
-        r"^\s+(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+n/a\s+n/a\s+([\d.]+)x\s+([\d.]+)x$"
+        r"^\s+(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+n/a\s+n/a\s+([\d.]+)x\s+([\d.]+)x\s+(\w+)$"
     )
-    rows = {(int(m[1]), int(m[2])): m for m in map(row.match, out.stdout.splitlines()) if m}
-    # 1 process added as the reference; micro-batch 4 (not the first) on 1 process only
-    assert sorted(rows) == [(1, 2), (1, 4), (2, 2)], out.stdout
+    rows = {(int(m[1]), int(m[2]), m[8]): m for m in map(row.match, out.stdout.splitlines()) if m}
+    # 1 process added as the reference (first mode); micro-batch 4 (not the first) on 1 process only;
+    # the 2-process row once per mode
+    assert sorted(rows) == [(1, 2, "auto"), (1, 4, "auto"), (2, 2, "auto"), (2, 2, "never")], out.stdout
     sps = {k: float(m[4]) for k, m in rows.items()}
-    best1 = max(sps[1, 2], sps[1, 4])
-    for (n, mb), m in rows.items():
+    best1 = max(sps[1, 2, "auto"], sps[1, 4, "auto"])
+    for (n, mb, mode), m in rows.items():
         s_step, scaling, vs_best = float(m[3]), float(m[6]), float(m[7])
-        assert abs(sps[n, mb] - n * mb / s_step) <= 0.01 * sps[n, mb] + 0.1  # every process's samples count
-        assert abs(float(m[5]) - sps[n, mb] / n) <= 0.1
-        assert abs(scaling - sps[n, mb] / sps[1, mb]) <= 0.01 * scaling + 0.01
-        assert abs(vs_best - sps[n, mb] / best1) <= 0.01 * vs_best + 0.01
-    assert float(rows[1, 2][6]) == float(rows[1, 4][6]) == 1.0
-    assert f"micro-batch {2 if sps[1, 2] > sps[1, 4] else 4}," in out.stdout.splitlines()[-1]
+        got = sps[n, mb, mode]
+        assert abs(got - n * mb / s_step) <= 0.01 * got + 0.1  # every process's samples count
+        assert abs(float(m[5]) - got / n) <= 0.1
+        assert abs(scaling - got / sps[1, mb, "auto"]) <= 0.01 * scaling + 0.01
+        assert abs(vs_best - got / best1) <= 0.01 * vs_best + 0.01
+    assert float(rows[1, 2, "auto"][6]) == float(rows[1, 4, "auto"][6]) == 1.0
+    assert f"micro-batch {2 if sps[1, 2, 'auto'] > sps[1, 4, 'auto'] else 4}," in out.stdout.splitlines()[-1]
 
 
 def test_bench_train_refuses_a_micro_batch_list_without_processes():

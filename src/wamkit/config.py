@@ -104,6 +104,10 @@ class ModelConfig:
     options: dict[str, Any] = field(default_factory=dict)
 
 
+Reshard = Literal["auto", "always", "never"]
+RESHARD_CHOICES: tuple[str, ...] = get_args(Reshard)
+
+
 @dataclass
 class TrainConfig:
     """The SFT loop."""
@@ -129,6 +133,11 @@ class TrainConfig:
     seed: int = 0
     precision: Literal["fp32", "bf16"] = "fp32"
     compile: bool = False  # torch.compile each transformer block (GPU: fuses norms, casts and activations)
+    # FSDP2 after a block's forward: auto = free the gathered weights with several processes (the
+    # backward gathers them again) but not the last block's, keep them with one; always / never for
+    # every block. never trades memory (each block's weights stay whole from forward to backward) for
+    # one all-gather per block and step fewer (what several GPUs of one host can afford)
+    reshard_after_forward: Reshard = "auto"
     device: str = "auto"  # auto | cpu | cuda
     resume: str = ""  # "" (fresh), "auto" (newest complete checkpoint) or a checkpoint path
 

@@ -74,6 +74,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--compile", action="store_true", help="torch.compile each block (train.compile)")
     parser.add_argument(
+        "--reshard-after-forward",
+        type=_reshard_list,
+        default=["auto"],
+        metavar="MODES",
+        help="train.reshard_after_forward (auto, always, never); with --processes a list, e.g. auto,never: "
+        "every N-process row runs once per mode, the 1-process rows with the first",
+    )
+    parser.add_argument(
         "--latents",
         action="store_true",
         help="models that encode a video target (cosmos3): train from latents encoded once, as a "
@@ -138,6 +146,18 @@ def _profile(step, device: torch.device, rows: int) -> None:
     print(profile_table(step, device, rows))
 
 
+def _reshard_list(value: str) -> list[str]:
+    from wamkit.config import RESHARD_CHOICES
+
+    modes = list(dict.fromkeys(v.strip() for v in value.split(",")))
+    bad = [m for m in modes if m not in RESHARD_CHOICES]
+    if bad or not modes:
+        raise argparse.ArgumentTypeError(
+            f"{', '.join(bad) or 'nothing'}: expected a comma list of {', '.join(RESHARD_CHOICES)}"
+        )
+    return modes
+
+
 def _trainer_step(cfg, device: torch.device, args: argparse.Namespace, micro_batch: int):
     """The trainer's step on a synthetic batch: ``(step_fn, parameters, flops per sample)``."""
     from wamkit.models import build_model
@@ -148,7 +168,8 @@ def _trainer_step(cfg, device: torch.device, args: argparse.Namespace, micro_bat
     adapter = build_model(cfg, None)
     n_params, flops = sum(p.numel() for p in adapter.module.parameters()), adapter.flops_per_sample()
     batch = _batch(adapter, micro_batch, device, args.latents)
-    root, groups, trained = shard_adapter(adapter, device, args.precision, args.compile)
+    reshard = args.reshard_after_forward[0]
+    root, groups, trained = shard_adapter(adapter, device, args.precision, args.compile, reshard)
     opt = build_optimizer(groups, 1e-4, 0.01, [0.9, 0.95], fused=device.type == "cuda")
     trainable = list(trained.values())
 
@@ -173,6 +194,8 @@ def main(args: argparse.Namespace) -> int:
         return _scaling(args)
     if len(args.micro_batch) > 1:
         raise SystemExit("wamkit bench train: a list of micro-batches needs --processes (e.g. --processes 1)")
+    if len(args.reshard_after_forward) > 1:
+        raise SystemExit("wamkit bench train: a list of --reshard-after-forward modes needs --processes")
     if args.worker_json:
         return _worker(args)
     from wamkit.train.dist import init_distributed, shutdown
@@ -241,12 +264,15 @@ def _worker(args: argparse.Namespace) -> int:
     os._exit(0)
 
 
-def _worker_argv(args: argparse.Namespace, processes: int, micro_batch: int, out: Path) -> list[str]:
+def _worker_argv(
+    args: argparse.Namespace, processes: int, micro_batch: int, reshard: str, out: Path
+) -> list[str]:
     argv = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}",
         "-m", "wamkit", "bench", "train", "--model", args.model, "--preset", args.preset,
         "--micro-batch", str(micro_batch), "--steps", str(args.steps), "--warmup", str(args.warmup),
         "--precision", args.precision, "--device", args.device, "--worker-json", str(out),
+        "--reshard-after-forward", reshard,
     ]  # fmt: skip
     for opt in args.option:
         argv += ["--option", opt]
@@ -261,10 +287,10 @@ def _worker_env(processes: int) -> dict[str, str]:
     return env
 
 
-def _launch(args: argparse.Namespace, processes: int, micro_batch: int) -> dict:
+def _launch(args: argparse.Namespace, processes: int, micro_batch: int, reshard: str) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "row.json"
-        argv = _worker_argv(args, processes, micro_batch, out)
+        argv = _worker_argv(args, processes, micro_batch, reshard, out)
         proc = subprocess.Popen(
             argv, env=_worker_env(processes), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )
@@ -296,11 +322,15 @@ def _scaling(args: argparse.Namespace) -> int:
     if 1 not in counts:
         counts = [1, *counts]  # the reference of every ratio
     mb, *others = dict.fromkeys(args.micro_batch)  # in order, without repeats
+    modes = args.reshard_after_forward
+    runs = [(1, mb, modes[0]), *((1, b, modes[0]) for b in others)]
+    runs += [(n, mb, m) for n in counts if n > 1 for m in modes]
     rows = {}
-    for n, b in [(1, mb), *((1, b) for b in others), *((n, mb) for n in counts if n > 1)]:
-        rows[n, b] = _launch(args, n, b)
+    for n, b, m in runs:
+        rows[n, b, m] = _launch(args, n, b, m)
         print(
-            f"  measured {n} process(es) x micro-batch {b}: {rows[n, b]['samples_per_s']:.1f} samples/s",
+            f"  measured {n} process(es) x micro-batch {b}, reshard after forward {m}: "
+            f"{rows[n, b, m]['samples_per_s']:.1f} samples/s",
             flush=True,
         )
     _print_scaling(args, rows)
@@ -312,20 +342,22 @@ def _print_scaling(args: argparse.Namespace, rows: dict) -> None:
     peak = args.peak_tflops * 1e12 or (
         H200_BF16_PEAK if first["device"] != "cpu" and args.precision == "bf16" else 0.0
     )
-    best1 = max((r for (n, _), r in rows.items() if n == 1), key=lambda r: r["samples_per_s"])
+    best1 = max((r for (n, _, _), r in rows.items() if n == 1), key=lambda r: r["samples_per_s"])
+    first_mode = args.reshard_after_forward[0]
     print(f"model {args.model}/{args.preset}: {first['params'] / 1e6:.1f}M parameters, "
           f"{first['flops_per_sample'] / 1e9:.2f} GFLOP/sample (fwd+bwd), trainer step (FSDP2+clip+AdamW), "
           f"{args.precision} on {first['device']}" + (", blocks compiled" if args.compile else ""))  # fmt: skip
     print(f"{'processes':>9} {'micro-batch':>11} {'s/step':>9} {'samples/s':>10} {'per process':>11} "
-          f"{'MFU':>7} {'peak GiB':>8} {'scaling':>8} {'vs best 1':>9}")  # fmt: skip
-    for (n, mb), r in rows.items():
-        sps, one = r["samples_per_s"], rows[1, mb]["samples_per_s"]
+          f"{'MFU':>7} {'peak GiB':>8} {'scaling':>8} {'vs best 1':>9}  reshard")  # fmt: skip
+    for (n, mb, mode), r in rows.items():
+        sps, one = r["samples_per_s"], rows[1, mb, first_mode]["samples_per_s"]
         mfu = f"{100 * r['flops_per_sample'] * sps / n / peak:6.1f}%" if peak else "    n/a"
         mem = f"{r['peak_gib']:>8.1f}" if r["peak_gib"] == r["peak_gib"] else "     n/a"  # NaN on a CPU
         print(f"{n:>9} {mb:>11} {r['s_step']:>9.4f} {sps:>10.1f} {sps / n:>11.1f} {mfu} "
-              f"{mem} {sps / one:>7.2f}x {sps / best1['samples_per_s']:>8.2f}x")  # fmt: skip
+              f"{mem} {sps / one:>7.2f}x {sps / best1['samples_per_s']:>8.2f}x  {mode}")  # fmt: skip
     print(
         f"scaling: N-process samples/s / 1-process samples/s at the same micro-batch per process; "
         f"vs best 1: / the best 1-process row (micro-batch {best1['micro_batch']}, "
-        f"{best1['samples_per_s']:.1f} samples/s)"
+        f"{best1['samples_per_s']:.1f} samples/s); reshard: train.reshard_after_forward (auto on one "
+        f"process keeps the weights gathered, as never does)"
     )

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-from wamkit.config import ConfigError
+from wamkit.config import RESHARD_CHOICES, ConfigError
 from wamkit.device import resolve_device
 from wamkit.models.base import ParamGroup
 
@@ -105,6 +105,7 @@ def apply_fsdp(
     device: torch.device,
     precision: str,
     compile_blocks: bool = False,
+    reshard: str = "auto",
 ) -> torch.nn.Module:
     """``fully_shard`` each block, then the root, over all ranks.
 
@@ -112,7 +113,7 @@ def apply_fsdp(
     shards them, so a model larger than one device is never whole on it. bf16 keeps fp32 master weights
     and optimizer state, computes in bf16 and reduces gradients in fp32 (GPU only). ``compile_blocks``
     compiles each block's forward (regional compilation: the blocks share code, so it compiles once and
-    FSDP's hooks stay outside the graph).
+    FSDP's hooks stay outside the graph). ``reshard``: ``train.reshard_after_forward``.
     """
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -123,20 +124,25 @@ def apply_fsdp(
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     else:
         mp = MixedPrecisionPolicy()
-    several = dist.get_world_size() > 1
+    if reshard not in RESHARD_CHOICES:
+        raise ConfigError(
+            f"train.reshard_after_forward={reshard!r}; expected one of {', '.join(RESHARD_CHOICES)}"
+        )
+    several = dist.get_world_size() > 1 if reshard == "auto" else reshard == "always"
     for i, block in enumerate(blocks):
-        # the last block is not resharded after forward: backward needs it at once, and FSDP would
-        # all-gather it again immediately. With one rank nothing is resharded: the "all-gather" is a
-        # copy and a bf16 cast of every weight, which backward would otherwise pay a second time.
+        # auto: the last block is not resharded after forward: backward needs it at once, and FSDP
+        # would all-gather it again immediately. With one rank nothing is resharded: the "all-gather"
+        # is a copy and a bf16 cast of every weight, which backward would otherwise pay a second time.
         if compile_blocks:
             block.compile()
-        fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=several and i < len(blocks) - 1)
+        last = reshard == "auto" and i == len(blocks) - 1
+        fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=several and not last)
     fully_shard(module, mesh=mesh, mp_policy=mp, reshard_after_forward=several)
     return module
 
 
 def shard_adapter(
-    adapter, device: torch.device, precision: str, compile_blocks: bool = False
+    adapter, device: torch.device, precision: str, compile_blocks: bool = False, reshard: str = "auto"
 ) -> tuple[LossModule, list[ParamGroup], dict[str, torch.nn.Parameter]]:
     """Freeze what ``param_groups()`` leaves out, shard, and return ``(root, groups, trained)``.
 
@@ -163,6 +169,7 @@ def shard_adapter(
         device,
         precision,
         compile_blocks,
+        reshard,
     )
     params = dict(module.named_parameters())
     groups = [ParamGroup(g.name, [params[n] for n in names], g.lr_mult, g.weight_decay) for g, names in named]

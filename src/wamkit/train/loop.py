@@ -104,7 +104,9 @@ class _Loop:
         _seed_all(t.seed)  # the same initial weights on every rank: each keeps its shard of them
         self.adapter = adapter_fn(cfg, io)
         module = self.adapter.module
-        self.root, groups, trained = shard_adapter(self.adapter, info.device, t.precision, t.compile)
+        self.root, groups, trained = shard_adapter(
+            self.adapter, info.device, t.precision, t.compile, t.reshard_after_forward
+        )
         self.trainable = list(trained.values())
         self.optimizer = build_optimizer(
             groups, t.lr, t.weight_decay, t.betas, fused=info.device.type == "cuda"
