@@ -104,11 +104,12 @@ case "$group" in
     bash "$0" eval-2servers train-tiny-2gpu
     ;;
   eval-2servers)
-    # two servers for one evaluation (one per GPU): 128 envs, so that P=4 gives each server two whole
-    # stages of 32 (one simulates while the other is served) and one server P=4 stages of 32 too
-    run eval_2servers 300 $W bench eval --tasks reach-v3,push-v3 --trials 64 --max-steps 64 --image-size 128 \
+    # two servers for one evaluation (one per GPU): 128 envs at P=4, so each server has two whole stages
+    # of 32 (one simulates while the other is served), and 256-step episodes (32 cycles: the pipeline's
+    # fill and drain are a small part; at 64 steps, 8 cycles, they held two servers to 1.69x one)
+    run eval_2servers 420 $W bench eval --tasks reach-v3,push-v3 --trials 64 --max-steps 256 --image-size 128 \
       --num-envs 128 --workers $((CORES - 4)) --model tiny --preset 1b --option num_steps=40 \
-      --devices cuda:0,cuda:1 --stages 4,auto --json "$OUT/eval_2servers.json"
+      --devices cuda:0,cuda:1 --stages 4 --json "$OUT/eval_2servers.json"
     ;;
   train-tiny-2gpu)
     # tiny/1b: 1 and 2 GPUs at micro-batch 64 per GPU (the fastest single-GPU setting), 1 GPU at 32 too
@@ -116,10 +117,12 @@ case "$group" in
       --micro-batch 64,32 --steps 5 --warmup 2
     ;;
   train-cosmos3)
-    # Cosmos3 nano_l8 SFT from latents encoded once (as a latent cache gives them) on 1 and 2 GPUs: two
-    # processes at micro-batch 32 per GPU, one at 32 and 16 (32 was the faster single-GPU setting)
+    # Cosmos3 nano_l8 SFT from latents encoded once (as a latent cache gives them) on 1 and 2 GPUs at
+    # micro-batch 32 per GPU (one GPU's fastest: 42.6 samples/s against 34.6 at 16), two processes with
+    # FSDP2 resharding after forward (auto) and keeping the gathered weights (never) side by side
     run train_cosmos3 570 $W bench train --model cosmos3 --preset nano_l8 --precision bf16 --processes 1,2 \
-      --micro-batch 32,16 --latents --option gradient_checkpointing=true --steps 5 --warmup 3
+      --micro-batch 32 --reshard-after-forward auto,never --latents --option gradient_checkpointing=true \
+      --steps 5 --warmup 3
     ;;
   cosmos3-eval)
     # the evaluator against a Cosmos3-Nano-shaped server (30 steps, full 16-step chunks), MetaWorld fitted
