@@ -72,7 +72,7 @@ case "$group" in
         --gradient-checkpointing --paths transformer --attention mask,loop,flex --profile 3 --profile-rows 25 \
         --json "$OUT/cosmos3_sft_attention.json") &
     (CUDA_VISIBLE_DEVICES=1 run cosmos3_sft_b8 200 $W bench cosmos3-sft --preset nano_l8 --batches 8 \
-        --json "$OUT/cosmos3_sft_b8.json"
+        --repeats 3 --profile 3 --profile-path cached --profile-rows 25 --json "$OUT/cosmos3_sft_b8.json"
      CUDA_VISIBLE_DEVICES=1 run cosmos3_sft_b32 240 $W bench cosmos3-sft --preset nano_l8 --batches 32 \
         --gradient-checkpointing --profile 3 --profile-path transformer --profile-rows 25 \
         --json "$OUT/cosmos3_sft_b32.json") &

@@ -57,3 +57,31 @@ def test_bench_cosmos3_sft_prints_transformer_encode_and_cached_rows(capsys, tmp
     enc = {r["batch"]: r["samples_per_s"] for r in saved["rows"] if r["path"] == "encode"}
     cached = {r["batch"]: r["samples_per_s"] for r in saved["rows"] if r["path"] == "cached"}
     assert all(cached[b] > 2 * enc[b] for b in (1, 2)), (enc, cached)
+
+
+def test_bench_cosmos3_sft_repeats_interleave_rows_and_print_medians(capsys, tmp_path, monkeypatch):
+    from wamkit.bench import cosmos3_sft
+
+    order = []
+    measure = cosmos3_sft.measure
+
+    def spy(bench, path, b, steps, attention):
+        order.append(path)
+        return measure(bench, path, b, steps, attention)
+
+    monkeypatch.setattr(cosmos3_sft, "measure", spy)
+    out_json = tmp_path / "sft.json"
+    argv = ["bench", "cosmos3-sft", "--preset", "tiny", "--device", "cpu", "--batches", "1"]
+    argv += ["--steps", "1", "--warmup", "1", "--image-size", "32", "--threads", "1", "--repeats", "3"]
+    argv += ["--paths", "cached,transformer", "--json", str(out_json), "--cache-dir", str(tmp_path)]
+    assert main(argv) == 0
+    assert order == ["cached", "transformer"] * 3  # interleaved, in the order given
+    out = capsys.readouterr().out
+    assert [m[1] for m in map(SFT_ROW.match, out.splitlines()) if m] == ["cached", "transformer"]
+    rows = {r["path"]: r for r in json.loads(out_json.read_text())["rows"]}
+    # a row printed after the transformer's still gets its ratio, from the two medians
+    assert rows["cached"]["vs_transformer"] == pytest.approx(
+        rows["cached"]["samples_per_s"] / rows["transformer"]["samples_per_s"]
+    )
+    with pytest.raises(SystemExit, match="--repeats 0"):
+        main(["bench", "cosmos3-sft", "--preset", "tiny", "--device", "cpu", "--repeats", "0"])

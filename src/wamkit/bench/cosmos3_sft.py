@@ -19,7 +19,8 @@ frames, a 16-step action chunk). For each batch size, three rows:
 each mode's samples/s over the first mode's, per path.
 
 Every row of a batch size runs ``--warmup`` untimed steps before any of them is timed (``--steps``
-steps each; flex attention compiles in them). Columns: ms per step, samples/s, MFU (the adapter's training FLOPs
+steps each; flex attention compiles in them). ``--repeats R`` times every row R times, the rows
+interleaved in ``--paths`` order, and prints each row's median run. Columns: ms per step, samples/s, MFU (the adapter's training FLOPs
 per nominal sample against the H100/H200 dense bf16 peak; CUDA only), peak GPU memory, samples/s over
 the transformer row's (same attention mode), the attention mode. The VAE encode of one batch alone is
 printed after each batch's rows. ``--profile N`` prints a
@@ -53,6 +54,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda (auto: cuda if available)")
     parser.add_argument("--batches", default="8,32", help="comma-separated batch sizes (default: 8,32)")
     parser.add_argument("--steps", type=int, default=4, help="timed steps per row (default: 4)")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="time every row this many times, the rows of a batch interleaved (transformer, encode, "
+        "cached, transformer, ...), and print each row's median: no row owes its figure to its place "
+        "in the order (default: 1)",
+    )
     parser.add_argument(
         "--warmup", type=int, default=2, help="untimed steps of every row before timing a batch (default: 2)"
     )
@@ -198,6 +207,11 @@ def measure(bench: SftBench, path: str, b: int, steps: int, attention: str) -> R
     return Row(path, b, s, b / s, mfu, peak, attention=attention)
 
 
+def median_row(runs: list[Row]) -> Row:
+    """The run with the median step time (the slower middle one of an even count); its own figures."""
+    return sorted(runs, key=lambda r: r.step_s)[len(runs) // 2]
+
+
 def warm(bench: SftBench, b: int, steps: int, rows: list[tuple[str, str]]) -> set[tuple[str, str]]:
     """Run ``steps`` untimed steps of every row ``(attention, path)`` at batch ``b`` before timing any:
     the first calls of a batch size pay for kernel selection (and flex attention's compilation), the
@@ -292,13 +306,17 @@ def run(args, device: torch.device, batches: list[int]) -> dict[str, Any]:
             grid = [(a, p) for a in attentions for p in paths]
             oom, batch_rows = warm(bench, b, args.warmup, grid), []
             for attention in attentions:
-                base = None
+                runs: dict[str, list[Row]] = {}
+                for _ in range(args.repeats):
+                    for path in paths:
+                        if (attention, path) not in oom:
+                            runs.setdefault(path, []).append(measure(bench, path, b, args.steps, attention))
                 for path in paths:
                     if (attention, path) in oom:  # one row too big must not lose the others
                         print(f"{path:<12} {b:>5}  out of memory (try --gradient-checkpointing)  {attention}")
                         continue
-                    row = measure(bench, path, b, args.steps, attention)
-                    base = row if path == "transformer" else base
+                    row = median_row(runs[path])
+                    base = median_row(runs["transformer"]) if "transformer" in runs else None
                     if base is not None and path != "transformer":
                         row.vs_transformer = row.samples_per_s / base.samples_per_s
                     batch_rows.append(row)
@@ -331,6 +349,8 @@ def main(args: argparse.Namespace) -> int:
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     batches = [int(b) for b in args.batches.split(",") if b]
+    if args.repeats < 1:
+        raise SystemExit(f"wamkit bench cosmos3-sft: --repeats {args.repeats}; expected >= 1")
     if not batches or min(batches) < 1:
         raise SystemExit(f"wamkit bench cosmos3-sft: --batches {args.batches!r}; expected sizes >= 1")
     start = time.perf_counter()
