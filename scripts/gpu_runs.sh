@@ -108,7 +108,7 @@ case "$group" in
     # of 32 (one simulates while the other is served), and 256-step episodes (32 cycles: the pipeline's
     # fill and drain are a small part; at 64 steps, 8 cycles, they held two servers to 1.69x one)
     run eval_2servers 420 $W bench eval --tasks reach-v3,push-v3 --trials 64 --max-steps 256 --image-size 128 \
-      --num-envs 128 --workers $((CORES - 4)) --model tiny --preset 1b --option num_steps=40 \
+      --num-envs 128 --workers $((CORES > 8 ? CORES - 4 : CORES)) --model tiny --preset 1b --option num_steps=40 \
       --devices cuda:0,cuda:1 --stages 4 --json "$OUT/eval_2servers.json"
     ;;
   train-tiny-2gpu)

@@ -44,8 +44,10 @@ VAES = {
 
 @pytest.fixture(scope="module")
 def adapter():
+    threads = torch.get_num_threads()
     torch.set_num_threads(2)
-    return build_model(ModelConfig(name="cosmos3", preset="tiny", options={"num_inference_steps": 3}), IO)
+    yield build_model(ModelConfig(name="cosmos3", preset="tiny", options={"num_inference_steps": 3}), IO)
+    torch.set_num_threads(threads)
 
 
 def _clips(hw: tuple[int, int], b: int, t: int, seed: int = 0) -> list[list[np.ndarray]]:
@@ -190,3 +192,9 @@ def test_batched_frames_on_cuda_are_the_pipelines_bit_for_bit(adapter):
         want, _ = _pipeline_frames(adapter, clips, device="cuda")
         got = adapter.clip_encoder.frames(clips, adapter.clip_encoder.canvas(hw, TIER), TIER, "cuda")
         assert torch.equal(got, want), shape
+
+
+def test_frames_of_different_shapes_in_one_batch_are_refused(adapter):
+    clips = _clips(SHAPES["tiny"][0], 1, 1) + _clips(SHAPES["libero"][0], 1, 1)
+    with pytest.raises(ValueError, match="share one shape"):
+        adapter._encode(clips)

@@ -28,3 +28,19 @@ def resolve_device(name: str, key: str = "device", local_rank: int = 0, processe
             raise ConfigError(f"{key}: {name!r} but {torch.cuda.device_count()} CUDA device(s) are visible")
         return torch.device("cuda", int(index))
     return torch.device("cuda", local_rank)
+
+
+def host_buffer(shape: int | tuple[int, ...], device: torch.device, dtype: torch.dtype = torch.float32):
+    """An uninitialised host tensor for :func:`to_device`, pinned where ``device`` is a GPU."""
+    return torch.empty(shape, dtype=dtype, pin_memory=torch.device(device).type == "cuda")
+
+
+def to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``host`` on ``device`` by a copy that does not wait for the work already queued there: on a GPU
+    from pinned memory, asynchronously (:func:`host_buffer` is pinned already; anything else is pinned
+    first). A plain ``.to(cuda)`` from pageable memory, ``torch.tensor(..., device=cuda)`` included,
+    waits until the GPU has finished everything queued before it; on the CPU ``host`` itself."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)

@@ -1,6 +1,8 @@
 """Clips of uint8 frames -> the Wan VAE's normalised latents, as diffusers' ``Cosmos3OmniPipeline``
 makes them (``_prepare_action_video_conditioning``, ``_encode_video``,
-``_remove_action_video_padding_from_latent``), with the same numbers and less work. Each shortcut is
+``_remove_action_video_padding_from_latent``), with less work: the same numbers, except that the
+one-frame encode sums its convolutions in another order (equal to float rounding: 1e-5 in fp32, one
+bf16 step in bf16). Each shortcut is
 pinned to the diffusers code it stands for by tests/test_cosmos3_prep.py:
 
 - *Canvas geometry*, per frame shape and resolution tier: computed once, by the pipeline itself on a
@@ -37,6 +39,8 @@ from diffusers.models.autoencoders.autoencoder_kl_wan import (
 )
 from diffusers.models.autoencoders.vae import DiagonalGaussianDistribution
 from PIL import Image
+
+from wamkit.device import host_buffer, to_device
 
 
 @dataclass(frozen=True)
@@ -78,6 +82,9 @@ class ClipEncoder:
     def __call__(self, clips: list[list[np.ndarray]], tier: int, device: torch.device) -> torch.Tensor:
         """Clips (per sample, a list of uint8 [H, W, 3] frames) -> cropped normalised latents
         [B, C, T, h, w] fp32, computed on ``device`` (where the VAE must be)."""
+        shapes = {f.shape for clip in clips for f in clip}
+        if len(shapes) != 1:  # one canvas crops the whole batch
+            raise ValueError(f"frames of one batch must share one shape; got {sorted(shapes)}")
         canvas = self.canvas(clips[0][0].shape[:2], tier)
         frames = self.frames(clips, canvas, tier, device)
         vae = self.pipe.vae
@@ -152,9 +159,9 @@ def _upload(clips: list[list[np.ndarray]], device: torch.device) -> torch.Tensor
         return None
     if any(f.shape != shape or f.dtype != np.uint8 for f in frames):
         return None
-    host = torch.empty((len(frames), *shape), dtype=torch.uint8, pin_memory=device.type == "cuda")
+    host = host_buffer((len(frames), *shape), device, torch.uint8)
     np.stack(frames, out=host.numpy())
-    return host.view(len(clips), len(clips[0]), *shape).to(device, non_blocking=True)
+    return to_device(host.view(len(clips), len(clips[0]), *shape), device)
 
 
 # -- the one-frame encode ------------------------------------------------------------------------

@@ -37,6 +37,8 @@ from diffusers.models.attention_dispatch import dispatch_attention_fn
 from diffusers.models.transformers.transformer_cosmos3 import _rotate_half
 from torch.nn.attention.flex_attention import flex_attention
 
+from wamkit.device import to_device
+
 
 @dataclass(frozen=True)
 class TextKV:
@@ -181,15 +183,16 @@ def build_context(
     text_k, text_v = list(kv[0].unbind(0)), list(kv[1].unbind(0))
     key_bias = None
     if masked:
-        lens = torch.tensor(lengths, device=dev).view(-1, 1, 1, 1)
+        lens = to_device(torch.tensor(lengths), dev).view(-1, 1, 1, 1)
         pos = torch.arange(u_pad + g, device=dev)
         padding = (pos >= lens) & (pos < u_pad)
         key_bias = torch.zeros(padding.shape, device=dev, dtype=dt).masked_fill_(padding, float("-inf"))
-    # rotary is per position: one call over every request's positions
-    cos, sin = rotary(module, torch.cat(gen_positions, 1).to(dev), dt)
-    frames = torch.tensor([f not in vision_cond for f in range(latent_frames)], device=dev)
-    actions = torch.tensor(
-        [a not in action_cond for a in range(g - latent_frames * frame_tokens)], device=dev
+    # rotary is per position: one call over every request's positions. Host data goes over by copies
+    # that do not wait for the GPU (the batch's VAE encode is still queued there)
+    cos, sin = rotary(module, to_device(torch.cat(gen_positions, 1), dev), dt)
+    frames = to_device(torch.tensor([f not in vision_cond for f in range(latent_frames)]), dev)
+    actions = to_device(
+        torch.tensor([a not in action_cond for a in range(g - latent_frames * frame_tokens)]), dev
     )
     heads = module.action_proj_in, module.action_proj_out
     if not 0 <= domain_id < heads[0].num_domains:
@@ -198,7 +201,7 @@ def build_context(
         text_k=text_k,
         text_v=text_v,
         key_bias=key_bias,
-        text_len=torch.tensor(lengths, device=dev, dtype=torch.int32) if flex else None,
+        text_len=to_device(torch.tensor(lengths, dtype=torch.int32), dev) if flex else None,
         cos=cos.view(len(texts), g, 1, -1),
         sin=sin.view(len(texts), g, 1, -1),
         noisy_vision=frames.repeat_interleave(frame_tokens).view(1, -1, 1),

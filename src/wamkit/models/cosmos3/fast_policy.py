@@ -26,6 +26,7 @@ from collections.abc import Callable, Hashable
 import torch
 from torch.distributed.tensor import DTensor
 
+from wamkit.device import to_device
 from wamkit.models.cosmos3.fast import StepContext, TextKV, build_context, encode_text, gen_step
 from wamkit.models.cosmos3.packing import RequestSegments
 from wamkit.models.cosmos3.towers import param_role
@@ -179,7 +180,9 @@ class FastPolicy:
         return self.cache.get(
             key,
             self.stamp() if stamp is None else stamp,
-            lambda: encode_text(self.module, text["input_ids"].to(dev), text["text_mrope_ids"].to(dev)),
+            lambda: encode_text(
+                self.module, to_device(text["input_ids"], dev), to_device(text["text_mrope_ids"], dev)
+            ),
         )
 
     def velocity(

@@ -32,11 +32,12 @@ import numpy as np
 import torch
 
 from wamkit.constants import TASK, image_key
+from wamkit.device import host_buffer, to_device
 from wamkit.models.base import Mode
 from wamkit.models.cosmos3.fast_policy import Velocity
 from wamkit.models.cosmos3.packing import PackedLayout, pack
 from wamkit.models.cosmos3.recipe import native_sigmas
-from wamkit.models.cosmos3.sampler import host_buffer, to_device, unipc_sampler
+from wamkit.models.cosmos3.sampler import unipc_sampler
 
 MODES = ("policy", "forward_dynamics", "inverse_dynamics")
 
@@ -54,7 +55,7 @@ class Prepared:
     velocity: Velocity
 
 
-def _views(flat: torch.Tensor, shapes: list[tuple[int, ...]]) -> list[torch.Tensor]:
+def _split_flat(flat: torch.Tensor, shapes: list[tuple[int, ...]]) -> list[torch.Tensor]:
     """Consecutive views of ``flat`` with these shapes."""
     return [p.view(s) for p, s in zip(flat.split([math.prod(s) for s in shapes]), shapes)]
 
@@ -211,7 +212,7 @@ class Cosmos3Inference:
         act_init = prep.act_init
         shapes = [shape_v, act_init.shape, act_init.shape, (shape_v[2], 1, 1), (act_init.shape[1], 1)]
         host = host_buffer(sum(math.prod(s) for s in shapes), self.device)
-        noise_v, noise_a, act, cond_v, cond_a = _views(host, shapes)
+        noise_v, noise_a, act, cond_v, cond_a = _split_flat(host, shapes)
         for i in range(shape_v[0]):
             g = torch.Generator("cpu").manual_seed(seed + i)
             torch.randn(noise_v[i].shape, generator=g, out=noise_v[i])
@@ -221,7 +222,7 @@ class Cosmos3Inference:
         cond_a.zero_()
         cond_v[list(prep.vision_cond)] = 1.0
         cond_a[list(prep.action_cond)] = 1.0
-        return _views(to_device(host, self.device), shapes)
+        return _split_flat(to_device(host, self.device), shapes)
 
     def _decode(self, lat_v: torch.Tensor) -> np.ndarray:
         """Latents [B, C, T, h, w] -> uint8 video [B, F, H, W, 3] (F = chunk + 1 frames)."""

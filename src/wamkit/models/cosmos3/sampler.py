@@ -33,21 +33,9 @@ import numpy as np
 import torch
 from diffusers import UniPCMultistepScheduler
 
+from wamkit.device import to_device
+
 Tensor = torch.Tensor
-
-
-def host_buffer(numel: int, device: torch.device) -> Tensor:
-    """An uninitialised float32 host tensor for :func:`to_device`, pinned where ``device`` is a GPU."""
-    return torch.empty(numel, pin_memory=torch.device(device).type == "cuda")
-
-
-def to_device(host: Tensor, device: torch.device) -> Tensor:
-    """``host`` on ``device`` by a copy that does not wait for the work already queued there (from
-    pinned memory, asynchronous; :func:`host_buffer` is pinned already); on the CPU ``host`` itself."""
-    device = torch.device(device)
-    if device.type != "cuda":
-        return host.to(device)
-    return host.pin_memory().to(device, non_blocking=True)
 
 
 def exact(scheduler: UniPCMultistepScheduler) -> bool:
