@@ -122,3 +122,17 @@ def test_bench_cosmos3_sft_compares_attention_modes_side_by_side(capsys, tmp_pat
     assert [r["attention"] for r in saved["rows"]] == ["mask", "loop", "flex"]
     with pytest.raises(SystemExit, match="--attention 'mask,sparse'"):
         main(argv[:-6] + ["--attention", "mask,sparse"])
+
+
+def test_auto_attention_is_flex_on_cuda_and_mask_elsewhere():
+    from wamkit.models.cosmos3.packing import SegmentMaskedAttnProcessor, resolve_attention
+    from wamkit.models.cosmos3.presets import resolve_options
+
+    assert resolve_options({})["attention"] == "auto" == SegmentMaskedAttnProcessor().mode
+    assert resolve_attention("auto", torch.device("cuda")) == "flex"
+    assert resolve_attention("auto", torch.device("cpu")) == "mask"
+    assert [resolve_attention(m, torch.device("cuda")) for m in ("mask", "loop", "flex")] == [
+        "mask",
+        "loop",
+        "flex",
+    ]

@@ -77,9 +77,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--attention",
-        default="mask",
-        help="comma-separated packed-attention modes, rows of each side by side: mask | loop | flex "
-        "(default: mask)",
+        default="auto",
+        help="comma-separated packed-attention modes, rows of each side by side: mask | loop | flex | "
+        "auto (the model's default: flex on CUDA, mask elsewhere; default: auto)",
     )
     parser.add_argument(
         "--paths", default=",".join(PATHS), help=f"comma-separated rows (default: {','.join(PATHS)})"
@@ -267,9 +267,10 @@ def _choices(flag: str, value: str, allowed: tuple[str, ...]) -> list[str]:
 
 def run(args, device: torch.device, batches: list[int]) -> dict[str, Any]:
     """Build, prepare, print every row (and the profile); return the rows as plain data."""
-    from wamkit.models.cosmos3.packing import ATTENTION_MODES
+    from wamkit.models.cosmos3.packing import ATTENTION_MODES, resolve_attention
 
     attentions = _choices("--attention", args.attention, ATTENTION_MODES)
+    attentions = list(dict.fromkeys(resolve_attention(a, device) for a in attentions))
     paths = _choices("--paths", args.paths, PATHS)
     start = time.perf_counter()
     options = {"dtype": args.dtype, "gradient_checkpointing": args.gradient_checkpointing,

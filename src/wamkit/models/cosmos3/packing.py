@@ -291,7 +291,15 @@ def flex_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask: B
     return out.squeeze(0).transpose(0, 1).flatten(-2, -1)
 
 
-ATTENTION_MODES = ("mask", "loop", "flex")
+ATTENTION_MODES = ("auto", "mask", "loop", "flex")
+
+
+def resolve_attention(mode: str, device: torch.device) -> str:
+    """The attention mode ``mode`` means for tensors on ``device``: ``auto`` is flex on CUDA, mask
+    elsewhere (flex attention is compiled on CUDA; on the CPU it is an eager reference path)."""
+    if mode != "auto":
+        return mode
+    return "flex" if torch.device(device).type == "cuda" else "mask"
 
 
 class SegmentMaskedAttnProcessor(Cosmos3AttnProcessor):
@@ -303,11 +311,13 @@ class SegmentMaskedAttnProcessor(Cosmos3AttnProcessor):
     pathway (the block masks of :meth:`PackedLayout.attention_masks`), ``mode="loop"`` with one
     unmasked call per request and pathway (flash kernels; more launches), ``mode="flex"`` with one
     flex-attention call per pathway (:meth:`PackedLayout.flex_block_masks`; on the CPU a call that needs
-    gradients takes the ``"mask"`` computation, see the module docstring). The tests pin all three to
+    gradients takes the ``"mask"`` computation, see the module docstring); ``mode="auto"`` (the
+    default) is flex on CUDA and mask elsewhere, chosen per call from where the tensors are. The tests
+    pin all three to
     the stock processor: N packed requests give the outputs of N separate stock calls.
     """
 
-    def __init__(self, mode: str = "mask") -> None:
+    def __init__(self, mode: str = "auto") -> None:
         if mode not in ATTENTION_MODES:
             raise ValueError(f"attention mode {mode!r}; expected one of {ATTENTION_MODES}")
         self.mode = mode
@@ -351,7 +361,8 @@ class SegmentMaskedAttnProcessor(Cosmos3AttnProcessor):
             )
             return out.squeeze(0).flatten(-2, -1)
 
-        if self.mode == "loop":
+        mode = resolve_attention(self.mode, und_seq.device)
+        if mode == "loop":
             und_parts, gen_parts = [], []
             for (us, ue), (gs, ge) in zip(lay.und_bounds, lay.gen_bounds):
                 und_parts.append(attend(q_und[us:ue], k_und[us:ue], v_und[us:ue], causal=True))
@@ -359,7 +370,7 @@ class SegmentMaskedAttnProcessor(Cosmos3AttnProcessor):
                 v = torch.cat([v_und[us:ue], v_gen[gs:ge]])
                 gen_parts.append(attend(q_gen[gs:ge], k, v))
             und_out, gen_out = torch.cat(und_parts), torch.cat(gen_parts)
-        elif self.mode == "flex":
+        elif mode == "flex":
             k_all, v_all = torch.cat([k_und_for_gen, k_gen]), torch.cat([v_und, v_gen])
             und_bm, gen_bm = lay.flex_block_masks()
             und_out = self._flex_or_mask(attend, q_und, k_und, v_und, und_bm, 0)
@@ -381,7 +392,7 @@ class SegmentMaskedAttnProcessor(Cosmos3AttnProcessor):
         return attend(q, k, v, self.layout.attention_masks()[pathway])
 
 
-def install_processor(transformer: torch.nn.Module, mode: str = "mask") -> SegmentMaskedAttnProcessor:
+def install_processor(transformer: torch.nn.Module, mode: str = "auto") -> SegmentMaskedAttnProcessor:
     """Give every decoder layer's attention one shared :class:`SegmentMaskedAttnProcessor`."""
     proc = SegmentMaskedAttnProcessor(mode)
     for layer in transformer.layers:

@@ -95,10 +95,11 @@ OPTIONS: dict[str, Any] = {
     "gradient_checkpointing": False,
     # how packed requests attend inside themselves: "mask" (one masked call per pathway), "loop"
     # (one flash call per request and pathway) or "flex" (one flex-attention call per pathway that skips
-    # the masked-out blocks; compiled on CUDA; not yet measured on a GPU; on the CPU its calls with
-    # gradients take "mask", flex attention having no CPU backward); a single request always takes
-    # the stock path. models/cosmos3/packing.py
-    "attention": "mask",
+    # the masked-out blocks; compiled on CUDA; on the CPU its calls with gradients take "mask", flex
+    # attention having no CPU backward); "auto": flex on CUDA (nano_l8 SFT at batch 32 on an H200:
+    # 2.36x mask's samples/s, docs/benchmarks.md), mask elsewhere. A single request always takes the
+    # stock path. models/cosmos3/packing.py
+    "attention": "auto",
     # policy inference (serve, infer, eval): true = the fast path (text keys/values cached per prompt,
     # requests on a batch axis; models/cosmos3/fast.py), false = diffusers' forward over packed requests.
     # The other modes always take diffusers' forward.
@@ -121,7 +122,7 @@ _CHOICES = {
     "view_point": ("ego_view", "third_person_view", "wrist_view", "concat_view"),
     "reinit_action_heads": ("auto", True, False),
     "dtype": ("auto", "float32", "bfloat16"),
-    "attention": ("mask", "loop", "flex"),
+    "attention": ("auto", "mask", "loop", "flex"),
     "step_graph": ("none", "cuda_graph", "compile"),
 }
 
