@@ -6,6 +6,7 @@
 # $OUT/<name>.json); a failing command is reported and the group goes on.
 #
 #   bash scripts/gpu_runs.sh inference     # core: Cosmos3 inference (GPU 0) beside Cosmos3 SFT (GPU 1)
+#   bash scripts/gpu_runs.sh gpu-tests     # core: the tests marked gpu, on the GPU
 #   bash scripts/gpu_runs.sh serve         # serve: Cosmos3-Nano served against in-process
 #   bash scripts/gpu_runs.sh eval-tiny1b   # sim + serve: the MetaWorld schedules against tiny/1b (1 GPU)
 #   bash scripts/gpu_runs.sh eval          # sim + core: MetaWorld schedules (delay, tiny/1b), SIGKILL resume on 2 GPUs
@@ -77,6 +78,11 @@ case "$group" in
         --gradient-checkpointing --profile 3 --profile-path transformer --profile-rows 25 \
         --json "$OUT/cosmos3_sft_b32.json") &
     wait
+    ;;
+  gpu-tests)
+    # the tests marked gpu (CUDA exactness of the Cosmos3 frame upload and sampler; the image has pytest)
+    run gpu_tests 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_cosmos3_prep.py \
+      tests/test_cosmos3_sampler.py
     ;;
   serve)
     # Cosmos3-Nano served against in-process (two 15B models built, the served one hashes 30 GB)
@@ -172,7 +178,7 @@ case "$group" in
       --fit-shapes --stages auto --json "$OUT/libero_cosmos3.json"
     ;;
   *)
-    echo "unknown group '$group' (inference | serve | eval-tiny1b | eval | eval-2gpu | eval-2servers | train-tiny-2gpu | cosmos3-eval | train-cosmos3 | libero-stash |" \
+    echo "unknown group '$group' (inference | gpu-tests | serve | eval-tiny1b | eval | eval-2gpu | eval-2servers | train-tiny-2gpu | cosmos3-eval | train-cosmos3 | libero-stash |" \
       "libero-install |" \
       "libero-render | libero-schedules | libero-500 | libero-cosmos3)" >&2
     exit 2
