@@ -124,8 +124,9 @@ case "$group" in
     ;;
   train-cosmos3)
     # Cosmos3 nano_l8 SFT from latents encoded once (as a latent cache gives them) on 1 and 2 GPUs at
-    # micro-batch 32 per GPU (one GPU's fastest: 42.6 samples/s against 34.6 at 16), two processes with
-    # FSDP2 resharding after forward (auto) and keeping the gathered weights (never) side by side
+    # micro-batch 32 per GPU (one GPU's fastest with mask attention: 42.6 samples/s against 34.6 at 16),
+    # two processes with FSDP2 resharding after forward (auto) and keeping the gathered weights (never)
+    # side by side; attention is the default now (auto: flex on a GPU)
     run train_cosmos3 570 $W bench train --model cosmos3 --preset nano_l8 --precision bf16 --processes 1,2 \
       --micro-batch 32 --reshard-after-forward auto,never --latents --option gradient_checkpointing=true \
       --steps 5 --warmup 3

@@ -28,9 +28,9 @@ def segments(lengths: list[int]) -> torch.Tensor:
     return torch.cat([torch.full((n,), i) for i, n in enumerate(lengths)])
 
 
-def packed_mods(requests=REQUESTS):
+def packed_mods(requests=REQUESTS, device="cpu"):
     """(q segments, kv segments, mask_mod, causal) of the und and gen pathways, as flex_block_masks."""
-    u, g = segments([r[0] for r in requests]), segments([r[1] for r in requests])
+    u, g = segments([r[0] for r in requests]).to(device), segments([r[1] for r in requests]).to(device)
     kv = torch.cat([u, g])
 
     def und_mod(b, h, q, k):
@@ -107,6 +107,27 @@ def test_compiled_flex_skips_blocks_by_the_tables_and_attends_as_sdpa():
         torch.testing.assert_close(out[0].transpose(0, 1).flatten(-2, -1), ref, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_flex_attend_on_cuda_with_gradients_equals_sdpa_with_the_dense_masks():
+    """The training path of attention "auto" on a GPU: compiled flex attention, forward and backward."""
+    torch.manual_seed(0)
+    for q_seg, kv_seg, mod, causal in packed_mods([(4 * u, 4 * g) for u, g in REQUESTS], "cuda"):
+        q = torch.randn(len(q_seg), 4, 16, device="cuda", requires_grad=True)
+        k = torch.randn(len(kv_seg), 2, 16, device="cuda", requires_grad=True)
+        v = torch.randn(len(kv_seg), 2, 16, device="cuda", requires_grad=True)
+        w = torch.randn(len(q_seg), 64, device="cuda")
+        out = flex_attend(q, k, v, segment_block_mask(q_seg, kv_seg, mod, causal=causal))
+        got = [out, *torch.autograd.grad((out * w).sum(), (q, k, v))]
+        mask = q_seg[:, None] == kv_seg[None, :]
+        if causal:
+            mask &= torch.ones_like(mask).tril()
+        ref = dense_reference(q, k, v, mask)
+        want = [ref, *torch.autograd.grad((ref * w).sum(), (q, k, v))]
+        for a, b in zip(got, want, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
 def test_bench_cosmos3_sft_compares_attention_modes_side_by_side(capsys, tmp_path):
     out_json = tmp_path / "sft.json"
     argv = ["bench", "cosmos3-sft", "--preset", "tiny", "--device", "cpu", "--batches", "2", "--steps", "1"]
@@ -125,10 +146,10 @@ def test_bench_cosmos3_sft_compares_attention_modes_side_by_side(capsys, tmp_pat
 
 
 def test_auto_attention_is_flex_on_cuda_and_mask_elsewhere():
-    from wamkit.models.cosmos3.packing import SegmentMaskedAttnProcessor, resolve_attention
+    from wamkit.models.cosmos3.packing import resolve_attention
     from wamkit.models.cosmos3.presets import resolve_options
 
-    assert resolve_options({})["attention"] == "auto" == SegmentMaskedAttnProcessor().mode
+    assert resolve_options({})["attention"] == "auto"
     assert resolve_attention("auto", torch.device("cuda")) == "flex"
     assert resolve_attention("auto", torch.device("cpu")) == "mask"
     assert [resolve_attention(m, torch.device("cuda")) for m in ("mask", "loop", "flex")] == [

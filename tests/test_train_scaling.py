@@ -53,3 +53,19 @@ def test_bench_train_refuses_a_micro_batch_list_without_processes():
     args = build_parser("bench", argv).parse_args(argv)
     with pytest.raises(SystemExit, match="--processes"):
         main(args)
+
+
+def test_bench_train_refuses_reshard_mode_lists_it_cannot_compare():
+    from wamkit.bench.train import main
+    from wamkit.cli import build_parser
+
+    for argv, match in [
+        (["bench", "train", "--reshard-after-forward", "auto,never"], "needs --processes"),
+        (["bench", "train", "--processes", "1", "--reshard-after-forward", "auto,never"], "count above 1"),
+    ]:
+        args = build_parser("bench", argv).parse_args(argv)
+        with pytest.raises(SystemExit, match=match):
+            main(args)
+    argv = ["bench", "train", "--reshard-after-forward", "auto,,sometimes"]
+    with pytest.raises(SystemExit):  # argparse names the flag and the bad entries on stderr
+        build_parser("bench", argv).parse_args(argv)

@@ -41,6 +41,6 @@ def to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
     first). A plain ``.to(cuda)`` from pageable memory, ``torch.tensor(..., device=cuda)`` included,
     waits until the GPU has finished everything queued before it; on the CPU ``host`` itself."""
     device = torch.device(device)
-    if device.type != "cuda":
+    if device.type != "cuda" or host.device.type != "cpu":
         return host.to(device)
     return host.pin_memory().to(device, non_blocking=True)

@@ -38,6 +38,7 @@ import torch
 
 from wamkit.bench.timing import profile_table, timed
 from wamkit.device import resolve_device
+from wamkit.models.cosmos3 import ATTENTION_MODES
 
 TASKS = [
     "put both the alphabet soup and the tomato sauce in the basket",
@@ -64,7 +65,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"comma-separated, from {', '.join(PATHS)} (auto: stock,fast and on CUDA fast+cuda_graph)",
     )
     parser.add_argument(
-        "--stock-attention", default="loop", choices=("mask", "loop"), help="packed attention"
+        "--stock-attention",
+        default="loop",
+        choices=ATTENTION_MODES,
+        help="the stock path's packed attention (model.options.attention; default: loop, the stock "
+        "rows' baseline; auto, the model's default, is flex on CUDA)",
     )
     parser.add_argument("--image-size", type=int, default=256, help="camera image size (default: 256)")
     parser.add_argument("--repeats", type=int, default=1, help="timed predictions per row (default: 1)")

@@ -14,16 +14,17 @@ frames, a 16-step action chunk). For each batch size, three rows:
   ``model.options.latent_cache``; the folder is written once before timing, ``--cache-dir``).
 
 ``--paths`` picks among them. ``--attention`` takes a comma list of packed-attention modes
-(``model.options.attention``: mask, loop, flex); each row then runs once per mode, on the same model
+(``model.options.attention``: mask, loop, flex, or auto: flex on CUDA, mask elsewhere; default auto);
+each row then runs once per mode, on the same model
 (the mode is the attention processor's, switched between rows), and after each batch a line gives
 each mode's samples/s over the first mode's, per path.
 
 Every row of a batch size runs ``--warmup`` untimed steps before any of them is timed (``--steps``
 steps each; flex attention compiles in them). ``--repeats R`` times every row R times, the rows
-interleaved in ``--paths`` order, and prints each row's median run. Columns: ms per step, samples/s, MFU (the adapter's training FLOPs
-per nominal sample against the H100/H200 dense bf16 peak; CUDA only), peak GPU memory, samples/s over
-the transformer row's (same attention mode), the attention mode. The VAE encode of one batch alone is
-printed after each batch's rows. ``--profile N`` prints a
+interleaved in ``--paths`` order, and prints each row's median run. Columns: ms per step, samples/s,
+MFU (the adapter's training FLOPs per nominal sample against the H100/H200 dense bf16 peak; CUDA
+only), peak GPU memory, samples/s over the transformer row's (same attention mode), the attention mode.
+The VAE encode of one batch alone is printed after each batch's rows. ``--profile N`` prints a
 ``torch.profiler`` table of N steps of one row (``--profile-path``, default the transformer step), top
 ops by device time on CUDA, CPU time otherwise. ``wamkit bench cosmos3 --sft`` runs this at one batch.
 """
@@ -267,7 +268,8 @@ def _choices(flag: str, value: str, allowed: tuple[str, ...]) -> list[str]:
 
 def run(args, device: torch.device, batches: list[int]) -> dict[str, Any]:
     """Build, prepare, print every row (and the profile); return the rows as plain data."""
-    from wamkit.models.cosmos3.packing import ATTENTION_MODES, resolve_attention
+    from wamkit.models.cosmos3 import ATTENTION_MODES
+    from wamkit.models.cosmos3.packing import resolve_attention
 
     attentions = _choices("--attention", args.attention, ATTENTION_MODES)
     attentions = list(dict.fromkeys(resolve_attention(a, device) for a in attentions))

@@ -150,10 +150,10 @@ def _reshard_list(value: str) -> list[str]:
     from wamkit.config import RESHARD_CHOICES
 
     modes = list(dict.fromkeys(v.strip() for v in value.split(",")))
-    bad = [m for m in modes if m not in RESHARD_CHOICES]
-    if bad or not modes:
+    bad = [repr(m) for m in modes if m not in RESHARD_CHOICES]
+    if bad:
         raise argparse.ArgumentTypeError(
-            f"{', '.join(bad) or 'nothing'}: expected a comma list of {', '.join(RESHARD_CHOICES)}"
+            f"{', '.join(bad)} in {value!r}: expected a comma list of {', '.join(RESHARD_CHOICES)}"
         )
     return modes
 
@@ -323,6 +323,11 @@ def _scaling(args: argparse.Namespace) -> int:
         counts = [1, *counts]  # the reference of every ratio
     mb, *others = dict.fromkeys(args.micro_batch)  # in order, without repeats
     modes = args.reshard_after_forward
+    if len(modes) > 1 and counts == [1]:
+        raise SystemExit(
+            "wamkit bench train: a list of --reshard-after-forward modes compares the N-process rows; "
+            "add a count above 1 to --processes (the 1-process reference rows run with the first mode)"
+        )
     runs = [(1, mb, modes[0]), *((1, b, modes[0]) for b in others)]
     runs += [(n, mb, m) for n in counts if n > 1 for m in modes]
     rows = {}

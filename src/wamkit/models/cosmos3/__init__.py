@@ -14,6 +14,9 @@ import torch
 from wamkit.config import ModelConfig
 from wamkit.models.base import ModelIO
 
+# model.options.attention (models/cosmos3/packing.py): auto = flex on CUDA, mask elsewhere
+ATTENTION_MODES = ("auto", "mask", "loop", "flex")
+
 # LIBERO through LeRobot's key names: agent view and wrist camera, 8-D state, 10-D rot6d actions.
 DEFAULT_IO = ModelIO(
     cameras=("image", "wrist_image"),
@@ -77,4 +80,4 @@ def export_diffusers(adapter, out_dir):
     return _export(adapter, out_dir)
 
 
-__all__ = ["DEFAULT_IO", "build", "export_diffusers"]
+__all__ = ["ATTENTION_MODES", "DEFAULT_IO", "build", "export_diffusers"]

@@ -82,9 +82,11 @@ class ClipEncoder:
     def __call__(self, clips: list[list[np.ndarray]], tier: int, device: torch.device) -> torch.Tensor:
         """Clips (per sample, a list of uint8 [H, W, 3] frames) -> cropped normalised latents
         [B, C, T, h, w] fp32, computed on ``device`` (where the VAE must be)."""
-        shapes = {f.shape for clip in clips for f in clip}
-        if len(shapes) != 1:  # one canvas crops the whole batch
-            raise ValueError(f"frames of one batch must share one shape; got {sorted(shapes)}")
+        # a clip's first frame (the observation) sets its canvas, and one canvas crops the whole batch;
+        # later frames of other sizes (goal_images) take the pipeline's path, which resizes them to it
+        shapes = {clip[0].shape for clip in clips}
+        if len(shapes) != 1:
+            raise ValueError(f"observation images of one batch must share one shape; got {sorted(shapes)}")
         canvas = self.canvas(clips[0][0].shape[:2], tier)
         frames = self.frames(clips, canvas, tier, device)
         vae = self.pipe.vae

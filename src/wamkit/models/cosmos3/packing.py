@@ -41,6 +41,8 @@ from diffusers.models.attention_dispatch import dispatch_attention_fn
 from diffusers.models.transformers.transformer_cosmos3 import Cosmos3AttnProcessor, _rotate_half
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
+from wamkit.models.cosmos3 import ATTENTION_MODES
+
 log = logging.getLogger(__name__)
 
 FLEX_BLOCK = 128  # flex_attention's sparse block (queries x keys), its default
@@ -291,9 +293,6 @@ def flex_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask: B
     return out.squeeze(0).transpose(0, 1).flatten(-2, -1)
 
 
-ATTENTION_MODES = ("auto", "mask", "loop", "flex")
-
-
 def resolve_attention(mode: str, device: torch.device) -> str:
     """The attention mode ``mode`` means for tensors on ``device``: ``auto`` is flex on CUDA, mask
     elsewhere (flex attention is compiled on CUDA; on the CPU it is an eager reference path)."""
@@ -313,11 +312,11 @@ class SegmentMaskedAttnProcessor(Cosmos3AttnProcessor):
     flex-attention call per pathway (:meth:`PackedLayout.flex_block_masks`; on the CPU a call that needs
     gradients takes the ``"mask"`` computation, see the module docstring); ``mode="auto"`` (the
     default) is flex on CUDA and mask elsewhere, chosen per call from where the tensors are. The tests
-    pin all three to
+    pin mask, loop and flex to
     the stock processor: N packed requests give the outputs of N separate stock calls.
     """
 
-    def __init__(self, mode: str = "auto") -> None:
+    def __init__(self, mode: str) -> None:
         if mode not in ATTENTION_MODES:
             raise ValueError(f"attention mode {mode!r}; expected one of {ATTENTION_MODES}")
         self.mode = mode
@@ -392,7 +391,7 @@ class SegmentMaskedAttnProcessor(Cosmos3AttnProcessor):
         return attend(q, k, v, self.layout.attention_masks()[pathway])
 
 
-def install_processor(transformer: torch.nn.Module, mode: str = "auto") -> SegmentMaskedAttnProcessor:
+def install_processor(transformer: torch.nn.Module, mode: str) -> SegmentMaskedAttnProcessor:
     """Give every decoder layer's attention one shared :class:`SegmentMaskedAttnProcessor`."""
     proc = SegmentMaskedAttnProcessor(mode)
     for layer in transformer.layers:

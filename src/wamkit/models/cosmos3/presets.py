@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from wamkit.config import ConfigError, _suggest
+from wamkit.models.cosmos3 import ATTENTION_MODES
 from wamkit.models.cosmos3.recipe import LIBERO_VIEW_DESCRIPTION
 
 _NANO = dict(
@@ -122,7 +123,7 @@ _CHOICES = {
     "view_point": ("ego_view", "third_person_view", "wrist_view", "concat_view"),
     "reinit_action_heads": ("auto", True, False),
     "dtype": ("auto", "float32", "bfloat16"),
-    "attention": ("auto", "mask", "loop", "flex"),
+    "attention": ATTENTION_MODES,
     "step_graph": ("none", "cuda_graph", "compile"),
 }
 
