@@ -80,8 +80,9 @@ case "$group" in
     wait
     ;;
   gpu-tests)
-    # the tests marked gpu (CUDA exactness of the Cosmos3 frame upload and sampler; the image has pytest)
-    run gpu_tests 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_cosmos3_prep.py \
+    # the tests marked gpu (CUDA exactness of compiled flex attention, the Cosmos3 frame upload and
+    # sampler; the image has pytest)
+    run gpu_tests 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_cosmos3_flex.py tests/test_cosmos3_prep.py \
       tests/test_cosmos3_sampler.py
     ;;
   serve)
