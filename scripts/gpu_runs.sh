@@ -14,6 +14,7 @@
 #                                          (eval-2servers, train-tiny-2gpu: each alone)
 #   bash scripts/gpu_runs.sh cosmos3-eval  # sim + serve: the schedules against a Cosmos3-Nano-shaped server
 #   bash scripts/gpu_runs.sh train-cosmos3 # serve: Cosmos3 nano_l8 SFT (cached-latent shape) on 1 and 2 GPUs
+#   bash scripts/gpu_runs.sh train-cosmos3-compile  # core: nano_l8 on one GPU with compiled blocks
 #
 # LIBERO-10 (docs/benchmarks.md, "LIBERO on the GPU machine"): three carries to one warm machine, then
 # the runs (each group one call; LIBERO_CONFIG_PATH and PYTHONPATH as in the libero section below):
@@ -132,6 +133,12 @@ case "$group" in
       --micro-batch 32 --reshard-after-forward auto,never --latents --option gradient_checkpointing=true \
       --steps 5 --warmup 3
     ;;
+  train-cosmos3-compile)
+    # nano_l8 on one GPU, the bare forward+backward beside the trainer step, each block compiled
+    # (train.compile; flex attention inside): the lever on the 21% MFU of the flex transformer step
+    run train_cosmos3_compile 500 $W bench train --model cosmos3 --preset nano_l8 --precision bf16 \
+      --micro-batch 32 --latents --option gradient_checkpointing=true --compile --steps 5 --warmup 3
+    ;;
   cosmos3-eval)
     # the evaluator against a Cosmos3-Nano-shaped server (30 steps, full 16-step chunks), MetaWorld fitted
     run eval_cosmos3 280 $W bench eval --tasks reach-v3,push-v3 --trials 4 --max-steps 48 --image-size 128 \
@@ -180,7 +187,7 @@ case "$group" in
       --fit-shapes --stages auto --json "$OUT/libero_cosmos3.json"
     ;;
   *)
-    echo "unknown group '$group' (inference | gpu-tests | serve | eval-tiny1b | eval | eval-2gpu | eval-2servers | train-tiny-2gpu | cosmos3-eval | train-cosmos3 | libero-stash |" \
+    echo "unknown group '$group' (inference | gpu-tests | serve | eval-tiny1b | eval | eval-2gpu | eval-2servers | train-tiny-2gpu | train-cosmos3-compile | cosmos3-eval | train-cosmos3 | libero-stash |" \
       "libero-install |" \
       "libero-render | libero-schedules | libero-500 | libero-cosmos3)" >&2
     exit 2
