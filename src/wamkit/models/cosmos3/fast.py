@@ -170,11 +170,10 @@ def build_context(
     masked = (masked or any(n < u_pad for n in lengths)) and not flex
     attn = module.layers[0].self_attn
     groups = attn.num_attention_heads // attn.num_key_value_heads
-    # every layer's text of every request in one buffer [2, layers, B, KV, U_pad, d], zero-padded: one
-    # copy per request (per distinct prompt and request), not one pad per layer and request
-    kv = texts[0].keys.new_zeros(
-        (2, len(module.layers), len(texts), *texts[0].keys.shape[1:2], u_pad, texts[0].keys.shape[3])
-    )
+    # every layer's text of every request in one zero-padded buffer [2, layers, B, KV, U_pad, d]: two
+    # copies per request, not one pad per layer and request
+    layers, kv_heads, _, d = texts[0].keys.shape
+    kv = texts[0].keys.new_zeros((2, layers, len(texts), kv_heads, u_pad, d))
     for i, t in enumerate(texts):
         kv[0, :, i, :, : t.length] = t.keys
         kv[1, :, i, :, : t.length] = t.values

@@ -185,8 +185,7 @@ class Cosmos3Inference:
         x0, act_init = prep.x0, prep.act_init
         dev, t_lat = self.device, self._latent_frames()
         shape_v = (x0.shape[0], x0.shape[1], t_lat, *x0.shape[3:])
-        noise_v, noise_a, act, cond_v, cond_a = self._draw(seed, shape_v, prep)
-        lat_v = noise_v
+        lat_v, noise_a, act, cond_v, cond_a = self._draw(seed, shape_v, prep)  # lat_v: the noise
         t0 = x0.shape[2]  # encoded frames: 1 (policy, forward dynamics) or all (inverse dynamics)
         lat_v[:, :, :t0] = cond_v[:t0] * x0 + (1 - cond_v[:t0]) * lat_v[:, :, :t0]
         lat_a = cond_a * act + (1 - cond_a) * noise_a

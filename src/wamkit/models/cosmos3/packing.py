@@ -311,9 +311,9 @@ class SegmentMaskedAttnProcessor(Cosmos3AttnProcessor):
     unmasked call per request and pathway (flash kernels; more launches), ``mode="flex"`` with one
     flex-attention call per pathway (:meth:`PackedLayout.flex_block_masks`; on the CPU a call that needs
     gradients takes the ``"mask"`` computation, see the module docstring); ``mode="auto"`` (the
-    default) is flex on CUDA and mask elsewhere, chosen per call from where the tensors are. The tests
-    pin mask, loop and flex to
-    the stock processor: N packed requests give the outputs of N separate stock calls.
+    options' default) is flex on CUDA and mask elsewhere, chosen per call from where the tensors are.
+    The tests pin mask, loop and flex to the stock processor: N packed requests give the outputs of N
+    separate stock calls.
     """
 
     def __init__(self, mode: str) -> None:
