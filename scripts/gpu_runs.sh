@@ -7,6 +7,9 @@
 #
 #   bash scripts/gpu_runs.sh inference     # core: Cosmos3 inference (GPU 0) beside Cosmos3 SFT (GPU 1)
 #   bash scripts/gpu_runs.sh gpu-tests     # core: the tests marked gpu, on the GPU
+#   bash scripts/gpu_runs.sh cosmos3-all   # serve (+ sim): Cosmos3 inference at batch 32 then the evaluator
+#                                          against it (GPU 0); batch 8 and 1, tiny/base served, the gpu tests (GPU 1)
+#   bash scripts/gpu_runs.sh serve-sft     # core: Cosmos3-Nano served (GPU 0) beside the nano_l8 SFT rows (GPU 1)
 #   bash scripts/gpu_runs.sh serve         # serve: Cosmos3-Nano served against in-process
 #   bash scripts/gpu_runs.sh eval-tiny1b   # sim + serve: the MetaWorld schedules against tiny/1b (1 GPU)
 #   bash scripts/gpu_runs.sh eval          # sim + core: MetaWorld schedules (delay, tiny/1b), SIGKILL resume on 2 GPUs
@@ -77,6 +80,36 @@ case "$group" in
         --repeats 3 --profile 3 --profile-path cached --profile-rows 25 --json "$OUT/cosmos3_sft_b8.json"
      CUDA_VISIBLE_DEVICES=1 run cosmos3_sft_b32 240 $W bench cosmos3-sft --preset nano_l8 --batches 32 \
         --gradient-checkpointing --profile 3 --profile-path transformer --profile-rows 25 \
+        --json "$OUT/cosmos3_sft_b32.json") &
+    wait
+    ;;
+  cosmos3-all)
+    # issue 18's figures on a 2-GPU machine in one call: GPU 0 the batch-32 rows (stock and compiled, two
+    # timed predictions each, profiled) and then the evaluator's schedules against a Cosmos3-Nano-shaped
+    # server (16 envs, full 16-step chunks); GPU 1 the batch-8 and batch-1 rows, the tiny/base batcher
+    # rows (bf16, the serving default) and the tests marked gpu
+    (CUDA_VISIBLE_DEVICES=0 run cosmos3_b32 250 $W bench cosmos3 --preset nano --steps 30 --batches 32 \
+        --repeats 2 --paths stock,fast+compile --profile --profile-rows 18 --json "$OUT/cosmos3_b32.json"
+     CUDA_VISIBLE_DEVICES=0 run eval_cosmos3 320 $W bench eval --tasks reach-v3,push-v3 --trials 8 \
+        --serial-trials 2 --max-steps 64 --image-size 128 --num-envs 16 --workers 16 --replan-interval 16 \
+        --model cosmos3 --preset nano --device cuda:0 --fit-shapes --stages 2,auto --json "$OUT/eval_cosmos3.json") &
+    (CUDA_VISIBLE_DEVICES=1 run cosmos3_b8_b1 300 $W bench cosmos3 --preset nano --steps 30 --batches 8,1 \
+        --paths stock,fast+cuda_graph,fast+compile --json "$OUT/cosmos3_b8_b1.json"
+     CUDA_VISIBLE_DEVICES=1 run serve_tiny 110 $W bench serve --model tiny --preset base --option num_steps=10 \
+        --device cuda --batch 1,8,32 --concurrency 1,8,32 --max-batch 64 --seconds 3 --json "$OUT/serve_tiny.json"
+     CUDA_VISIBLE_DEVICES=1 run gpu_tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider \
+        tests/test_cosmos3_flex.py tests/test_cosmos3_prep.py tests/test_cosmos3_sampler.py) &
+    wait
+    ;;
+  serve-sft)
+    # Cosmos3-Nano served against in-process (GPU 0: two 15B models built, the served one hashes 30 GB)
+    # beside the nano_l8 SFT rows with the cached row profiled (GPU 1)
+    CUDA_VISIBLE_DEVICES=0 run serve_cosmos3 560 $W bench serve --model cosmos3 --preset nano --device cuda \
+      --batch 8,32 --concurrency 8,32 --max-batch 32 --seconds 20 --json "$OUT/serve_cosmos3.json" &
+    (CUDA_VISIBLE_DEVICES=1 run cosmos3_sft_b8 200 $W bench cosmos3-sft --preset nano_l8 --batches 8 \
+        --repeats 3 --profile 3 --profile-path cached --profile-rows 25 --json "$OUT/cosmos3_sft_b8.json"
+     CUDA_VISIBLE_DEVICES=1 run cosmos3_sft_b32 300 $W bench cosmos3-sft --preset nano_l8 --batches 32 \
+        --repeats 2 --gradient-checkpointing --profile 3 --profile-path cached --profile-rows 25 \
         --json "$OUT/cosmos3_sft_b32.json") &
     wait
     ;;
@@ -187,7 +220,7 @@ case "$group" in
       --fit-shapes --stages auto --json "$OUT/libero_cosmos3.json"
     ;;
   *)
-    echo "unknown group '$group' (inference | gpu-tests | serve | eval-tiny1b | eval | eval-2gpu | eval-2servers | train-tiny-2gpu | train-cosmos3-compile | cosmos3-eval | train-cosmos3 | libero-stash |" \
+    echo "unknown group '$group' (inference | cosmos3-all | serve-sft | gpu-tests | serve | eval-tiny1b | eval | eval-2gpu | eval-2servers | train-tiny-2gpu | train-cosmos3-compile | cosmos3-eval | train-cosmos3 | libero-stash |" \
       "libero-install |" \
       "libero-render | libero-schedules | libero-500 | libero-cosmos3)" >&2
     exit 2
