@@ -86,6 +86,40 @@ def test_async_client_many_requests_on_one_connection(policy):
     assert max(r["server_timing"]["batch_size"] for r in replies) > 1  # pipelined requests were batched
 
 
+def _staggered_batches(delay_policy, batch: int | None, patience: float, monkeypatch) -> list[int]:
+    """Batch sizes seen by 6 synchronous clients whose next requests come back staggered by 3 ms each
+    (more than max_wait_ms=1 apart) after every reply, served by a model call of 60 ms."""
+    from wamkit.serve import batcher
+
+    monkeypatch.setattr(batcher, "RETURN_PATIENCE", patience)
+    with start_server_in_thread(delay_policy, max_batch=32, max_wait_ms=1.0) as srv:
+
+        async def client(c: int) -> list[int]:
+            sizes = []
+            async with AsyncPolicyClient(srv.url) as cl:
+                for r in range(6):
+                    await asyncio.sleep(0.002 + 0.003 * c)
+                    sizes.append((await cl.infer(request(c * 100 + r, batch)))["server_timing"]["batch_size"])
+            return sizes[2:]  # from the third request on, the previous call's duration is known
+
+        async def run_all():
+            return await asyncio.gather(*(client(c) for c in range(6)))
+
+        return [s for per_client in asyncio.run(run_all()) for s in per_client]
+
+
+def test_a_batch_waits_for_returning_one_observation_clients(monkeypatch):
+    slow = random_init("delay", "small", {"delay_ms": 60}, device="cpu")
+    # without patience the staggered clients fall apart into smaller batches: the check can fail
+    alone = _staggered_batches(slow, None, 0.0, monkeypatch)
+    assert np.mean(np.array(alone) == 6) < 0.5, alone
+    sizes = _staggered_batches(slow, None, 0.5, monkeypatch)  # the default RETURN_PATIENCE
+    assert np.mean(np.array(sizes) == 6) >= 0.75, sizes
+    # connections that send batched requests (2 observations) batch for themselves: never waited for
+    batched = _staggered_batches(slow, 2, 0.5, monkeypatch)
+    assert np.mean(np.array(batched) == 12) < 0.5, batched
+
+
 def test_async_client_error_fails_only_the_bad_request(policy):
     with start_server_in_thread(policy) as srv:
 

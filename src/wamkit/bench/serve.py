@@ -234,10 +234,11 @@ def main(args: argparse.Namespace) -> int:
     )
     for r in rows:
         r["ratio_to_in_process"] = r["obs_s"] / r["in_process_obs_s"]
-        r["speedup_over_single"] = r["obs_s"] / base if base else float("nan")
+        r["speedup_over_single"] = r["obs_s"] / base if base else None  # no 1-connection, 1-obs row
+        speedup = f"{r['speedup_over_single']:.2f}x" if base else "-"
         print(
             f"{r['kind']:8} {r['connections']:5d} {r['obs_per_request']:7d} {r['obs_s']:9.1f} {r['p50_ms']:8.2f} "
-            f"{r['p99_ms']:8.2f} {r['in_process_obs_s']:13.1f} {r['ratio_to_in_process']:6.2f} {r['speedup_over_single']:7.2f}x "
+            f"{r['p99_ms']:8.2f} {r['in_process_obs_s']:13.1f} {r['ratio_to_in_process']:6.2f} {speedup:>8} "
             f"{r['server_batch']:9.1f} {r['server_infer_ms']:12.2f} {r['server_total_ms']:12.2f}"
         )
     print(

@@ -7,7 +7,12 @@ batch that is not full keeps gathering while requests keep coming: it closes whe
 arrived for ``max_wait_ms``, when every connection is waiting for a reply (none can add more), or after
 :data:`MAX_GATHER_WAITS` x ``max_wait_ms`` in all. (Timing from the *first* request instead split every
 wave of replies from synchronous clients into a few small batches: their next requests arrive spread
-over the time the event loop takes to decode them.) Then the model runs in a single worker thread so the
+over the time the event loop takes to decode them.) While a connection the previous model call answered
+with a single observation has not sent again ("returning": a synchronous client on its way back), the
+batch waits for it longer, up to :data:`RETURN_PATIENCE` of the previous call's duration (within the
+same cap): a request left behind would cost a model call of its own, and a launch-bound model costs
+nearly as much for one observation as for a full batch. Connections that send batched requests (the
+evaluator's stages) batch for themselves and are never waited for. Then the model runs in a single worker thread so the
 event loop keeps reading, checking and answering other connections meanwhile. Results go back to each
 request's own future, in order, so replies are never mixed up. While the model runs, new requests queue
 up and form the next batch: under load, batches fill without waiting.
@@ -32,6 +37,7 @@ from wamkit.serve.policy import Request
 
 log = logging.getLogger(__name__)
 MAX_GATHER_WAITS = 25  # a partial batch gathers for at most this many max_wait_ms in all
+RETURN_PATIENCE = 0.5  # waiting for returning connections: at most this share of the last model call
 
 
 class ModelError(RuntimeError):
@@ -55,6 +61,7 @@ class DynamicBatcher:
         max_wait_ms: float = 2.0,
         metrics: ServerMetrics | None = None,
         others_may_send: Callable[[], bool] | None = None,
+        returning: Callable[[], bool] | None = None,
     ):
         if max_batch < 1:
             raise ValueError(f"serve.max_batch: expected at least 1, got {max_batch}")
@@ -67,6 +74,10 @@ class DynamicBatcher:
         # Waiting only pays when some client could still add to the batch: the server passes a check
         # "is there a connection with nothing in flight?", so a lone client never waits max_wait_ms.
         self._others_may_send = others_may_send or (lambda: True)
+        # "is a connection the last call answered one observation still on its way back?" (see above)
+        self._returning = returning or (lambda: False)
+        self.calls = 0  # model calls answered so far: the server marks each reply with it
+        self._last_call_s = 0.0
         self._queue: asyncio.Queue[_Item] | None = None
         self._task: asyncio.Task | None = None
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="wamkit-model")
@@ -117,6 +128,13 @@ class DynamicBatcher:
             try:
                 return await asyncio.wait_for(self._queue.get(), remaining)
             except asyncio.TimeoutError:
+                pass
+            # The timer may fire after a request was queued: when the loop was busy longer than the
+            # wait (answering the previous batch, decoding others' requests), both are ready together
+            # and the timeout can win. A queued request is never left out for that.
+            try:
+                return self._queue.get_nowait()
+            except asyncio.QueueEmpty:
                 return None
 
     def _gather(self) -> tuple[list[_Item], int]:
@@ -147,8 +165,12 @@ class DynamicBatcher:
             items, n = self._gather()
             now = time.perf_counter()
             last_call = now + MAX_GATHER_WAITS * self.max_wait
+            patient_until = min(now + RETURN_PATIENCE * self._last_call_s, last_call)
             while n < self.max_batch:
-                nxt = await self._next(min(time.perf_counter() + self.max_wait, last_call))
+                deadline = time.perf_counter() + self.max_wait
+                if self._returning():
+                    deadline = max(deadline, patient_until)
+                nxt = await self._next(min(deadline, last_call))
                 if nxt is None:
                     break
                 if nxt.future.done():
@@ -170,7 +192,9 @@ class DynamicBatcher:
                     if not item.future.done():
                         item.future.set_exception(ModelError(f"model failed: {type(err).__name__}: {err}"))
                 continue
-            infer_ms = (time.perf_counter() - start) * 1000.0
+            self._last_call_s = time.perf_counter() - start
+            infer_ms = self._last_call_s * 1000.0
+            self.calls += 1
             self.metrics.model_call(n)
             for item, reply in zip(items, replies):
                 if not item.future.done():
@@ -180,3 +204,6 @@ class DynamicBatcher:
                         "batch_size": n,
                     }
                     item.future.set_result((reply, timing))
+            # let the answered requests' callbacks run (the server's in-flight counts, who returns)
+            # before the next batch asks "may anyone still send?"
+            await asyncio.sleep(0)

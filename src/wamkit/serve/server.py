@@ -66,12 +66,22 @@ class PolicyServer:
         self.max_in_flight = max_in_flight
         self.metrics = ServerMetrics()
         self._in_flight: dict[ServerConnection, int] = {}  # requests submitted and not yet answered
-        self.batcher = DynamicBatcher(policy.run, max_batch, max_wait_ms, self.metrics, self._any_idle)
+        # per connection: the batcher's call count when its last reply came, and whether that request
+        # was a single observation (a synchronous one-observation client, whom a batch may wait for)
+        self._answered: dict[ServerConnection, tuple[int, bool]] = {}
+        self.batcher = DynamicBatcher(
+            policy.run, max_batch, max_wait_ms, self.metrics, self._any_idle, self._any_returning
+        )
         self.metadata = policy.metadata(max_batch=max_batch, max_message_bytes=self.max_bytes)
         self._packed_metadata = packb(self.metadata)
 
     def _any_idle(self) -> bool:
         return any(n == 0 for n in self._in_flight.values())
+
+    def _any_returning(self) -> bool:
+        """Is a connection the last model call answered with a single observation idle since?"""
+        last = (self.batcher.calls, True)
+        return any(n == 0 and self._answered.get(ws) == last for ws, n in self._in_flight.items())
 
     # -- HTTP --------------------------------------------------------------------------------------
     def _http(self, connection: ServerConnection, request: Any):
@@ -115,6 +125,7 @@ class PolicyServer:
         async def answer():
             try:
                 reply, timing = await queued
+                self._answered[ws] = (self.batcher.calls, request.n == 1)
             finally:
                 self._in_flight[ws] -= 1
             total = time.perf_counter() - t0
@@ -166,6 +177,7 @@ class PolicyServer:
             await pending.put(None)
             await writer
             del self._in_flight[ws]
+            self._answered.pop(ws, None)
             self.metrics.connection(-1)
 
     async def serve(self, started: Any = None, stop: asyncio.Future | None = None) -> None:
