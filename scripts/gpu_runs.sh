@@ -10,6 +10,7 @@
 #   bash scripts/gpu_runs.sh cosmos3-all   # serve (+ sim): Cosmos3 inference at batch 32 then the evaluator
 #                                          against it (GPU 0); batch 8 and 1, tiny/base served, the gpu tests (GPU 1)
 #   bash scripts/gpu_runs.sh serve-sft     # core: Cosmos3-Nano served (GPU 0) beside the nano_l8 SFT rows (GPU 1)
+#   bash scripts/gpu_runs.sh serve-tiny    # core: the tiny/base batcher rows (1 minute)
 #   bash scripts/gpu_runs.sh serve         # serve: Cosmos3-Nano served against in-process
 #   bash scripts/gpu_runs.sh eval-tiny1b   # sim + serve: the MetaWorld schedules against tiny/1b (1 GPU)
 #   bash scripts/gpu_runs.sh eval          # sim + core: MetaWorld schedules (delay, tiny/1b), SIGKILL resume on 2 GPUs
@@ -101,15 +102,21 @@ case "$group" in
         tests/test_cosmos3_flex.py tests/test_cosmos3_prep.py tests/test_cosmos3_sampler.py) &
     wait
     ;;
+  serve-tiny)
+    # the tiny/base batcher rows (bf16, the serving default): issue 18's dynamic rows at 1, 8, 32
+    run serve_tiny 110 $W bench serve --model tiny --preset base --option num_steps=10 \
+      --device cuda --batch 1,8,32 --concurrency 1,8,32 --max-batch 64 --seconds 3 --json "$OUT/serve_tiny.json"
+    ;;
   serve-sft)
     # Cosmos3-Nano served against in-process (GPU 0: two 15B models built, the served one hashes 30 GB)
-    # beside the nano_l8 SFT rows with the cached row profiled (GPU 1)
+    # beside the nano_l8 SFT rows with the transformer and cached rows profiled, by GPU and by host time
+    # (GPU 1)
     CUDA_VISIBLE_DEVICES=0 run serve_cosmos3 560 $W bench serve --model cosmos3 --preset nano --device cuda \
       --batch 8,32 --concurrency 8,32 --max-batch 32 --seconds 20 --json "$OUT/serve_cosmos3.json" &
     (CUDA_VISIBLE_DEVICES=1 run cosmos3_sft_b8 200 $W bench cosmos3-sft --preset nano_l8 --batches 8 \
-        --repeats 3 --profile 3 --profile-path cached --profile-rows 25 --json "$OUT/cosmos3_sft_b8.json"
+        --repeats 3 --profile 3 --profile-path transformer,cached --profile-rows 25 --json "$OUT/cosmos3_sft_b8.json"
      CUDA_VISIBLE_DEVICES=1 run cosmos3_sft_b32 300 $W bench cosmos3-sft --preset nano_l8 --batches 32 \
-        --repeats 2 --gradient-checkpointing --profile 3 --profile-path cached --profile-rows 25 \
+        --repeats 2 --gradient-checkpointing --profile 3 --profile-path transformer,cached --profile-rows 25 \
         --json "$OUT/cosmos3_sft_b32.json") &
     wait
     ;;
@@ -220,7 +227,7 @@ case "$group" in
       --fit-shapes --stages auto --json "$OUT/libero_cosmos3.json"
     ;;
   *)
-    echo "unknown group '$group' (inference | cosmos3-all | serve-sft | gpu-tests | serve | eval-tiny1b | eval | eval-2gpu | eval-2servers | train-tiny-2gpu | train-cosmos3-compile | cosmos3-eval | train-cosmos3 | libero-stash |" \
+    echo "unknown group '$group' (inference | cosmos3-all | serve-sft | serve-tiny | gpu-tests | serve | eval-tiny1b | eval | eval-2gpu | eval-2servers | train-tiny-2gpu | train-cosmos3-compile | cosmos3-eval | train-cosmos3 | libero-stash |" \
       "libero-install |" \
       "libero-render | libero-schedules | libero-500 | libero-cosmos3)" >&2
     exit 2

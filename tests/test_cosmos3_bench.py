@@ -39,7 +39,16 @@ def test_bench_cosmos3_sft_prints_transformer_encode_and_cached_rows(capsys, tmp
     out_json = tmp_path / "sft.json"
     argv = ["bench", "cosmos3-sft", "--preset", "tiny", "--device", "cpu", "--batches", "1,2"]
     argv += ["--steps", "1", "--warmup", "1", "--image-size", "32", "--threads", "1"]
-    argv += ["--profile", "1", "--profile-path", "cached", "--profile-rows", "3", "--json", str(out_json)]
+    argv += [
+        "--profile",
+        "1",
+        "--profile-path",
+        "transformer,cached",
+        "--profile-rows",
+        "3",
+        "--json",
+        str(out_json),
+    ]
     argv += ["--cache-dir", str(tmp_path)]
     assert main(argv) == 0
     out = capsys.readouterr().out
@@ -49,6 +58,7 @@ def test_bench_cosmos3_sft_prints_transformer_encode_and_cached_rows(capsys, tmp
     ]
     assert all(float(v) > 0 for r in rows for v in r[2:])
     assert out.count("VAE encode of") == 2 and "profile: cached, batch 2, 1 steps" in out
+    assert "profile: transformer, batch 2, 1 steps" in out  # every row --profile-path names
     assert "Self CPU time total" in out
     assert (tmp_path / "latents" / "manifest.json").is_file()  # the cached row read a real cache folder
     saved = json.loads(out_json.read_text())

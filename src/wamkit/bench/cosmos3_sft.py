@@ -25,8 +25,9 @@ interleaved in ``--paths`` order, and prints each row's median run. Columns: ms 
 MFU (the adapter's training FLOPs per nominal sample against the H100/H200 dense bf16 peak; CUDA
 only), peak GPU memory, samples/s over the transformer row's (same attention mode), the attention mode.
 The VAE encode of one batch alone is printed after each batch's rows. ``--profile N`` prints a
-``torch.profiler`` table of N steps of one row (``--profile-path``, default the transformer step), top
-ops by device time on CUDA, CPU time otherwise. ``wamkit bench cosmos3 --sft`` runs this at one batch.
+``torch.profiler`` table of N steps of each row ``--profile-path`` names (a comma list, default the
+transformer step), top ops by device time on CUDA (then a second table by host time), CPU time
+otherwise. ``wamkit bench cosmos3 --sft`` runs this at one batch.
 """
 
 from __future__ import annotations
@@ -88,7 +89,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=0, help="CPU intra-op threads (0: torch's default)")
     parser.add_argument("--cache-dir", help="latent cache folder for the cached row (default: a temp dir)")
     parser.add_argument("--profile", type=int, default=0, metavar="N", help="profile N steps (0: none)")
-    parser.add_argument("--profile-path", choices=PATHS, default="transformer", help="the row to profile")
+    parser.add_argument(
+        "--profile-path",
+        default="transformer",
+        help=f"the rows to profile, a comma list of {', '.join(PATHS)} (default: transformer)",
+    )
     parser.add_argument("--profile-batch", type=int, default=0, help="batch to profile (0: the largest)")
     parser.add_argument("--profile-rows", type=int, default=15, help="ops listed in the profile")
     parser.add_argument("--json", help="write every row here")
@@ -232,8 +237,9 @@ def warm(bench: SftBench, b: int, steps: int, rows: list[tuple[str, str]]) -> se
 
 
 def profile_steps(bench: SftBench, path: str, b: int, n: int, rows: int) -> str:
-    """A torch.profiler table of ``n`` steps of one row (after a warm-up step)."""
-    return profile_table(lambda: bench.step(path, b), bench.device, rows, calls=n)
+    """torch.profiler tables of ``n`` steps of one row (after a warm-up step): by device time, and on
+    a GPU also by host time."""
+    return profile_table(lambda: bench.step(path, b), bench.device, rows, calls=n, host=True)
 
 
 def _print_row(r: Row) -> None:
@@ -274,6 +280,7 @@ def run(args, device: torch.device, batches: list[int]) -> dict[str, Any]:
     attentions = _choices("--attention", args.attention, ATTENTION_MODES)
     attentions = list(dict.fromkeys(resolve_attention(a, device) for a in attentions))
     paths = _choices("--paths", args.paths, PATHS)
+    profiled = _choices("--profile-path", args.profile_path, PATHS)
     start = time.perf_counter()
     options = {"dtype": args.dtype, "gradient_checkpointing": args.gradient_checkpointing,
                "attention": attentions[0]}  # fmt: skip
@@ -331,10 +338,9 @@ def run(args, device: torch.device, batches: list[int]) -> dict[str, Any]:
         if args.profile:
             pb = args.profile_batch or max(batches)
             bench.ad.processor.mode = attentions[-1]
-            print(
-                f"\nprofile: {args.profile_path}, batch {pb}, {args.profile} steps, attention {attentions[-1]}"
-            )
-            print(profile_steps(bench, args.profile_path, pb, args.profile, args.profile_rows), flush=True)
+            for path in profiled:
+                print(f"\nprofile: {path}, batch {pb}, {args.profile} steps, attention {attentions[-1]}")
+                print(profile_steps(bench, path, pb, args.profile, args.profile_rows), flush=True)
     return {
         "preset": args.preset,
         "device": name,
@@ -369,5 +375,6 @@ def bench_sft(args, device: torch.device) -> dict[str, Any]:
     sub = argparse.Namespace(
         preset=args.sft_preset, image_size=args.image_size, steps=args.sft_steps, warmup=2, dtype="float32",
         gradient_checkpointing=False, attention="mask", paths=",".join(PATHS), cache_dir=None, profile=0,
+        profile_path="transformer",
     )  # fmt: skip
     return run(sub, device, [args.sft_batch])

@@ -26,9 +26,12 @@ def timed(fn: Callable[[], object], device: torch.device, steps: int = 1, warmup
     return (time.perf_counter() - start) / steps
 
 
-def profile_table(fn: Callable[[], object], device: torch.device, rows: int, calls: int = 1) -> str:
+def profile_table(
+    fn: Callable[[], object], device: torch.device, rows: int, calls: int = 1, host: bool = False
+) -> str:
     """``calls`` calls of ``fn`` under torch.profiler (after one untimed call): the ``rows`` costliest
-    ops by device time (CPU time on a CPU)."""
+    ops by device time (CPU time on a CPU). ``host``: on a GPU, a second table by the host's own time
+    (what a host-bound step spends its time on)."""
     from torch.profiler import ProfilerActivity, profile
 
     fn()
@@ -39,4 +42,10 @@ def profile_table(fn: Callable[[], object], device: torch.device, rows: int, cal
             fn()
         sync(device)
     key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
-    return prof.key_averages().table(sort_by=key, row_limit=rows, max_name_column_width=60)
+    table = prof.key_averages().table(sort_by=key, row_limit=rows, max_name_column_width=60)
+    if host and device.type == "cuda":
+        by_host = prof.key_averages().table(
+            sort_by="self_cpu_time_total", row_limit=rows, max_name_column_width=60
+        )
+        table += "\nby host time:\n" + by_host
+    return table
