@@ -109,14 +109,17 @@ case "$group" in
     ;;
   serve-sft)
     # Cosmos3-Nano served against in-process (GPU 0: two 15B models built, the served one hashes 30 GB)
-    # beside the nano_l8 SFT rows with the transformer and cached rows profiled, by GPU and by host time
+    # beside the nano_l8 SFT rows: the transformer step, the cached latents read ahead by the loader (as
+    # the trainer reads them) and read inside the step, the first and last profiled by GPU and host time
     # (GPU 1)
     CUDA_VISIBLE_DEVICES=0 run serve_cosmos3 560 $W bench serve --model cosmos3 --preset nano --device cuda \
       --batch 8,32 --concurrency 8,32 --max-batch 32 --seconds 20 --json "$OUT/serve_cosmos3.json" &
     (CUDA_VISIBLE_DEVICES=1 run cosmos3_sft_b8 200 $W bench cosmos3-sft --preset nano_l8 --batches 8 \
-        --repeats 3 --profile 3 --profile-path transformer,cached --profile-rows 25 --json "$OUT/cosmos3_sft_b8.json"
+        --paths transformer,cached,cached_inline --repeats 3 --profile 3 --profile-path transformer,cached_inline \
+        --profile-rows 25 --json "$OUT/cosmos3_sft_b8.json"
      CUDA_VISIBLE_DEVICES=1 run cosmos3_sft_b32 300 $W bench cosmos3-sft --preset nano_l8 --batches 32 \
-        --repeats 2 --gradient-checkpointing --profile 3 --profile-path transformer,cached --profile-rows 25 \
+        --paths transformer,cached,cached_inline --repeats 2 --gradient-checkpointing --profile 3 \
+        --profile-path transformer,cached_inline --profile-rows 25 \
         --json "$OUT/cosmos3_sft_b32.json") &
     wait
     ;;

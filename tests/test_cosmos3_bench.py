@@ -32,13 +32,14 @@ def test_bench_cosmos3_prints_stock_and_fast_side_by_side(capsys, tmp_path):
     assert len(fast) == 2 and all(r["max_action_diff"] <= 1e-5 and r["vs_stock"] > 0 for r in fast)
 
 
-SFT_ROW = re.compile(r"^(transformer|encode|cached)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s")
+SFT_ROW = re.compile(r"^(transformer|encode|cached|cached_inline)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s")
 
 
 def test_bench_cosmos3_sft_prints_transformer_encode_and_cached_rows(capsys, tmp_path):
     out_json = tmp_path / "sft.json"
     argv = ["bench", "cosmos3-sft", "--preset", "tiny", "--device", "cpu", "--batches", "1,2"]
     argv += ["--steps", "1", "--warmup", "1", "--image-size", "32", "--threads", "1"]
+    argv += ["--paths", "transformer,encode,cached,cached_inline"]
     argv += [
         "--profile",
         "1",
@@ -54,7 +55,7 @@ def test_bench_cosmos3_sft_prints_transformer_encode_and_cached_rows(capsys, tmp
     out = capsys.readouterr().out
     rows = [m.groups() for m in map(SFT_ROW.match, out.splitlines()) if m]
     assert [(r[0], r[1]) for r in rows] == [
-        (p, b) for b in ("1", "2") for p in ("transformer", "encode", "cached")
+        (p, b) for b in ("1", "2") for p in ("transformer", "encode", "cached", "cached_inline")
     ]
     assert all(float(v) > 0 for r in rows for v in r[2:])
     assert out.count("VAE encode of") == 2 and "profile: cached, batch 2, 1 steps" in out
@@ -62,11 +63,12 @@ def test_bench_cosmos3_sft_prints_transformer_encode_and_cached_rows(capsys, tmp
     assert "Self CPU time total" in out
     assert (tmp_path / "latents" / "manifest.json").is_file()  # the cached row read a real cache folder
     saved = json.loads(out_json.read_text())
-    assert len(saved["rows"]) == 6 and saved["flops_per_sample"] > 0
+    assert len(saved["rows"]) == 8 and saved["flops_per_sample"] > 0
     # the cached row skips the VAE: on the CPU it is several times faster than encoding
     enc = {r["batch"]: r["samples_per_s"] for r in saved["rows"] if r["path"] == "encode"}
-    cached = {r["batch"]: r["samples_per_s"] for r in saved["rows"] if r["path"] == "cached"}
-    assert all(cached[b] > 2 * enc[b] for b in (1, 2)), (enc, cached)
+    for path in ("cached", "cached_inline"):  # read ahead by the loader's workers, or in the step
+        cached = {r["batch"]: r["samples_per_s"] for r in saved["rows"] if r["path"] == path}
+        assert all(cached[b] > 2 * enc[b] for b in (1, 2)), (path, enc, cached)
 
 
 def test_bench_cosmos3_sft_repeats_interleave_rows_and_print_medians(capsys, tmp_path, monkeypatch):

@@ -4,14 +4,17 @@ A size preset with random weights (default ``nano_l8``: Nano width, 8 layers; 4.
 trained) is built as the trainer runs it: fp32 weights (the master copy), bf16 autocast on CUDA, the
 Wan VAE in fp32 with autocast off. A step is the adapter's ``sft_loss`` + backward + AdamW over B
 synthetic LIBERO samples (two ``--image-size`` views side by side, the current frame and 16 future
-frames, a 16-step action chunk). For each batch size, three rows:
+frames, a 16-step action chunk). For each batch size, three rows by default:
 
 - ``transformer``: the clip latents already on the device: the transformer's step alone;
 - ``encode``: from the clips' uint8 frames, the VAE encoding 17 frames per sample in every step (a run
   without a latent cache);
-- ``cached``: the latents read from a latent cache folder on disk (``LatentCache.get`` per sample, as a
-  loader worker does, here inside the timed step) and copied to the device (a run with
-  ``model.options.latent_cache``; the folder is written once before timing, ``--cache-dir``).
+- ``cached``: the latents of a latent cache folder on disk (a run with ``model.options.latent_cache``;
+  the folder is written once before timing, ``--cache-dir``), read as the trainer reads them: a
+  ``DataLoader`` whose worker processes call ``LatentCache.get`` per sample a batch ahead, pinned
+  (``data.loader``'s settings), the step copying the batch to the device;
+- ``cached_inline`` (only when asked for): the same rows read inside the timed step, on the training
+  thread, then pinned and copied (what the step costs when nothing reads ahead).
 
 ``--paths`` picks among them. ``--attention`` takes a comma list of packed-attention modes
 (``model.options.attention``: mask, loop, flex, or auto: flex on CUDA, mask elsewhere; default auto);
@@ -48,7 +51,9 @@ from wamkit.bench.timing import profile_table, timed
 from wamkit.device import resolve_device
 
 PEAK_BF16 = 989.4e12  # H100/H200 SXM dense bf16
-PATHS = ("transformer", "encode", "cached")
+PATHS = ("transformer", "encode", "cached", "cached_inline")
+DEFAULT_PATHS = ("transformer", "encode", "cached")
+LOADER_WORKERS = 2  # the cached row's reader processes
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -84,7 +89,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "auto (the model's default: flex on CUDA, mask elsewhere; default: auto)",
     )
     parser.add_argument(
-        "--paths", default=",".join(PATHS), help=f"comma-separated rows (default: {','.join(PATHS)})"
+        "--paths",
+        default=",".join(DEFAULT_PATHS),
+        help=f"comma-separated rows of {', '.join(PATHS)} (default: {','.join(DEFAULT_PATHS)})",
     )
     parser.add_argument("--threads", type=int, default=0, help="CPU intra-op threads (0: torch's default)")
     parser.add_argument("--cache-dir", help="latent cache folder for the cached row (default: a temp dir)")
@@ -134,6 +141,7 @@ class SftBench:
         )
         self.cache_dir = cache_dir
         self.cache = None
+        self._loaders: dict[int, Any] = {}  # batch size -> iterator of loader-read, pinned batches
         self.batches: dict[int, dict[str, Any]] = {}
         self.latents: dict[int, torch.Tensor] = {}
 
@@ -185,12 +193,33 @@ class SftBench:
         lean = {k: v for k, v in batch.items() if not k.startswith(future_image_key(""))}
         if path == "transformer":
             lean[LATENTS] = self.latents[b]
+        elif path == "cached":
+            lean[LATENTS] = next(self._loader(b)).to(self.device, non_blocking=True)
         else:
             rows = torch.stack([self.cache.get("bench", i) for i in range(b)])
             if self.device.type == "cuda":  # page-locked, as the trainer's loader hands batches over
                 rows = rows.pin_memory()
             lean[LATENTS] = rows.to(self.device, non_blocking=True)
         return lean
+
+    def _loader(self, b: int):
+        """Batches of the cache's first ``b`` rows, read by worker processes ahead of the step and pinned
+        on a GPU, as :class:`wamkit.data.loader.TrainLoader` hands the trainer its batches."""
+        if b not in self._loaders:
+            loader = torch.utils.data.DataLoader(
+                _CacheRows(self.cache),
+                batch_sampler=_Repeat(b),
+                num_workers=LOADER_WORKERS,
+                prefetch_factor=2,
+                persistent_workers=True,
+                pin_memory=self.device.type == "cuda",
+            )
+            self._loaders[b] = iter(loader)
+        return self._loaders[b]
+
+    def close(self) -> None:
+        """Stop the cached row's reader processes."""
+        self._loaders.clear()  # a DataLoader iterator stops its workers when it is dropped
 
     def step(self, path: str, b: int) -> None:
         dev = self.device
@@ -199,6 +228,30 @@ class SftBench:
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         self.opt.step()
+
+
+class _CacheRows(torch.utils.data.Dataset):
+    """Row ``i`` of the benchmark's latent cache (each worker opens its own file handles)."""
+
+    def __init__(self, cache):
+        self.cache = cache
+
+    def __len__(self) -> int:
+        return 1 << 30
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return self.cache.get("bench", i)
+
+
+class _Repeat(torch.utils.data.Sampler):
+    """Batches of rows ``0 .. b-1``, without end."""
+
+    def __init__(self, b: int):
+        self.b = b
+
+    def __iter__(self):
+        while True:
+            yield list(range(self.b))
 
 
 def measure(bench: SftBench, path: str, b: int, steps: int, attention: str) -> Row:
@@ -247,7 +300,7 @@ def _print_row(r: Row) -> None:
     peak = f"{r.peak_gib:8.1f}" if r.peak_gib is not None else f"{'-':>8}"
     vs = f"{r.vs_transformer:8.2f}x" if r.vs_transformer is not None else f"{'':>9}"
     print(
-        f"{r.path:<12} {r.batch:>5}  {r.step_s * 1e3:8.0f}  {r.samples_per_s:9.2f}  {mfu}  {peak}  {vs}  "
+        f"{r.path:<13} {r.batch:>5}  {r.step_s * 1e3:8.0f}  {r.samples_per_s:9.2f}  {mfu}  {peak}  {vs}  "
         f"{r.attention}",
         flush=True,
     )
@@ -260,7 +313,7 @@ def _print_attention_ratios(rows: list[Row], attentions: list[str]) -> None:
         base = by.get((attentions[0], path))
         ratios = [f"{a} {by[a, path] / base:.2f}x" for a in attentions[1:] if base and (a, path) in by]
         if ratios:
-            print(f"{'':<12} {path}: samples/s over {attentions[0]}'s: {', '.join(ratios)}", flush=True)
+            print(f"{'':<13} {path}: samples/s over {attentions[0]}'s: {', '.join(ratios)}", flush=True)
 
 
 def _choices(flag: str, value: str, allowed: tuple[str, ...]) -> list[str]:
@@ -288,59 +341,66 @@ def run(args, device: torch.device, batches: list[int]) -> dict[str, Any]:
         bench = SftBench(
             args.preset, args.image_size, device, options, Path(args.cache_dir or tmp) / "latents"
         )
-        ad = bench.ad
-        n_params = sum(p.numel() for p in ad.module.parameters())
-        trained = sum(p.numel() for g in bench.groups for p in g.params)
-        name = (
-            torch.cuda.get_device_name(device)
-            if device.type == "cuda"
-            else f"cpu, {torch.get_num_threads()} threads"
-        )
-        bench.prepare(batches)
-        lat = list(bench.latents[batches[0]].shape[1:])
-        print(
-            f"cosmos3-sft/{args.preset}: {n_params / 1e9:.2f}B parameters ({trained / 1e9:.2f}B trained), "
-            f"{args.dtype} weights{', bf16 autocast' if device.type == 'cuda' else ''}; {name}; latents {lat} "
-            f"per sample; gradient checkpointing {'on' if args.gradient_checkpointing else 'off'}; "
-            f"attention {', '.join(attentions)}; built in "
-            f"{time.perf_counter() - start:.0f} s",
-            flush=True,
-        )
-        print(
-            f"{'path':<12} {'batch':>5}  {'ms/step':>8}  {'samples/s':>9}  {'MFU':>7}  {'peak GiB':>8}  "
-            f"{'vs transf.':>9}  attention"
-        )
-        rows: list[Row] = []
-        encode_s: dict[int, float] = {}
-        for b in batches:
-            grid = [(a, p) for a in attentions for p in paths]
-            oom, batch_rows = warm(bench, b, args.warmup, grid), []
-            for attention in attentions:
-                runs: dict[str, list[Row]] = {}
-                for _ in range(args.repeats):
+        try:
+            ad = bench.ad
+            n_params = sum(p.numel() for p in ad.module.parameters())
+            trained = sum(p.numel() for g in bench.groups for p in g.params)
+            name = (
+                torch.cuda.get_device_name(device)
+                if device.type == "cuda"
+                else f"cpu, {torch.get_num_threads()} threads"
+            )
+            bench.prepare(batches)
+            lat = list(bench.latents[batches[0]].shape[1:])
+            print(
+                f"cosmos3-sft/{args.preset}: {n_params / 1e9:.2f}B parameters ({trained / 1e9:.2f}B trained), "
+                f"{args.dtype} weights{', bf16 autocast' if device.type == 'cuda' else ''}; {name}; latents {lat} "
+                f"per sample; gradient checkpointing {'on' if args.gradient_checkpointing else 'off'}; "
+                f"attention {', '.join(attentions)}; built in "
+                f"{time.perf_counter() - start:.0f} s",
+                flush=True,
+            )
+            print(
+                f"{'path':<13} {'batch':>5}  {'ms/step':>8}  {'samples/s':>9}  {'MFU':>7}  {'peak GiB':>8}  "
+                f"{'vs transf.':>9}  attention"
+            )
+            rows: list[Row] = []
+            encode_s: dict[int, float] = {}
+            for b in batches:
+                grid = [(a, p) for a in attentions for p in paths]
+                oom, batch_rows = warm(bench, b, args.warmup, grid), []
+                for attention in attentions:
+                    runs: dict[str, list[Row]] = {}
+                    for _ in range(args.repeats):
+                        for path in paths:
+                            if (attention, path) not in oom:
+                                runs.setdefault(path, []).append(
+                                    measure(bench, path, b, args.steps, attention)
+                                )
                     for path in paths:
-                        if (attention, path) not in oom:
-                            runs.setdefault(path, []).append(measure(bench, path, b, args.steps, attention))
-                for path in paths:
-                    if (attention, path) in oom:  # one row too big must not lose the others
-                        print(f"{path:<12} {b:>5}  out of memory (try --gradient-checkpointing)  {attention}")
-                        continue
-                    row = median_row(runs[path])
-                    base = median_row(runs["transformer"]) if "transformer" in runs else None
-                    if base is not None and path != "transformer":
-                        row.vs_transformer = row.samples_per_s / base.samples_per_s
-                    batch_rows.append(row)
-                    _print_row(row)
-            rows += batch_rows
-            _print_attention_ratios(batch_rows, attentions)
-            encode_s[b] = timed(lambda b=b: bench.encode(b), device, 2)
-            print(f"{'':<12} VAE encode of {b} clips alone: {encode_s[b] * 1e3:.0f} ms", flush=True)
-        if args.profile:
-            pb = args.profile_batch or max(batches)
-            bench.ad.processor.mode = attentions[-1]
-            for path in profiled:
-                print(f"\nprofile: {path}, batch {pb}, {args.profile} steps, attention {attentions[-1]}")
-                print(profile_steps(bench, path, pb, args.profile, args.profile_rows), flush=True)
+                        if (attention, path) in oom:  # one row too big must not lose the others
+                            print(
+                                f"{path:<13} {b:>5}  out of memory (try --gradient-checkpointing)  {attention}"
+                            )
+                            continue
+                        row = median_row(runs[path])
+                        base = median_row(runs["transformer"]) if "transformer" in runs else None
+                        if base is not None and path != "transformer":
+                            row.vs_transformer = row.samples_per_s / base.samples_per_s
+                        batch_rows.append(row)
+                        _print_row(row)
+                rows += batch_rows
+                _print_attention_ratios(batch_rows, attentions)
+                encode_s[b] = timed(lambda b=b: bench.encode(b), device, 2)
+                print(f"{'':<13} VAE encode of {b} clips alone: {encode_s[b] * 1e3:.0f} ms", flush=True)
+            if args.profile:
+                pb = args.profile_batch or max(batches)
+                bench.ad.processor.mode = attentions[-1]
+                for path in profiled:
+                    print(f"\nprofile: {path}, batch {pb}, {args.profile} steps, attention {attentions[-1]}")
+                    print(profile_steps(bench, path, pb, args.profile, args.profile_rows), flush=True)
+        finally:
+            bench.close()  # the reader processes, before the cache folder goes
     return {
         "preset": args.preset,
         "device": name,
@@ -374,7 +434,7 @@ def bench_sft(args, device: torch.device) -> dict[str, Any]:
     """``wamkit bench cosmos3 --sft``: the three rows at ``args.sft_batch`` for ``args.sft_preset``."""
     sub = argparse.Namespace(
         preset=args.sft_preset, image_size=args.image_size, steps=args.sft_steps, warmup=2, dtype="float32",
-        gradient_checkpointing=False, attention="mask", paths=",".join(PATHS), cache_dir=None, profile=0,
+        gradient_checkpointing=False, attention="mask", paths=",".join(DEFAULT_PATHS), cache_dir=None, profile=0,
         profile_path="transformer",
     )  # fmt: skip
     return run(sub, device, [args.sft_batch])
