@@ -12,7 +12,7 @@ import pytest
 
 from wamkit.config import load_config
 from wamkit.eval.runner import run_eval
-from wamkit.eval.scheduler import union_length
+from wamkit.eval.scheduler import server_idle, union_length
 from wamkit.eval.server_proc import start_server_process
 
 
@@ -21,6 +21,29 @@ def test_union_length_counts_overlaps_once():
     assert union_length([(0.0, 1.0), (0.0, 1.0), (0.5, 1.5)]) == pytest.approx(1.5)
     assert union_length([(2.0, 3.0), (0.0, 1.0)]) == pytest.approx(2.0)
     assert union_length([(0.0, 2.0), (0.5, 1.0), (3.0, 4.0)]) == pytest.approx(3.0)
+
+
+def test_server_idle_splits_each_gap_at_the_next_requests_send_time():
+    # server 0: busy 1-2, then a request sent at 2.5 and called at 3 (0.5 s waiting for simulation,
+    # 0.5 s from request to call), then one sent at 3.5 (while busy) and called at 4.2 (0.2 s of
+    # transit); server 1: busy 0.5-1.5, one gap of 1 s with the request sent before it began
+    spans = [
+        (0, 0.8, 1.0, 2.0),
+        (0, 2.5, 3.0, 4.0),
+        (0, 3.5, 4.2, 5.0),
+        (1, 0.1, 0.5, 1.5),
+        (1, 1.0, 2.5, 5.5),
+    ]
+    idle = server_idle(spans, wall=6.0)
+    # per server, averaged over 2: simulation (0.5 + 0) / 2, transit (0.5 + 0.2 + 1.0) / 2,
+    # fill and drain (1.0 + 1.0 + 0.5 + 0.5) / 2
+    assert idle["simulation"] == pytest.approx(0.25)
+    assert idle["transit"] == pytest.approx(0.85)
+    assert idle["fill_drain"] == pytest.approx(1.5)
+    assert idle["idle"] == pytest.approx(2.6)
+    # overlapping spans (a merged call) leave no gap; no request, no idle time counted
+    assert server_idle([(0, 0.0, 0.0, 2.0), (0, 0.5, 1.0, 2.0)], wall=2.0)["idle"] == pytest.approx(0.0)
+    assert server_idle([], wall=3.0) == {"idle": 0.0, "simulation": 0.0, "transit": 0.0, "fill_drain": 0.0}
 
 
 def test_merged_requests_count_once_and_efficiency_stays_within_100_percent(tmp_path):

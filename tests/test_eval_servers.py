@@ -72,6 +72,10 @@ def test_two_servers_serve_whole_stages_with_the_results_of_one(servers, one_ser
     assert all(b <= 2 for b, _, _, _ in requests)
     tp = summary["throughput"]
     assert tp["servers"] == 2 and tp["servers_dropped"] == []
+    # each server's idle time is split by cause, and within the run
+    idle = tp["server_idle"]
+    assert idle["idle"] == pytest.approx(idle["simulation"] + idle["transit"] + idle["fill_drain"])
+    assert 0.0 < idle["idle"] < tp["wall"] and min(idle.values()) >= 0.0
     # both servers were calibrated (and so warmed); the bound's inference side divides over them
     assert len(tp["calibration"]["server_latency"]) == 2
     plan = json.loads((tmp_path / "plan.json").read_text())

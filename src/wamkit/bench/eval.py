@@ -653,6 +653,19 @@ def _print_servers(args, label: str, workers: int, modes, runs, servers: int, sa
         ratio = many["env_steps_per_s"] / max(one["env_steps_per_s"], 1e-9)
         short = "" if k1 == ks == args.repeats else f"  {k1} and {ks} of {args.repeats} runs"
         print(f"{name[4:]:24} {n:>4} {cells[0]} {cells[1]} {ratio:>6.2f}x{short}")
+    for i in both:  # where each side's servers idled (median runs): the cause a ratio short of S hides
+        cells = []
+        for c in (1, servers):
+            tp = _median(runs[(i, c)])["throughput"]
+            idle = tp.get("server_idle")
+            if idle:
+                cells.append(
+                    f"{c} server(s) {idle['idle']:.2f} s of {tp['wall']:.2f} s: waiting for simulation "
+                    f"{idle['simulation']:.2f}, request to model call {idle['transit']:.2f}, fill and drain "
+                    f"{idle['fill_drain']:.2f}"
+                )
+        if cells:
+            print(f"server idle per server, {modes[i][0][4:]}: " + "; ".join(cells))
     cal = (_median(runs[(both[0], servers)])["throughput"].get("calibration") or {}) if both else {}
     for k, table in enumerate(cal.get("server_latency") or []):
         lat = ", ".join(f"{b}: {1000 * v:.1f}" for b, v in table.items())

@@ -38,7 +38,7 @@ from wamkit.eval.executors import Executor, make_executor
 from wamkit.eval.journal import Journal, episode_key
 from wamkit.eval.remote import Patience, RemotePolicy, served_identity
 from wamkit.eval.report import write_reports
-from wamkit.eval.scheduler import Pipeline, layout
+from wamkit.eval.scheduler import Pipeline, layout, server_idle
 from wamkit.eval.servers import ServerPool, same_model
 from wamkit.eval.video import filmed, frame_of, write_mp4
 from wamkit.files import atomic_write_json
@@ -299,6 +299,8 @@ def _run(
             "warmup_s": warmup,
             "resets": pipeline.resets,
             "requests": len(pipeline.requests),
+            # per server: idle seconds waiting for simulation, in transit, in fill and drain
+            "server_idle": server_idle(pipeline.request_spans, wall),
             **_bound(cal, workers, pipeline),
         }
         if ecfg.executor == "ray":  # where the env actors ran (node id and address)

@@ -60,6 +60,38 @@ def union_length(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
+def server_idle(requests: list[tuple[int, float, float, float]], wall: float) -> dict[str, float]:
+    """Where the servers' idle time went, averaged over the servers that served a request.
+
+    ``requests``: ``(server, sent, busy_start, busy_end)`` per request on the run's clock (``sent``:
+    when its stage finished simulating and sent it). Each gap between a server's busy spans ends with
+    the next request it served. The part of the gap before that request was sent is ``simulation``:
+    the server had nothing to do while stages simulated. The rest is ``transit``: the request had been
+    sent, but its model call had not started (network, decoding, the batcher, the previous reply's
+    handling). Before the first and after the last span is ``fill_drain``. Seconds."""
+    by_server: dict[int, list[tuple[float, float, float]]] = collections.defaultdict(list)
+    for server, sent, b0, b1 in requests:
+        by_server[server].append((b0, b1, sent))
+    out = {"idle": 0.0, "simulation": 0.0, "transit": 0.0, "fill_drain": 0.0}
+    for spans in by_server.values():
+        spans.sort()
+        end = None
+        for b0, b1, sent in spans:
+            if end is None:
+                out["fill_drain"] += b0
+            elif b0 > end:  # a gap, closed by this request's call
+                waited = min(max(sent - end, 0.0), b0 - end)
+                out["simulation"] += waited
+                out["transit"] += b0 - end - waited
+            end = b1 if end is None else max(end, b1)
+        if end is not None:
+            out["fill_drain"] += max(wall - end, 0.0)
+    n = max(len(by_server), 1)
+    out = {k: v / n for k, v in out.items()}
+    out["idle"] = out["simulation"] + out["transit"] + out["fill_drain"]
+    return out
+
+
 def layout(num_envs: int, stages: int, workers: int) -> tuple[list[list[tuple[int, int]]], list[int]]:
     """``(stage_slots, slots_per_worker)``: ``stage_slots[s][j] = (worker, local slot)``."""
     per_stage = num_envs // stages
@@ -141,6 +173,8 @@ class Pipeline:
         self.stage_infer_s = [0.0] * n  # per stage: summed inference time of its requests
         # server busy intervals on the run's clock, one per request: (server, reply - infer s, reply)
         self.infer_intervals: list[tuple[int, float, float]] = []
+        # per request: (server, sent, server busy from, reply): what server_idle reads
+        self.request_spans: list[tuple[int, float, float, float]] = []
         self.stage_steps = [0] * n  # per stage: env steps applied (reruns included: real work)
         self.resets = 0  # episode starts answered by an env (reruns included)
         # per request: (its observations, its model call's, the server's index, the stage's)
@@ -235,6 +269,7 @@ class Pipeline:
             self.stage_infer_s[s] += infer_s
             # within the request's round trip [t1, t2], even if the server's clock or report is off
             self.infer_intervals.append((server, max(t1, t2 - infer_s), t2))
+            self.request_spans.append((server, t1, max(t1, t2 - infer_s), t2))
             chunks = np.asarray(chunks)
             if chunks.ndim != 3 or chunks.shape[0] != len(ready):
                 raise EvalError(
