@@ -8,11 +8,12 @@ arrived for ``max_wait_ms``, when every connection is waiting for a reply (none 
 :data:`MAX_GATHER_WAITS` x ``max_wait_ms`` in all. (Timing from the *first* request instead split every
 wave of replies from synchronous clients into a few small batches: their next requests arrive spread
 over the time the event loop takes to decode them.) While a connection the previous model call answered
-with a single observation has not sent again ("returning": a synchronous client on its way back), the
-batch waits for it longer, up to :data:`RETURN_PATIENCE` of the previous call's duration (within the
-same cap): a request left behind would cost a model call of its own, and a launch-bound model costs
-nearly as much for one observation as for a full batch. Connections that send batched requests (the
-evaluator's stages) batch for themselves and are never waited for. Then the model runs in a single worker thread so the
+with one unbatched observation (openpi's form) has not sent again ("returning": a synchronous client
+on its way back), the batch waits for it longer, up to :data:`RETURN_PATIENCE` of the previous call's
+duration (within the same cap): a request left behind would cost a model call of its own, and a
+launch-bound model costs nearly as much for one observation as for a full batch. Connections that
+send a batch axis (the evaluator's stages, even of one env) batch for themselves and are never waited
+for. Then the model runs in a single worker thread so the
 event loop keeps reading, checking and answering other connections meanwhile. Results go back to each
 request's own future, in order, so replies are never mixed up. While the model runs, new requests queue
 up and form the next batch: under load, batches fill without waiting.

@@ -67,7 +67,8 @@ class PolicyServer:
         self.metrics = ServerMetrics()
         self._in_flight: dict[ServerConnection, int] = {}  # requests submitted and not yet answered
         # per connection: the batcher's call count when its last reply came, and whether that request
-        # was a single observation (a synchronous one-observation client, whom a batch may wait for)
+        # was one unbatched observation (openpi's synchronous client, whom a batch may wait for; a
+        # client sending a batch axis, as the evaluator's stages do even for one env, batches itself)
         self._answered: dict[ServerConnection, tuple[int, bool]] = {}
         self.batcher = DynamicBatcher(
             policy.run, max_batch, max_wait_ms, self.metrics, self._any_idle, self._any_returning
@@ -79,7 +80,7 @@ class PolicyServer:
         return any(n == 0 for n in self._in_flight.values())
 
     def _any_returning(self) -> bool:
-        """Is a connection the last model call answered with a single observation idle since?"""
+        """Is a connection the last model call answered with one unbatched observation idle since?"""
         last = (self.batcher.calls, True)
         return any(n == 0 and self._answered.get(ws) == last for ws, n in self._in_flight.items())
 
@@ -125,7 +126,7 @@ class PolicyServer:
         async def answer():
             try:
                 reply, timing = await queued
-                self._answered[ws] = (self.batcher.calls, request.n == 1)
+                self._answered[ws] = (self.batcher.calls, not request.batched)
             finally:
                 self._in_flight[ws] -= 1
             total = time.perf_counter() - t0
