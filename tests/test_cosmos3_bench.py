@@ -39,7 +39,7 @@ def test_bench_cosmos3_sft_prints_transformer_encode_and_cached_rows(capsys, tmp
     out_json = tmp_path / "sft.json"
     argv = ["bench", "cosmos3-sft", "--preset", "tiny", "--device", "cpu", "--batches", "1,2"]
     argv += ["--steps", "1", "--warmup", "1", "--image-size", "32", "--threads", "1"]
-    argv += ["--paths", "transformer,encode,cached,cached_inline"]
+    argv += ["--paths", "transformer,encode,cached,cached_inline", "--loader-workers", "2"]
     argv += [
         "--profile",
         "1",

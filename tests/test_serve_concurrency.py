@@ -121,6 +121,40 @@ def test_a_batch_waits_for_returning_one_observation_clients(monkeypatch):
     assert np.mean(np.array(batched) == 6) < 0.5, batched
 
 
+def test_a_batch_waits_only_for_clients_that_can_join_it_and_come_back_in_time(policy):
+    from wamkit.serve.server import PolicyServer
+
+    srv = PolicyServer(policy)
+    srv.batcher.calls = 7
+    policy_group, now = ("policy",), 100.0
+    clients = {
+        "back soon": (7, policy_group, now, 0.01),  # answered by the last call, returns in 10 ms
+        "too late": (7, policy_group, now, 0.5),  # its turnaround is longer than the patience
+        "other mode": (7, ("inverse_dynamics",), now, 0.0),  # could not join a policy batch
+        "never": (7, None, now, 0.0),  # sent a batch axis, or a seed: batches itself / runs alone
+        "older": (6, policy_group, now, 0.0),  # answered by an earlier call: not on its way back
+    }
+    for name, (calls, group, at, turnaround) in clients.items():
+        srv._in_flight[name], srv._answered[name], srv._turnaround[name] = 0, (calls, group, at), turnaround
+
+    def waited_for(until: float) -> set[str]:
+        found = set()
+        for name in clients:
+            saved = {k: (srv._in_flight[k], srv._answered[k]) for k in clients if k != name}
+            for k in saved:
+                srv._in_flight[k] = 1  # only `name` is idle
+            if srv._any_returning(policy_group, until):
+                found.add(name)
+            for k, (n, _) in saved.items():
+                srv._in_flight[k] = n
+        return found
+
+    assert waited_for(now + 0.05) == {"back soon"}
+    assert waited_for(now + 1.0) == {"back soon", "too late"}
+    srv._in_flight["back soon"] = 1  # it sent: nothing to wait for any more
+    assert not srv._any_returning(policy_group, now + 0.05)
+
+
 def test_async_client_error_fails_only_the_bad_request(policy):
     with start_server_in_thread(policy) as srv:
 

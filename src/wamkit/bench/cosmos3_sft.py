@@ -11,8 +11,10 @@ frames, a 16-step action chunk). For each batch size, three rows by default:
   without a latent cache);
 - ``cached``: the latents of a latent cache folder on disk (a run with ``model.options.latent_cache``;
   the folder is written once before timing, ``--cache-dir``), read as the trainer reads them: a
-  ``DataLoader`` whose worker processes call ``LatentCache.get`` per sample a batch ahead, pinned
-  (``data.loader``'s settings), the step copying the batch to the device;
+  ``DataLoader`` whose ``--loader-workers`` processes call ``LatentCache.get`` per sample ahead of the
+  step, pinned (``data.loader``'s settings), the step copying the batch to the device. Its readers
+  start afresh when the row's timing starts, so no batch read while other rows ran is counted: a
+  reader slower than the step shows in the row;
 - ``cached_inline`` (only when asked for): the same rows read inside the timed step, on the training
   thread, then pinned and copied (what the step costs when nothing reads ahead).
 
@@ -53,7 +55,7 @@ from wamkit.device import resolve_device
 PEAK_BF16 = 989.4e12  # H100/H200 SXM dense bf16
 PATHS = ("transformer", "encode", "cached", "cached_inline")
 DEFAULT_PATHS = ("transformer", "encode", "cached")
-LOADER_WORKERS = 2  # the cached row's reader processes
+LOADER_WORKERS = 8  # the cached row's reader processes by default (the LIBERO Cosmos3 recipes' num_workers)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -95,6 +97,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--threads", type=int, default=0, help="CPU intra-op threads (0: torch's default)")
     parser.add_argument("--cache-dir", help="latent cache folder for the cached row (default: a temp dir)")
+    parser.add_argument(
+        "--loader-workers",
+        type=int,
+        default=LOADER_WORKERS,
+        help=f"reader processes of the cached row's DataLoader (default: {LOADER_WORKERS})",
+    )
     parser.add_argument("--profile", type=int, default=0, metavar="N", help="profile N steps (0: none)")
     parser.add_argument(
         "--profile-path",
@@ -142,6 +150,8 @@ class SftBench:
         self.cache_dir = cache_dir
         self.cache = None
         self._loaders: dict[int, Any] = {}  # batch size -> iterator of loader-read, pinned batches
+        self._dataloaders: dict[int, Any] = {}
+        self.loader_workers = LOADER_WORKERS
         self.batches: dict[int, dict[str, Any]] = {}
         self.latents: dict[int, torch.Tensor] = {}
 
@@ -206,20 +216,26 @@ class SftBench:
         """Batches of the cache's first ``b`` rows, read by worker processes ahead of the step and pinned
         on a GPU, as :class:`wamkit.data.loader.TrainLoader` hands the trainer its batches."""
         if b not in self._loaders:
-            loader = torch.utils.data.DataLoader(
+            self._dataloaders[b] = torch.utils.data.DataLoader(
                 _CacheRows(self.cache),
                 batch_sampler=_Repeat(b),
-                num_workers=LOADER_WORKERS,
+                num_workers=self.loader_workers,
                 prefetch_factor=2,
                 persistent_workers=True,
                 pin_memory=self.device.type == "cuda",
             )
-            self._loaders[b] = iter(loader)
+            self._loaders[b] = iter(self._dataloaders[b])
         return self._loaders[b]
+
+    def restart_loader(self, b: int) -> None:
+        """Drop the batches the readers read ahead (while other rows ran) and start them again."""
+        if b in self._dataloaders:
+            self._loaders[b] = iter(self._dataloaders[b])
 
     def close(self) -> None:
         """Stop the cached row's reader processes."""
         self._loaders.clear()  # a DataLoader iterator stops its workers when it is dropped
+        self._dataloaders.clear()
 
     def step(self, path: str, b: int) -> None:
         dev = self.device
@@ -260,6 +276,8 @@ def measure(bench: SftBench, path: str, b: int, steps: int, attention: str) -> R
     bench.ad.processor.mode = attention
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
+    if path == "cached":
+        bench.restart_loader(b)
     s = timed(lambda: bench.step(path, b), dev, steps)
     mfu = bench.ad.flops_per_sample() * b / s / PEAK_BF16 if dev.type == "cuda" else None
     peak = torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else None
@@ -341,6 +359,7 @@ def run(args, device: torch.device, batches: list[int]) -> dict[str, Any]:
         bench = SftBench(
             args.preset, args.image_size, device, options, Path(args.cache_dir or tmp) / "latents"
         )
+        bench.loader_workers = getattr(args, "loader_workers", LOADER_WORKERS)
         try:
             ad = bench.ad
             n_params = sum(p.numel() for p in ad.module.parameters())

@@ -513,6 +513,9 @@ def _median(results: list[dict[str, Any]]) -> dict[str, Any]:
         values = [t[key] for t in tps if t.get(key) is not None]
         tp[key] = statistics.median(values) if values else None
     tp["stages_chosen"] = [t["stages"] for t in tps]
+    idles = [t["server_idle"] for t in tps if t.get("server_idle")]
+    if idles:  # each cause's median over the repeats
+        tp["server_idle"] = {k: statistics.median(i[k] for i in idles) for k in idles[0]}
     b_sim, b_infer = tp["bound_sim"], tp["bound_infer"]
     tp["bound_side"] = None if b_sim is None else ("simulation" if b_sim >= b_infer else "inference")
     # the flag of a run that beat its bound belongs to that run; the row says only whether its median does
@@ -653,7 +656,7 @@ def _print_servers(args, label: str, workers: int, modes, runs, servers: int, sa
         ratio = many["env_steps_per_s"] / max(one["env_steps_per_s"], 1e-9)
         short = "" if k1 == ks == args.repeats else f"  {k1} and {ks} of {args.repeats} runs"
         print(f"{name[4:]:24} {n:>4} {cells[0]} {cells[1]} {ratio:>6.2f}x{short}")
-    for i in both:  # where each side's servers idled (median runs): the cause a ratio short of S hides
+    for i in both:  # where each side's servers idled (medians): the cause a ratio short of S hides
         cells = []
         for c in (1, servers):
             tp = _median(runs[(i, c)])["throughput"]

@@ -11,9 +11,10 @@ over the time the event loop takes to decode them.) While a connection the previ
 with one unbatched observation (openpi's form) has not sent again ("returning": a synchronous client
 on its way back), the batch waits for it longer, up to :data:`RETURN_PATIENCE` of the previous call's
 duration (within the same cap): a request left behind would cost a model call of its own, and a
-launch-bound model costs nearly as much for one observation as for a full batch. Connections that
-send a batch axis (the evaluator's stages, even of one env) batch for themselves and are never waited
-for. Then the model runs in a single worker thread so the
+launch-bound model costs nearly as much for one observation as for a full batch. Only a connection
+whose next request could join this batch (the same group, no seed) and whose last turnaround (reply to
+next request) brings it back within that time is waited for. Connections that send a batch axis (the
+evaluator's stages, even of one env) batch for themselves and are never waited for. Then the model runs in a single worker thread so the
 event loop keeps reading, checking and answering other connections meanwhile. Results go back to each
 request's own future, in order, so replies are never mixed up. While the model runs, new requests queue
 up and form the next batch: under load, batches fill without waiting.
@@ -62,7 +63,7 @@ class DynamicBatcher:
         max_wait_ms: float = 2.0,
         metrics: ServerMetrics | None = None,
         others_may_send: Callable[[], bool] | None = None,
-        returning: Callable[[], bool] | None = None,
+        returning: Callable[[tuple, float], bool] | None = None,
     ):
         if max_batch < 1:
             raise ValueError(f"serve.max_batch: expected at least 1, got {max_batch}")
@@ -75,8 +76,9 @@ class DynamicBatcher:
         # Waiting only pays when some client could still add to the batch: the server passes a check
         # "is there a connection with nothing in flight?", so a lone client never waits max_wait_ms.
         self._others_may_send = others_may_send or (lambda: True)
-        # "is a connection the last call answered one observation still on its way back?" (see above)
-        self._returning = returning or (lambda: False)
+        # "is a connection the last call answered with one observation of this group on its way back,
+        # expected by this time?" (see above)
+        self._returning = returning or (lambda group, until: False)
         self.calls = 0  # model calls answered so far: the server marks each reply with it
         self._last_call_s = 0.0
         self._queue: asyncio.Queue[_Item] | None = None
@@ -169,7 +171,7 @@ class DynamicBatcher:
             patient_until = min(now + RETURN_PATIENCE * self._last_call_s, last_call)
             while n < self.max_batch:
                 deadline = time.perf_counter() + self.max_wait
-                if self._returning():
+                if self._returning(items[0].request.group, patient_until):
                     deadline = max(deadline, patient_until)
                 nxt = await self._next(min(deadline, last_call))
                 if nxt is None:
@@ -192,6 +194,8 @@ class DynamicBatcher:
                 for item in items:
                     if not item.future.done():
                         item.future.set_exception(ModelError(f"model failed: {type(err).__name__}: {err}"))
+                self.calls += 1  # no one this call answered is waited for
+                await asyncio.sleep(0)
                 continue
             self._last_call_s = time.perf_counter() - start
             infer_ms = self._last_call_s * 1000.0

@@ -66,10 +66,14 @@ class PolicyServer:
         self.max_in_flight = max_in_flight
         self.metrics = ServerMetrics()
         self._in_flight: dict[ServerConnection, int] = {}  # requests submitted and not yet answered
-        # per connection: the batcher's call count when its last reply came, and whether that request
-        # was one unbatched observation (openpi's synchronous client, whom a batch may wait for; a
-        # client sending a batch axis, as the evaluator's stages do even for one env, batches itself)
-        self._answered: dict[ServerConnection, tuple[int, bool]] = {}
+        # per connection: the batcher's call count when its last reply came, the group a batch may wait
+        # for it in (None: never; only one unbatched, unseeded observation, openpi's synchronous client,
+        # is waited for: a client sending a batch axis, as the evaluator's stages do even for one env,
+        # batches itself, and a seeded request runs alone anyway), and when that reply came
+        self._answered: dict[ServerConnection, tuple[int, tuple | None, float]] = {}
+        # per connection: seconds from its last reply to its next request (a synchronous client's
+        # turnaround): a batch waits only for connections expected back within its patience
+        self._turnaround: dict[ServerConnection, float] = {}
         self.batcher = DynamicBatcher(
             policy.run, max_batch, max_wait_ms, self.metrics, self._any_idle, self._any_returning
         )
@@ -79,10 +83,17 @@ class PolicyServer:
     def _any_idle(self) -> bool:
         return any(n == 0 for n in self._in_flight.values())
 
-    def _any_returning(self) -> bool:
-        """Is a connection the last model call answered with one unbatched observation idle since?"""
-        last = (self.batcher.calls, True)
-        return any(n == 0 and self._answered.get(ws) == last for ws, n in self._in_flight.items())
+    def _any_returning(self, group: tuple, until: float) -> bool:
+        """Is a connection idle that the last model call answered with one unbatched observation of
+        ``group``, and that is expected back (its last turnaround) by ``until`` (perf_counter s)?"""
+        calls = self.batcher.calls
+        for ws, n in self._in_flight.items():
+            answered = self._answered.get(ws)
+            if n or answered is None or answered[0] != calls or answered[1] != group:
+                continue
+            if answered[2] + self._turnaround.get(ws, 0.0) <= until:
+                return True
+        return False
 
     # -- HTTP --------------------------------------------------------------------------------------
     def _http(self, connection: ServerConnection, request: Any):
@@ -119,6 +130,9 @@ class PolicyServer:
             log.exception("unexpected failure reading a request")
             return self._failed(RequestError(f"could not read the request ({type(err).__name__}: {err})"))
         decode_ms = (time.perf_counter() - t0) * 1000.0
+        answered = self._answered.get(ws)
+        if answered is not None and self._in_flight[ws] == 0:  # a synchronous client, back
+            self._turnaround[ws] = t0 - answered[2]
 
         self._in_flight[ws] += 1
         queued = self.batcher.enqueue(request)  # in the queue as soon as it counts as in flight
@@ -126,7 +140,8 @@ class PolicyServer:
         async def answer():
             try:
                 reply, timing = await queued
-                self._answered[ws] = (self.batcher.calls, not request.batched)
+                waited_for = None if request.batched or request.seed is not None else request.group
+                self._answered[ws] = (self.batcher.calls, waited_for, time.perf_counter())
             finally:
                 self._in_flight[ws] -= 1
             total = time.perf_counter() - t0
@@ -179,6 +194,7 @@ class PolicyServer:
             await writer
             del self._in_flight[ws]
             self._answered.pop(ws, None)
+            self._turnaround.pop(ws, None)
             self.metrics.connection(-1)
 
     async def serve(self, started: Any = None, stop: asyncio.Future | None = None) -> None:
