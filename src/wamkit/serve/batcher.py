@@ -14,10 +14,12 @@ duration (within the same cap): a request left behind would cost a model call of
 launch-bound model costs nearly as much for one observation as for a full batch. Only a connection
 whose next request could join this batch (the same group, no seed) and whose last turnaround (reply to
 next request) brings it back within that time is waited for. Connections that send a batch axis (the
-evaluator's stages, even of one env) batch for themselves and are never waited for. Then the model runs in a single worker thread so the
-event loop keeps reading, checking and answering other connections meanwhile. Results go back to each
-request's own future, in order, so replies are never mixed up. While the model runs, new requests queue
-up and form the next batch: under load, batches fill without waiting.
+evaluator's stages, even of one env) batch for themselves and are never waited for.
+
+Then the model runs in a single worker thread so the event loop keeps reading, checking and answering
+other connections meanwhile. Results go back to each request's own future, in order, so replies are
+never mixed up. While the model runs, new requests queue up and form the next batch: under load,
+batches fill without waiting.
 
 A request larger than ``max_batch`` runs alone, whole (split it on the client if that is too big).
 """
