@@ -214,6 +214,20 @@ def test_bench_serve_prints_ratios(capsys):
         assert obs_s > 0 and 0 < ratio < 5
 
 
+def test_bench_serve_spreads_dynamic_connections_over_client_processes(tmp_path):
+    from wamkit.bench.serve import _split
+
+    assert _split(32, 8) == [4] * 8 and _split(5, 2) == [3, 2] and _split(2, 8) == [1, 1]
+    out = tmp_path / "serve.json"
+    argv = ["bench", "serve", "--seconds", "0.3", "--batch", "2", "--concurrency", "4"]
+    argv += ["--client-processes", "2", "--option", "delay_ms=2", "--device", "cpu", "--json", str(out)]
+    assert wamkit(argv) == 0
+    (row,) = [r for r in json.loads(out.read_text())["rows"] if r["kind"] == "dynamic"]
+    # both processes' replies count: 4 connections' worth in one window
+    assert row["client_processes"] == 2 and row["connections"] == 4
+    assert row["obs_s"] > 0 and row["server_batch"] >= 1
+
+
 def test_random_init_servers_started_alike_serve_the_same_weights():
     """Two random-init servers of one model (one evaluation's stages spread over them) must hold the same
     weights: the evaluator refuses servers whose weights hashes differ."""

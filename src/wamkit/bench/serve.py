@@ -7,7 +7,9 @@ random-init model; clients are asyncio connections in this process. Three measur
    ceiling for serving at that batch;
 2. batch sweep: one connection sending batched requests of B observations; ratio to (1) at the same B;
 3. concurrency sweep: C connections each sending one observation per request, so every batch is formed
-   by the server's dynamic batcher; ratio to (1) at B = C (capped at max_batch).
+   by the server's dynamic batcher; ratio to (1) at B = C (capped at max_batch). The connections are
+   spread over ``--client-processes`` processes (as many robots' clients are separate processes; one
+   Python process answering 32 connections in turn would time its own event loop, not the server's).
 
 The speed-up is each row's obs/s over one connection sending one observation per request. With the
 ``delay`` model (the default) the figures measure the server alone: it is a benchmark model, not a policy.
@@ -19,6 +21,7 @@ import argparse
 import asyncio
 import json
 import multiprocessing as mp
+import os
 import time
 from typing import Any
 
@@ -69,6 +72,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--threads", type=int, default=0, help="torch CPU threads in both processes (0: torch's default)"
     )
+    parser.add_argument(
+        "--client-processes",
+        type=int,
+        default=0,
+        help="processes the dynamic rows' connections are spread over (0: auto, one per 4 cores, at most "
+        "one per connection)",
+    )
     parser.add_argument("--json", help="also write the results to this JSON file")
 
 
@@ -113,7 +123,12 @@ def _serve_process(
     asyncio.run(server.serve(started=q.put))  # sends the bound port back, then serves until terminated
 
 
-async def _load(url: str, connections: int, obs: dict, n_obs: int, seconds: float) -> dict[str, float]:
+async def _drive(
+    url: str, connections: int, obs: dict, seconds: float, start_at: float | None = None
+) -> tuple[list[float], list[dict[str, float]], float]:
+    """``connections`` clients sending ``obs`` in a loop: a warm-up, then ``seconds`` recorded (from
+    ``start_at`` on the wall clock when given, so that several processes measure the same window).
+    Returns the latencies (s), the replies' server timings and the recorded window's length."""
     from wamkit.serve.client import AsyncPolicyClient
 
     clients = [await AsyncPolicyClient(url).connect() for _ in range(connections)]
@@ -128,13 +143,48 @@ async def _load(url: str, connections: int, obs: dict, n_obs: int, seconds: floa
                 latencies.append(time.perf_counter() - t0)
                 timings.append(reply.get("server_timing") or {})
 
-    warm = time.perf_counter() + min(0.5, seconds / 4)
-    await asyncio.gather(*(worker(c, warm, False) for c in clients))
+    warm = min(0.5, seconds / 4)
+    if start_at is not None:
+        warm = max(start_at - time.time(), 0.0)  # warm up until the common start
+    warm_until = time.perf_counter() + warm
+    await asyncio.gather(*(worker(c, warm_until, False) for c in clients))
     start = time.perf_counter()
     await asyncio.gather(*(worker(c, start + seconds, True) for c in clients))
     wall = time.perf_counter() - start
     for c in clients:
         await c.close()
+    return latencies, timings, wall
+
+
+def _client_process(url: str, connections: int, obs: dict, seconds: float, start_at: float, q) -> None:
+    q.put(asyncio.run(_drive(url, connections, obs, seconds, start_at)))
+
+
+def _split(connections: int, processes: int) -> list[int]:
+    """``connections`` spread as evenly as possible over at most ``processes`` processes."""
+    k = max(1, min(processes, connections))
+    return [connections // k + (1 if i < connections % k else 0) for i in range(k)]
+
+
+async def _load(url: str, connections: int, obs: dict, n_obs: int, seconds: float,
+                processes: int = 1) -> dict[str, float]:  # fmt: skip
+    shares = _split(connections, processes)
+    if len(shares) == 1:
+        latencies, timings, wall = await _drive(url, connections, obs, seconds)
+    else:  # every process records the same window, started together after a common warm-up
+        ctx = mp.get_context("spawn")
+        q = ctx.Queue()
+        start_at = time.time() + 5.0 + min(0.5, seconds / 4)  # spawned interpreters import wamkit first
+        procs = [ctx.Process(target=_client_process, args=(url, k, obs, seconds, start_at, q), daemon=True)
+                 for k in shares]  # fmt: skip
+        for p in procs:
+            p.start()
+        parts = [q.get(timeout=120 + seconds) for _ in procs]
+        for p in procs:
+            p.join(10)
+        latencies = [x for part in parts for x in part[0]]
+        timings = [t for part in parts for t in part[1]]
+        wall = float(np.mean([part[2] for part in parts]))
     lat = np.asarray(latencies) * 1000.0
 
     def mean(key: str) -> float:
@@ -166,6 +216,9 @@ def main(args: argparse.Namespace) -> int:
     from wamkit.serve.loading import random_init
 
     options = _options(args)
+    client_processes = args.client_processes or max(1, (os.cpu_count() or 1) // 4)
+    if client_processes < 1:
+        raise SystemExit(f"wamkit bench serve: --client-processes {args.client_processes}; expected >= 0")
     if args.threads:  # on a busy CPU, oversubscribed OpenMP threads make in-process figures meaningless
         import torch
 
@@ -213,7 +266,8 @@ def main(args: argparse.Namespace) -> int:
                 }
             )
         for c in args.concurrency:
-            r = asyncio.run(_load(url, c, make_obs(meta, None), 1, args.seconds))
+            r = asyncio.run(_load(url, c, make_obs(meta, None), 1, args.seconds, client_processes))
+            r["client_processes"] = len(_split(c, client_processes))
             b = min(c, args.max_batch)
             rows.append(
                 {
@@ -246,6 +300,7 @@ def main(args: argparse.Namespace) -> int:
     )
     print("speed-up: obs/s / obs/s of one connection sending one observation per request.")
     print("srv: the server's own timing, per request: the batch it rode in, the model call, decode to reply.")
+    print(f"the dynamic rows' connections are spread over up to {client_processes} client process(es).")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(
