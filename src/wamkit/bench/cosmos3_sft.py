@@ -50,7 +50,7 @@ import numpy as np
 import torch
 
 from wamkit.bench.timing import profile_table, timed
-from wamkit.device import resolve_device
+from wamkit.device import resolve_device, to_device
 
 PEAK_BF16 = 989.4e12  # H100/H200 SXM dense bf16
 PATHS = ("transformer", "encode", "cached", "cached_inline")
@@ -204,12 +204,10 @@ class SftBench:
         if path == "transformer":
             lean[LATENTS] = self.latents[b]
         elif path == "cached":
-            lean[LATENTS] = next(self._loader(b)).to(self.device, non_blocking=True)
+            lean[LATENTS] = to_device(next(self._loader(b)), self.device)  # pinned by the loader
         else:
             rows = torch.stack([self.cache.get("bench", i) for i in range(b)])
-            if self.device.type == "cuda":  # page-locked, as the trainer's loader hands batches over
-                rows = rows.pin_memory()
-            lean[LATENTS] = rows.to(self.device, non_blocking=True)
+            lean[LATENTS] = to_device(rows, self.device)  # pinned, not waiting, as the loader's batches
         return lean
 
     def _loader(self, b: int):

@@ -171,9 +171,8 @@ class Pipeline:
         self.events: list[tuple[int, str, float, float]] = []  # (stage, "sim"|"infer", t0, t1)
         n = len(stage_slots)
         self.stage_infer_s = [0.0] * n  # per stage: summed inference time of its requests
-        # server busy intervals on the run's clock, one per request: (server, reply - infer s, reply)
-        self.infer_intervals: list[tuple[int, float, float]] = []
-        # per request: (server, sent, server busy from, reply): what server_idle reads
+        # per request, on the run's clock: (server, sent, server busy from = reply - infer s, reply): the
+        # servers' busy intervals (infer_s) and where they idled (server_idle)
         self.request_spans: list[tuple[int, float, float, float]] = []
         self.stage_steps = [0] * n  # per stage: env steps applied (reruns included: real work)
         self.resets = 0  # episode starts answered by an env (reruns included)
@@ -197,7 +196,7 @@ class Pipeline:
         lies within the run, so the average never exceeds the wall time. ``stage_infer_s`` keeps the
         per-stage sums (each stage's own wait on the model)."""
         spans = collections.defaultdict(list)
-        for server, t0, t1 in list(self.infer_intervals):
+        for server, _, t0, t1 in list(self.request_spans):
             spans[server].append((t0, t1))
         return sum(union_length(s) for s in spans.values()) / self.servers
 
@@ -268,7 +267,6 @@ class Pipeline:
             self.events.append((s, "infer", t1, t2))
             self.stage_infer_s[s] += infer_s
             # within the request's round trip [t1, t2], even if the server's clock or report is off
-            self.infer_intervals.append((server, max(t1, t2 - infer_s), t2))
             self.request_spans.append((server, t1, max(t1, t2 - infer_s), t2))
             chunks = np.asarray(chunks)
             if chunks.ndim != 3 or chunks.shape[0] != len(ready):
