@@ -166,11 +166,11 @@ def _split(connections: int, processes: int) -> list[int]:
     return [connections // k + (1 if i < connections % k else 0) for i in range(k)]
 
 
-async def _load(url: str, connections: int, obs: dict, n_obs: int, seconds: float,
-                processes: int = 1) -> dict[str, float]:  # fmt: skip
+def _load(url: str, connections: int, obs: dict, n_obs: int, seconds: float,
+          processes: int = 1) -> dict[str, float]:  # fmt: skip
     shares = _split(connections, processes)
     if len(shares) == 1:
-        latencies, timings, wall = await _drive(url, connections, obs, seconds)
+        latencies, timings, wall = asyncio.run(_drive(url, connections, obs, seconds))
     else:  # every process records the same window, started together after a common warm-up
         ctx = mp.get_context("spawn")
         q = ctx.Queue()
@@ -255,7 +255,7 @@ def main(args: argparse.Namespace) -> int:
         url = f"ws://127.0.0.1:{q.get(timeout=300)}"
         rows = []
         for b in args.batch:
-            r = asyncio.run(_load(url, 1, make_obs(meta, b), b, args.seconds))
+            r = _load(url, 1, make_obs(meta, b), b, args.seconds)
             rows.append(
                 {
                     "kind": "batched",
@@ -266,7 +266,7 @@ def main(args: argparse.Namespace) -> int:
                 }
             )
         for c in args.concurrency:
-            r = asyncio.run(_load(url, c, make_obs(meta, None), 1, args.seconds, client_processes))
+            r = _load(url, c, make_obs(meta, None), 1, args.seconds, client_processes)
             r["client_processes"] = len(_split(c, client_processes))
             b = min(c, args.max_batch)
             rows.append(
