@@ -25,6 +25,22 @@ def test_serial_on_a_subset_beside_the_pipelined_schedule(tmp_path, capsys):
     assert 0 < rows["(a)"]["env_steps"] < rows["(c)"]["env_steps"] <= 4 * 6
 
 
+def test_one_run_per_schedule_says_so(tmp_path, capsys):
+    # --repeats 1: a run too long to repeat (LIBERO-10's 500 episodes) is printed as one run, not a median
+    out = tmp_path / "bench.json"
+    argv = ["bench", "eval", "--trials", "2", "--max-steps", "4", "--num-envs", "2", "--stages", "2"]
+    argv += ["--schedules", "pipelined", "--repeats", "1", "--delay-ms", "5", "--per-obs-ms", "1"]
+    argv += ["--calibrate-s", "0.5", "--workers", "2", "--image-size", "32", "--json", str(out)]
+    assert wamkit(argv) == 0
+    text = capsys.readouterr().out
+    assert "run 1 of 1: (c) pipelined, P=2" in text
+    assert "ONE run per schedule (--repeats 1): no medians, no spread" in text
+    doc = json.loads(out.read_text())
+    assert doc["complete"] is True and doc["repeats"] == 1 and len(doc["runs"]) == 1
+    assert wamkit(["bench", "eval", "--repeats", "0"]) != 0
+    assert "--repeats: expected >= 1 run per schedule, got 0" in capsys.readouterr().err
+
+
 def test_schedule_options_are_checked(capsys):
     assert wamkit(["bench", "eval", "--schedules", "serial,warp"]) != 0
     assert "--schedules: 'serial,warp'; expected a comma list from serial" in capsys.readouterr().err
