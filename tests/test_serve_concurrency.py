@@ -38,6 +38,37 @@ def request(i: int, batch: int | None = None) -> dict:
     }
 
 
+def test_run_server_runs_the_model_on_the_main_thread_and_stops_on_ctrl_c():
+    # `wamkit serve` (run_server): the model's calls run on the main thread, the event loop in its own;
+    # a model's intra-op parallel regions are far slower from a secondary thread (serve/batcher.py)
+    import _thread
+    import queue
+
+    from wamkit.serve.server import run_server
+
+    served = random_init("delay", "small", {"delay_ms": 4}, device="cpu")
+    threads, replies, ports = [], [], queue.SimpleQueue()
+    run = served.run
+
+    def recording_run(requests):
+        threads.append(threading.current_thread())
+        return run(requests)
+
+    served.run = recording_run
+
+    def client() -> None:
+        try:
+            with PolicyClient(f"ws://127.0.0.1:{ports.get(timeout=60)}") as cl:
+                replies.extend(cl.infer(request(i)) for i in range(3))
+        finally:
+            _thread.interrupt_main()  # Ctrl-C
+
+    threading.Thread(target=client, daemon=True).start()
+    run_server(served, "127.0.0.1", 0, started=ports.put, max_batch=8)  # returns on the interrupt
+    assert len(replies) == 3 and all(r["actions"].shape == (16, 4) for r in replies)
+    assert threads and all(t is threading.main_thread() for t in threads)
+
+
 def test_many_clients_every_reply_is_its_own(policy):
     n_clients, n_requests = 16, 12
     with start_server_in_thread(policy, max_batch=32, max_wait_ms=5.0) as srv:

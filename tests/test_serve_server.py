@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import signal
 import subprocess
 import sys
 import urllib.request
@@ -280,6 +281,8 @@ def test_serve_cli_starts_and_answers(tmp_path):
         with PolicyClient(f"127.0.0.1:{_port(procs[1])}") as client:
             assert client.metadata["source"] == "random-init delay/small"
             assert client.infer(obs(4))["actions"].shape == (16, 4)
+        procs[1].send_signal(signal.SIGINT)  # Ctrl-C: the model's (main) thread stops the server
+        assert procs[1].wait(20) == 0
     finally:
         for proc in procs:
             proc.terminate()

@@ -116,11 +116,12 @@ def _serve_process(
     if threads:
         torch.set_num_threads(threads)
     from wamkit.serve.loading import random_init
-    from wamkit.serve.server import PolicyServer
+    from wamkit.serve.server import run_server
 
     policy = random_init(model, preset, options, device, precision=precision)
-    server = PolicyServer(policy, "127.0.0.1", 0, max_batch, max_wait_ms)
-    asyncio.run(server.serve(started=q.put))  # sends the bound port back, then serves until terminated
+    # as `wamkit serve` does: the model on the main thread; sends the bound port back, then serves
+    # until terminated
+    run_server(policy, "127.0.0.1", 0, started=q.put, max_batch=max_batch, max_wait_ms=max_wait_ms)
 
 
 async def _drive(

@@ -20,7 +20,7 @@ import logging
 from wamkit.config import SERVE_PRECISIONS, ConfigError, RunConfig, load_config, parse_override
 from wamkit.serve.loading import load_served, random_init
 from wamkit.serve.policy import ServedPolicy
-from wamkit.serve.server import PolicyServer, run_server
+from wamkit.serve.server import run_server
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +134,12 @@ def main(args: argparse.Namespace) -> int:
         ident["autocast"],
     )
     s = cfg.serve
-    server = PolicyServer(policy, s.host, s.port, s.max_batch, s.max_wait_ms, s.max_message_mb)
-    run_server(server)
+    run_server(
+        policy,
+        s.host,
+        s.port,
+        max_batch=s.max_batch,
+        max_wait_ms=s.max_wait_ms,
+        max_message_mb=s.max_message_mb,
+    )
     return 0

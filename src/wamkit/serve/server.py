@@ -24,13 +24,15 @@ import contextlib
 import logging
 import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import Executor
 from http import HTTPStatus
 from typing import Any
 
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
-from wamkit.serve.batcher import DynamicBatcher, ModelError
+from wamkit.serve.batcher import CallerThreadExecutor, DynamicBatcher, ModelError
 from wamkit.serve.codec import CodecError, packb, unpackb
 from wamkit.serve.metrics import ServerMetrics
 from wamkit.serve.policy import RequestError, ServedPolicy
@@ -59,6 +61,7 @@ class PolicyServer:
         max_wait_ms: float = 2.0,
         max_message_mb: float = 64.0,
         max_in_flight: int = 16,
+        model_executor: Executor | None = None,
     ):
         self.policy = policy
         self.host, self.port = host, port
@@ -75,7 +78,13 @@ class PolicyServer:
         # turnaround): a batch waits only for connections expected back within its patience
         self._turnaround: dict[ServerConnection, float] = {}
         self.batcher = DynamicBatcher(
-            policy.run, max_batch, max_wait_ms, self.metrics, self._any_idle, self._any_returning
+            policy.run,
+            max_batch,
+            max_wait_ms,
+            self.metrics,
+            self._any_idle,
+            self._any_returning,
+            executor=model_executor,
         )
         self.metadata = policy.metadata(max_batch=max_batch, max_message_bytes=self.max_bytes)
         self._packed_metadata = packb(self.metadata)
@@ -233,8 +242,9 @@ class PolicyServer:
 class ServerHandle:
     """A server running on its own event loop in a daemon thread; a context manager."""
 
-    def __init__(self, server: PolicyServer):
+    def __init__(self, server: PolicyServer, started: Callable[[int], Any] | None = None):
         self.server = server
+        self._started = started  # also called with the bound port, on the loop's thread
         self._ready = threading.Event()
         self._error: BaseException | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -245,7 +255,13 @@ class ServerHandle:
         async def run():
             self._loop = asyncio.get_running_loop()
             self._stop = self._loop.create_future()
-            await self.server.serve(started=lambda port: self._ready.set(), stop=self._stop)
+
+            def started(port: int) -> None:
+                if self._started is not None:
+                    self._started(port)
+                self._ready.set()
+
+            await self.server.serve(started=started, stop=self._stop)
 
         try:
             asyncio.run(run())
@@ -294,6 +310,21 @@ def start_server_in_thread(
     return ServerHandle(PolicyServer(policy, host, port, **kwargs)).start()
 
 
-def run_server(server: PolicyServer) -> None:
-    """Serve in the foreground until interrupted (Ctrl-C)."""
-    asyncio.run(server.serve())
+def run_server(
+    policy: ServedPolicy, host: str = "127.0.0.1", port: int = 8000, started: Any = None, **kwargs: Any
+) -> None:
+    """Serve in the foreground until interrupted (Ctrl-C). The model runs on this (the main) thread and
+    the event loop in a thread of its own: a model's intra-op parallel regions run at full speed only
+    from the main thread (:mod:`wamkit.serve.batcher`). ``started(port)`` is called once bound."""
+    executor = CallerThreadExecutor()
+    handle = ServerHandle(PolicyServer(policy, host, port, model_executor=executor, **kwargs), started)
+    handle.start()
+    try:
+        executor.run()  # until the loop stops the batcher, which shuts the executor down
+    except KeyboardInterrupt:
+        log.info("interrupted: stopping the server")
+    finally:
+        executor.shutdown()
+        handle.stop()
+    if handle._error is not None:
+        raise RuntimeError(f"server stopped: {handle._error}") from handle._error
