@@ -105,6 +105,17 @@ def _kept(opened: set[Path]) -> dict[str, Path]:
         if rel.parts[0] in PROVIDED or rel.parts[0].endswith((".dist-info", ".pth")) or not path.is_file():
             continue
         out[str(rel)] = path
+    # each kept package's distribution METADATA, so that importlib.metadata.version() answers there and
+    # a run's plan.json records the robosuite and LIBERO versions it ran (stack_versions)
+    from importlib import metadata
+
+    owners = metadata.packages_distributions()
+    for top in sorted({Path(name).parts[0].removesuffix(".py") for name in out}):
+        for dist in owners.get(top, []):
+            for f in metadata.distribution(dist).files or []:
+                path = Path(f.locate())
+                if f.name == "METADATA" and path.parent.suffix == ".dist-info" and path.parent.parent == site:
+                    out.setdefault(str(path.relative_to(site)), path)
     for name in list(out):  # every package directory the modules live in needs its __init__.py
         parent = Path(name).parent
         while parent.parts:
