@@ -62,12 +62,17 @@ NGPU=$(nvidia-smi -L | wc -l)
 GPUS=$(seq -s, 0 $((NGPU - 1)))
 CORES=$(nproc)
 RENDER_GPU=${RENDER_GPU:-$((NGPU - 1))}
-# LIBERO run sizes (override for a shorter or longer run): trials per task, serial trials, envs, look
+# LIBERO run sizes (override for a shorter or longer run): the schedules' tasks, trials per task, serial
+# trials, steps, envs, stage counts and repeats; the 500-episode run's envs; the look. The 2026-12-01
+# schedules row: SCHED_TASKS=0,1,2,3 TRIALS=4 MAX_STEPS=160 NUM_ENVS=16 STAGES=2,auto REPEATS=1
 SCHED_TASKS=${SCHED_TASKS:-0,1,2,3,4,5,6,7,8,9}
 TRIALS=${TRIALS:-5}
 SERIAL_TRIALS=${SERIAL_TRIALS:-1}
 MAX_STEPS=${MAX_STEPS:-520}
 NUM_ENVS=${NUM_ENVS:-40}
+STAGES=${STAGES:-2,4,auto}
+REPEATS=${REPEATS:-2}
+NUM_ENVS_500=${NUM_ENVS_500:-$((2 * CORES))}
 QUALITY=${QUALITY:-default}
 nvidia-smi --query-gpu=index,name,memory.used --format=csv,noheader | tee -a "$OUT/index.txt"
 for group in "$@"; do
@@ -217,19 +222,19 @@ case "$group" in
     run libero_schedules 570 $W bench eval --suite libero_10 --tasks "$SCHED_TASKS" --trials "$TRIALS" \
       --serial-trials "$SERIAL_TRIALS" --max-steps "$MAX_STEPS" --image-size 256 --render-quality "$QUALITY" \
       --render-gpu "$RENDER_GPU" --num-envs "$NUM_ENVS" --workers "$CORES" --model tiny --preset 1b \
-      --device cuda:0 --fit-shapes --stages 2,4,auto --out "$OUT/libero_schedules" \
+      --device cuda:0 --fit-shapes --stages "$STAGES" --repeats "$REPEATS" --out "$OUT/libero_schedules" \
       --json "$OUT/libero_schedules.json"
     ;;
   libero-500a | libero-500b)
     # all 500 episodes (10 tasks x 50 trials, 520 steps), pipelined (auto P), in two calls of 250 (tasks
-    # 0-4, then 5-9: one 16-core machine simulates about 470 LIBERO steps/s, so the 260,000 steps of the
+    # 0-4, then 5-9: one 16-core machine simulates about 400 LIBERO steps/s, so the 260,000 steps of the
     # whole take longer than one call); one run each (--repeats 1), the two added up in
     # docs/benchmarks.md; NUM_ENVS_500 envs (two per worker by default)
     half=${group#libero-500}
     tasks=$([ "$half" = a ] && echo 0,1,2,3,4 || echo 5,6,7,8,9)
     run "libero_500$half" 570 $W bench eval --suite libero_10 --tasks "$tasks" --trials 50 \
       --max-steps 520 --image-size 256 --render-quality "$QUALITY" --render-gpu "$RENDER_GPU" \
-      --num-envs "${NUM_ENVS_500:-$((2 * CORES))}" --workers "$CORES" --model tiny --preset 1b --device cuda:0 \
+      --num-envs "$NUM_ENVS_500" --workers "$CORES" --model tiny --preset 1b --device cuda:0 \
       --fit-shapes --schedules pipelined --stages auto --repeats 1 --out "$OUT/libero_500$half" \
       --json "$OUT/libero_500$half.json"
     ;;

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = [pytest.mark.libero]
 pytest.importorskip("robosuite")
 pytest.importorskip("libero")
 

@@ -69,6 +69,74 @@ def test_run_server_runs_the_model_on_the_main_thread_and_stops_on_ctrl_c():
     assert threads and all(t is threading.main_thread() for t in threads)
 
 
+def test_caller_thread_executor_fails_what_an_interrupt_leaves():
+    # Ctrl-C during a model call: that call and every queued one fail (none is left unanswered, which
+    # would hold its connection and the server's stop forever), and no call is taken after
+    from wamkit.serve.batcher import CallerThreadExecutor, ModelError
+
+    ex = CallerThreadExecutor()
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    first, second = ex.submit(interrupted), ex.submit(lambda: 1)
+    with pytest.raises(KeyboardInterrupt):
+        ex.run()
+    for future in (first, second):
+        assert isinstance(future.exception(timeout=1), ModelError)
+    with pytest.raises(ModelError, match="shutting down"):
+        ex.submit(lambda: 2)
+    # a call that raises an ordinary error fails alone and the loop goes on; shutdown ends it
+    ex = CallerThreadExecutor()
+    runner = threading.Thread(target=ex.run, kwargs={"poll_s": 0.05})
+    runner.start()
+    bad, good = ex.submit(lambda: 1 / 0), ex.submit(lambda: 3)
+    assert good.result(timeout=10) == 3 and isinstance(bad.exception(timeout=10), ZeroDivisionError)
+    ex.shutdown()
+    runner.join(10)
+    assert not runner.is_alive()
+
+
+def _interrupt_under_load(served) -> int:
+    """run_server with 8 clients sending nonstop, Ctrl-C once 20 replies came; the replies answered."""
+    import _thread
+    import queue
+
+    from wamkit.serve.server import run_server
+
+    ports, stop, answered = queue.SimpleQueue(), threading.Event(), []
+
+    def client(port: int) -> None:
+        with (
+            contextlib.suppress(ServerError, ConnectionError, OSError, ConnectionClosed),
+            PolicyClient(f"ws://127.0.0.1:{port}") as cl,
+        ):
+            while not stop.is_set():
+                answered.append(cl.infer(request(len(answered))))
+
+    def load() -> None:
+        port = ports.get(timeout=60)
+        for _ in range(8):
+            threading.Thread(target=client, args=(port,), daemon=True).start()
+        while len(answered) < 20:
+            time.sleep(0.01)
+        _thread.interrupt_main()  # Ctrl-C with batches queued and running
+        stop.set()
+
+    threading.Thread(target=load, daemon=True).start()
+    run_server(served, "127.0.0.1", 0, started=ports.put, max_batch=4)  # returns; raised on a hung stop
+    return len(answered)
+
+
+@pytest.mark.timeout(180)
+def test_run_server_stops_on_ctrl_c_under_load():
+    # Ctrl-C while clients keep sending: every request is answered or fails, and the server stops (a
+    # request left unanswered held the websockets close, and the stop hung for 30 s)
+    served = random_init("delay", "small", {"delay_ms": 20}, device="cpu")
+    for _ in range(3):
+        assert _interrupt_under_load(served) >= 20
+
+
 def test_many_clients_every_reply_is_its_own(policy):
     n_clients, n_requests = 16, 12
     with start_server_in_thread(policy, max_batch=32, max_wait_ms=5.0) as srv:

@@ -628,6 +628,8 @@ def _print_servers(args, label: str, workers: int, modes, runs, servers: int, sa
     the schedules with a finished run on both sides have a row (with how many), the others a note."""
     both = [i for i in range(len(modes)) if runs[(i, 1)] and runs[(i, servers)]]
     medians = f"medians of {args.repeats} interleaved runs each"
+    if args.repeats == 1:
+        medians = "ONE run each (--repeats 1): no medians, no spread"
     if any(len(done) < args.repeats for done in runs.values()):
         medians = f"INTERRUPTED: medians of the runs that finished ({args.repeats} asked each)"
     n_ep = len(next(done for done in runs.values() if done)[0]["outcome"])

@@ -36,6 +36,7 @@ import concurrent.futures
 import contextlib
 import logging
 import queue
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
@@ -61,43 +62,58 @@ class CallerThreadExecutor(Executor):
 
     def __init__(self) -> None:
         self._calls: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()  # a call is queued only while open, and never after the drain
         self._closed = False
 
     def submit(self, fn, /, *args, **kwargs) -> concurrent.futures.Future:
-        if self._closed:
-            raise RuntimeError("cannot run a model call after the server's shutdown")
         future: concurrent.futures.Future = concurrent.futures.Future()
-        self._calls.put((future, fn, args, kwargs))
+        with self._lock:
+            if self._closed:
+                raise ModelError("server is shutting down")
+            self._calls.put((future, fn, args, kwargs))
         return future
 
     def run(self, poll_s: float = 0.5) -> None:
-        """Run calls until :meth:`shutdown`. A KeyboardInterrupt (Ctrl-C) fails the call it interrupts
-        and ends the loop; waiting wakes every ``poll_s`` so that Ctrl-C is seen while idle too."""
-        while True:
-            try:
-                item = self._calls.get(timeout=poll_s)
-            except queue.Empty:
-                continue
-            if item is None:
-                return
-            future, fn, args, kwargs = item
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                result = fn(*args, **kwargs)
-            except Exception as err:  # noqa: BLE001 -- handed to the batcher, which fails the batch
-                future.set_exception(err)
-            except KeyboardInterrupt:
+        """Run calls until :meth:`shutdown`; waiting wakes every ``poll_s`` so that Ctrl-C is seen while
+        idle too. However it ends (shut down, or a KeyboardInterrupt, which it raises on), the call it
+        was running and every call still queued fail with :class:`ModelError`, and no more are taken:
+        a request left unanswered would hold its connection, and the server's stop, forever."""
+        future = None
+        try:
+            while True:
+                try:
+                    item = self._calls.get(timeout=poll_s)
+                except queue.Empty:
+                    continue
+                if item is None:
+                    return
+                future, fn, args, kwargs = item
+                if future.set_running_or_notify_cancel():
+                    try:
+                        result = fn(*args, **kwargs)
+                    except Exception as err:  # noqa: BLE001 -- handed to the batcher, which fails the batch
+                        future.set_exception(err)
+                    else:
+                        future.set_result(result)
+                future = None
+        finally:
+            if future is not None and not future.done():
                 future.set_exception(ModelError("server is shutting down"))
-                raise
-            else:
-                future.set_result(result)
+            self.shutdown()
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
-        """Let :meth:`run` return once the calls submitted so far are done (never waits itself: the
-        thread running the calls may be the one that would wait)."""
-        self._closed = True
-        self._calls.put(None)
+        """Take no more calls and fail the queued ones; :meth:`run` returns after the call it is running
+        (never waits itself: the thread running the calls may be the one that would wait)."""
+        with self._lock:
+            self._closed = True
+            left = []
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    left.append(self._calls.get_nowait())
+            self._calls.put(None)
+        for item in left:
+            if item is not None and not item[0].done():
+                item[0].set_exception(ModelError("server is shutting down"))
 
 
 @dataclass
@@ -148,16 +164,20 @@ class DynamicBatcher:
         self._task = asyncio.get_running_loop().create_task(self._loop(), name="wamkit-batcher")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        while self._queue is not None and not self._queue.empty():
-            self._deferred.append(self._queue.get_nowait())
-        for item in self._deferred:
-            if not item.future.done():
-                item.future.set_exception(ModelError("server is shutting down"))
-        self._pool.shutdown(wait=True)
+        """Stop batching; every request not answered yet fails with "server is shutting down". Safe to
+        call twice; the model's executor is shut down even if the batching loop had died."""
+        try:
+            if self._task is not None:
+                self._task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._task
+        finally:
+            while self._queue is not None and not self._queue.empty():
+                self._deferred.append(self._queue.get_nowait())
+            for item in self._deferred:
+                if not item.future.done():
+                    item.future.set_exception(ModelError("server is shutting down"))
+            self._pool.shutdown(wait=True)
 
     def enqueue(self, request: Request) -> asyncio.Future:
         """Queue ``request`` now; the future gives its reply and timing (queue_ms, infer_ms, batch_size).
@@ -242,14 +262,26 @@ class DynamicBatcher:
             start = time.perf_counter()
             try:
                 replies = await loop.run_in_executor(self._pool, self._run, [i.request for i in items])
+            except asyncio.CancelledError:  # stop(): this batch's requests fail, not hang
+                for item in items:
+                    if not item.future.done():
+                        item.future.set_exception(ModelError("server is shutting down"))
+                raise
             except Exception as err:  # noqa: BLE001 -- the model's failure goes to its requests, not the loop
-                if isinstance(err, ValueError):  # the model refused these inputs (e.g. a mode it lacks)
+                if isinstance(err, ModelError):  # the server is stopping: not the model's failure
+                    log.info("model call with %d observations not run: %s", n, err)
+                elif isinstance(err, ValueError):  # the model refused these inputs (e.g. a mode it lacks)
                     log.warning("model call with %d observations refused: %s", n, err)
                 else:
                     log.exception("model call with %d observations failed", n)
+                error = (
+                    err
+                    if isinstance(err, ModelError)
+                    else ModelError(f"model failed: {type(err).__name__}: {err}")
+                )
                 for item in items:
                     if not item.future.done():
-                        item.future.set_exception(ModelError(f"model failed: {type(err).__name__}: {err}"))
+                        item.future.set_exception(error)
                 self.calls += 1  # no one this call answered is waited for
                 await asyncio.sleep(0)
                 continue

@@ -235,6 +235,9 @@ class PolicyServer:
                 if started is not None:
                     started(self.port)
                 await (stop if stop is not None else asyncio.get_running_loop().create_future())
+                # before closing, which waits for every connection's handler: the requests still
+                # queued or running get "server is shutting down" now, instead of never
+                await self.batcher.stop()
         finally:
             await self.batcher.stop()
 
@@ -321,10 +324,12 @@ def run_server(
     handle.start()
     try:
         executor.run()  # until the loop stops the batcher, which shuts the executor down
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # run() has failed what it was running and what was queued
         log.info("interrupted: stopping the server")
     finally:
         executor.shutdown()
         handle.stop()
     if handle._error is not None:
         raise RuntimeError(f"server stopped: {handle._error}") from handle._error
+    if handle._thread.is_alive():
+        raise RuntimeError("the server's event loop did not stop within 30 s of the model's last call")
