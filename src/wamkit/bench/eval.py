@@ -10,9 +10,9 @@ journal); simulators are built before the clock starts, and each run calibrates 
 server at every batch size it will send). Each schedule runs ``--repeats`` times (2 by default), the
 schedules interleaved (a, b, c..., a, b, c...), so a slow spell of a shared machine hits all of them;
 each figure printed is the median over the repeats. ``--repeats 1`` is for runs too long to repeat (all
-500 LIBERO-10 episodes): the table then says it holds one run per schedule, not medians. Printed: wall time, env-steps/s, ratios to (a) and
-(b), the efficiency against the calibrated, independent bound and the utilisation of the run's own busy
-times (:func:`wamkit.eval.report.throughput`). Runs must agree episode by episode (the delay model is
+500 LIBERO-10 episodes): the table then says it holds one run per schedule, not medians. Printed: wall
+time, env-steps/s, ratios to (a) and (b), the efficiency against the calibrated, independent bound and
+the utilisation of the run's own busy times (:func:`wamkit.eval.report.throughput`). Runs must agree episode by episode (the delay model is
 deterministic), which the benchmark checks.
 
 The env workers are started once per shape, (a)'s one env on one worker and the others' N envs over W
@@ -537,14 +537,20 @@ def _finished(k: int, repeats: int) -> str:
     return "" if k == repeats else f"  {k} of {repeats} runs"
 
 
+def _runs_label(repeats: int, interrupted: bool, per: str) -> str:
+    """What a table's figures are: medians of ``repeats`` runs ``per`` row, one run, or what finished."""
+    if interrupted:
+        return f"INTERRUPTED: medians of the runs that finished ({repeats} asked {per})"
+    if repeats == 1:
+        return f"ONE run {per} (--repeats 1): no medians, no spread"
+    return f"medians of {repeats} interleaved runs {per}"
+
+
 def _print(args, label: str, workers: int, schedules: list[tuple[str, int, list]]) -> None:
     """The medians table; ``schedules``: ``(name, num_envs, finished runs)``, at least one run in all."""
     rows = [(name, n, _median(done), len(done)) for name, n, done in schedules if done]
-    medians = f"medians of {args.repeats} interleaved runs per schedule"
-    if args.repeats == 1:
-        medians = "ONE run per schedule (--repeats 1): no medians, no spread"
-    if len(rows) < len(schedules) or any(k < args.repeats for *_, k in rows):
-        medians = f"INTERRUPTED: medians of the runs that finished ({args.repeats} asked per schedule)"
+    short = len(rows) < len(schedules) or any(k < args.repeats for *_, k in rows)
+    medians = _runs_label(args.repeats, short, "per schedule")
     # the episodes of a run (a sampling model's medians carry no common outcome; each run has its own)
     n_ep = len([done for _, _, done in schedules if done][-1][0]["outcome"])
     print(
@@ -627,11 +633,7 @@ def _print_servers(args, label: str, workers: int, modes, runs, servers: int, sa
     """One row per schedule: one server and all S side by side (medians), and the ratio. Interrupted,
     the schedules with a finished run on both sides have a row (with how many), the others a note."""
     both = [i for i in range(len(modes)) if runs[(i, 1)] and runs[(i, servers)]]
-    medians = f"medians of {args.repeats} interleaved runs each"
-    if args.repeats == 1:
-        medians = "ONE run each (--repeats 1): no medians, no spread"
-    if any(len(done) < args.repeats for done in runs.values()):
-        medians = f"INTERRUPTED: medians of the runs that finished ({args.repeats} asked each)"
+    medians = _runs_label(args.repeats, any(len(done) < args.repeats for done in runs.values()), "each")
     n_ep = len(next(done for done in runs.values() if done)[0]["outcome"])
     print(
         f"wamkit bench eval: {args.suite} {args.tasks}, {n_ep} episodes of <= {args.max_steps} steps, "

@@ -21,9 +21,9 @@ answering other connections meanwhile: a worker thread of its own by default, or
 the process's main thread (:class:`CallerThreadExecutor`; the loop then runs in a thread). Measured on
 the CPU (tiny/small, 10 steps, 2 cores): the same call took 27 ms on the main thread and 60-70 ms on a
 worker thread, because PyTorch's intra-op parallel regions (OpenMP) started from a secondary thread cost
-far more than from the main one; with one intra-op thread the two were equal. Results go back to each request's own future, in order, so replies are
-never mixed up. While the model runs, new requests queue up and form the next batch: under load,
-batches fill without waiting.
+far more than from the main one; with one intra-op thread the two were equal. Results go back to each
+request's own future, in order, so replies are never mixed up. While the model runs, new requests queue
+up and form the next batch: under load, batches fill without waiting.
 
 A request larger than ``max_batch`` runs alone, whole (split it on the client if that is too big).
 """
