@@ -10,6 +10,7 @@
 #   bash scripts/gpu_runs.sh cosmos3-all   # serve (+ sim): Cosmos3 inference at batch 32 then the evaluator
 #                                          against it (GPU 0); batch 8 and 1, tiny/base served, the gpu tests (GPU 1)
 #   bash scripts/gpu_runs.sh serve-sft     # core: Cosmos3-Nano served (GPU 0) beside the nano_l8 SFT rows (GPU 1)
+#   bash scripts/gpu_runs.sh sft           # core: the nano_l8 SFT rows of serve-sft alone (1 GPU)
 #   bash scripts/gpu_runs.sh serve-tiny    # core: the tiny/base batcher rows (1 minute)
 #   bash scripts/gpu_runs.sh serve         # serve: Cosmos3-Nano served against in-process
 #   bash scripts/gpu_runs.sh eval-tiny1b   # sim + serve: the MetaWorld schedules against tiny/1b (1 GPU)
@@ -55,6 +56,17 @@ run() {  # run NAME SECONDS CMD... : one command with a time limit, output to $O
   tail -n 40 "$OUT/$name.log"
 }
 
+sft_rows() {  # sft_rows GPU: the nano_l8 SFT rows (transformer step, cached latents read ahead by the
+  # loader as the trainer reads them, and read inside the step), the first and last profiled by GPU and
+  # host time, at batch 8 and at 32 with checkpointing, on one GPU
+  CUDA_VISIBLE_DEVICES=$1 run cosmos3_sft_b8 200 $W bench cosmos3-sft --preset nano_l8 --batches 8 \
+    --paths transformer,cached,cached_inline --repeats 3 --profile 3 --profile-path transformer,cached_inline \
+    --profile-rows 25 --json "$OUT/cosmos3_sft_b8.json"
+  CUDA_VISIBLE_DEVICES=$1 run cosmos3_sft_b32 300 $W bench cosmos3-sft --preset nano_l8 --batches 32 \
+    --paths transformer,cached,cached_inline --repeats 2 --gradient-checkpointing --profile 3 \
+    --profile-path transformer,cached_inline --profile-rows 25 --json "$OUT/cosmos3_sft_b32.json"
+}
+
 [ $# -gt 0 ] || { echo "usage: gpu_runs.sh GROUP... (see the header)" >&2; exit 2; }
 export LIBERO_CONFIG_PATH=${LIBERO_CONFIG_PATH:-/tmp/libero_cfg}
 # the machine's shape: on one GPU, env workers render on the GPU that serves; on two, on the second
@@ -85,11 +97,7 @@ case "$group" in
      CUDA_VISIBLE_DEVICES=0 run cosmos3_sft_attention 290 $W bench cosmos3-sft --preset nano_l8 --batches 32 \
         --gradient-checkpointing --paths transformer --attention mask,loop,flex --profile 3 --profile-rows 25 \
         --json "$OUT/cosmos3_sft_attention.json") &
-    (CUDA_VISIBLE_DEVICES=1 run cosmos3_sft_b8 200 $W bench cosmos3-sft --preset nano_l8 --batches 8 \
-        --repeats 3 --profile 3 --profile-path cached --profile-rows 25 --json "$OUT/cosmos3_sft_b8.json"
-     CUDA_VISIBLE_DEVICES=1 run cosmos3_sft_b32 240 $W bench cosmos3-sft --preset nano_l8 --batches 32 \
-        --gradient-checkpointing --profile 3 --profile-path transformer --profile-rows 25 \
-        --json "$OUT/cosmos3_sft_b32.json") &
+    sft_rows 1 &
     wait
     ;;
   cosmos3-all)
@@ -122,14 +130,12 @@ case "$group" in
     # (GPU 1)
     CUDA_VISIBLE_DEVICES=0 run serve_cosmos3 560 $W bench serve --model cosmos3 --preset nano --device cuda \
       --batch 8,32 --concurrency 8,32 --max-batch 32 --seconds 20 --json "$OUT/serve_cosmos3.json" &
-    (CUDA_VISIBLE_DEVICES=1 run cosmos3_sft_b8 200 $W bench cosmos3-sft --preset nano_l8 --batches 8 \
-        --paths transformer,cached,cached_inline --repeats 3 --profile 3 --profile-path transformer,cached_inline \
-        --profile-rows 25 --json "$OUT/cosmos3_sft_b8.json"
-     CUDA_VISIBLE_DEVICES=1 run cosmos3_sft_b32 300 $W bench cosmos3-sft --preset nano_l8 --batches 32 \
-        --paths transformer,cached,cached_inline --repeats 2 --gradient-checkpointing --profile 3 \
-        --profile-path transformer,cached_inline --profile-rows 25 \
-        --json "$OUT/cosmos3_sft_b32.json") &
+    sft_rows 1 &
     wait
+    ;;
+  sft)
+    # the nano_l8 SFT rows of serve-sft alone, on one GPU (GPU 0)
+    sft_rows 0
     ;;
   gpu-tests)
     # the tests marked gpu (CUDA exactness of compiled flex attention, the Cosmos3 frame upload and
