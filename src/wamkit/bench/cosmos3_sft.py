@@ -31,8 +31,8 @@ MFU (the adapter's training FLOPs per nominal sample against the H100/H200 dense
 only), peak GPU memory, samples/s over the transformer row's (same attention mode), the attention mode.
 The VAE encode of one batch alone is printed after each batch's rows. ``--profile N`` prints a
 ``torch.profiler`` table of N steps of each row ``--profile-path`` names (a comma list, default the
-transformer step), top ops by device time on CUDA (then a second table by host time), CPU time
-otherwise. ``wamkit bench cosmos3 --sft`` runs this at one batch.
+transformer step), top ops by device time on CUDA (then a second table by host time and the count of
+the step's host waits for the GPU with the lines that asked), CPU time otherwise. ``wamkit bench cosmos3 --sft`` runs this at one batch.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from wamkit.bench.timing import profile_table, timed
+from wamkit.bench.timing import host_waits, profile_table, timed
 from wamkit.device import resolve_device, to_device
 
 PEAK_BF16 = 989.4e12  # H100/H200 SXM dense bf16
@@ -416,6 +416,9 @@ def run(args, device: torch.device, batches: list[int]) -> dict[str, Any]:
                 for path in profiled:
                     print(f"\nprofile: {path}, batch {pb}, {args.profile} steps, attention {attentions[-1]}")
                     print(profile_steps(bench, path, pb, args.profile, args.profile_rows), flush=True)
+                    waits = host_waits(lambda path=path: bench.step(path, pb), device)
+                    if waits:
+                        print(waits, flush=True)
         finally:
             bench.close()  # the reader processes, before the cache folder goes
     return {

@@ -49,3 +49,28 @@ def profile_table(
         )
         table += "\nby host time:\n" + by_host
     return table
+
+
+def host_waits(fn: Callable[[], object], device: torch.device, top: int = 8) -> str:
+    """One call of ``fn`` (after one untimed call) with CUDA's sync debug mode on: how many times the
+    host waited for the GPU (``.item()``, pageable copies, unsized outputs) and the Python lines that
+    asked, most first. A step that waits cannot queue work ahead of the GPU. "" on a CPU."""
+    if device.type != "cuda":
+        return ""
+    import collections
+    import warnings
+
+    fn()
+    sync(device)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    sites = collections.Counter(
+        f"{'/'.join(w.filename.split('/')[-2:])}:{w.lineno}" for w in caught if "synchroniz" in str(w.message)
+    )
+    listed = ", ".join(f"{site} x{n}" for site, n in sites.most_common(top))
+    return f"host waits in one call: {sum(sites.values())}" + (f" ({listed})" if listed else "")

@@ -41,6 +41,7 @@ from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import _EMBODIMENT_TO_DOMA
 
 from wamkit.config import ConfigError
 from wamkit.constants import ACTION, ACTION_IS_PAD, IDLE_FRAMES, TASK, future_image_key, image_key
+from wamkit.device import to_device
 from wamkit.models.base import LATENT_CACHE_OPTION, ModelIO, ParamGroup, weights_sha256
 from wamkit.models.cosmos3 import latents
 from wamkit.models.cosmos3.encoding import Canvas, ClipEncoder
@@ -266,7 +267,7 @@ class Cosmos3Adapter(Cosmos3Inference):
                 t_v,
                 [lat_a[i].to(dt) for i in range(n)],
                 t_a,
-                [torch.tensor([self.domain_id], device=lat_a.device)] * n,
+                [torch.full((1,), self.domain_id, device=lat_a.device)] * n,
             )
         )
         return torch.cat(preds_v).float(), torch.stack(preds_a).float()
@@ -337,12 +338,13 @@ class Cosmos3Adapter(Cosmos3Inference):
             x0_v = torch.as_tensor(batch[LATENTS]).to(dev, torch.float32)
         else:
             x0_v = self._encode(self._clips(batch, views))
-        x0_a = torch.as_tensor(batch[ACTION], device=dev, dtype=torch.float32)
+        # host fields cross from pinned memory without waiting for the GPU (a no-op when already there)
+        x0_a = to_device(torch.as_tensor(batch[ACTION], dtype=torch.float32), dev)
         pad = batch.get(ACTION_IS_PAD)
         keep = (
             torch.ones(x0_a.shape[:2], device=dev)
             if pad is None
-            else (~torch.as_tensor(pad, device=dev)).float()
+            else (~to_device(torch.as_tensor(pad), dev)).float()
         )
 
         sigma = train_sigmas(b, float(self.options["train_shift"]), dev)
@@ -355,8 +357,8 @@ class Cosmos3Adapter(Cosmos3Inference):
         hw = self._canvas_hw(views[0])
         layout = self._layout(self._train_texts(batch, hw), hw, tuple(x0_v.shape[1:]), (0,), ())
         t = sigma * NUM_TRAIN_TIMESTEPS
-        t_v = t.repeat_interleave(torch.tensor(layout.num_noisy_vision_tokens, device=dev))
-        t_a = t.repeat_interleave(torch.tensor(layout.num_noisy_action_tokens, device=dev))
+        t_v = _per_token(t, layout.num_noisy_vision_tokens)
+        t_a = _per_token(t, layout.num_noisy_action_tokens)
         v_v, v_a = self._run(layout, x_v, t_v, x_a, t_a)
 
         loss_v = (v_v[:, :, 1:] - (eps_v - x0_v)[:, :, 1:]).square().mean()
@@ -386,6 +388,14 @@ class Cosmos3Adapter(Cosmos3Inference):
         """Training FLOPs of one nominal LIBERO sample (see :func:`towers.train_flops`)."""
         lay = self.nominal_layout()
         return train_flops(self.module, lay.und_len, lay.sequence_length - lay.und_len)
+
+
+def _per_token(values: torch.Tensor, counts: list[int]) -> torch.Tensor:
+    """``values[i]`` repeated ``counts[i]`` times, without waiting for the GPU (the counts cross from
+    pinned memory and the output size is given, where ``torch.tensor(counts, device=...)`` and an
+    unsized ``repeat_interleave`` each wait)."""
+    repeats = to_device(torch.tensor(counts), values.device)
+    return values.repeat_interleave(repeats, output_size=sum(counts))
 
 
 def resolve_dtype(option: str, device: torch.device) -> torch.dtype:

@@ -28,6 +28,8 @@ import numpy as np
 import torch
 from diffusers import Cosmos3OmniPipeline, UniPCMultistepScheduler
 
+from wamkit.device import to_device
+
 # cosmos' LIBERO dataset describes its concat_view layout (image left, wrist camera right) this way.
 LIBERO_VIEW_DESCRIPTION = (
     "The left half shows the third-person view; the right half shows the wrist-mounted camera."
@@ -78,7 +80,7 @@ def train_sigmas(n: int, shift: float, device: Any = "cpu", generator: torch.Gen
     """``n`` training noise levels: waver-distributed ``t`` (from uniform ``u``), then shifted."""
     u = torch.rand((n,), generator=generator)
     t = 1.0 - u - WAVER_MODE_S * (torch.cos(torch.pi / 2.0 * u) ** 2 - 1 + u)
-    return shift_sigmas(t, shift).to(device)
+    return to_device(shift_sigmas(t, shift), torch.device(device))  # no wait for the GPU
 
 
 def native_sigmas(scheduler: UniPCMultistepScheduler, steps: int) -> np.ndarray:
