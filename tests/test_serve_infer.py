@@ -166,6 +166,27 @@ def test_delay_model_options_are_checked():
         build_model(ModelConfig(name="delay", options={"delay_ms": -1}))
     with pytest.raises(ConfigError, match="not a delay preset"):
         build_model(ModelConfig(name="delay", preset="huge"))
+    with pytest.raises(ConfigError, match="model.options.host_ms: expected a non-negative"):
+        build_model(ModelConfig(name="delay", options={"host_ms": "x"}))
+
+
+def test_delay_model_host_ms_is_fixed_work_on_the_host():
+    """``host_ms`` becomes a count of small torch calls, timed once when the model is built, so a call
+    does the same work however busy the host is; the actions are those of a model without it."""
+    plain = build_model(ModelConfig(name="delay", preset="libero"))
+    busy = build_model(ModelConfig(name="delay", preset="libero", options={"host_ms": 5}))
+    assert plain._calls == 0 and busy._calls > 0
+    assert busy.config_dict()["options"]["host_ms"] == 5.0
+    before = float(busy._scratch[0])
+    rng = np.random.default_rng(1)
+    batch = {
+        "observation.images.agentview": rng.integers(0, 256, (2, 128, 128, 3), dtype=np.uint8),
+        "observation.images.wrist": rng.integers(0, 256, (2, 128, 128, 3), dtype=np.uint8),
+        "observation.state": rng.standard_normal((2, 8)).astype(np.float32),
+        "task": ["a", "b"],
+    }
+    np.testing.assert_array_equal(busy.predict(batch)["actions"], plain.predict(batch)["actions"])
+    assert float(busy._scratch[0]) - before == busy._calls  # every counted call ran
 
 
 def test_delay_model_is_deterministic_and_input_dependent():
