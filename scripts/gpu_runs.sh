@@ -12,7 +12,8 @@
 #   bash scripts/gpu_runs.sh serve-sft     # core: Cosmos3-Nano served (GPU 0) beside the nano_l8 SFT rows (GPU 1)
 #   bash scripts/gpu_runs.sh sft           # core: the nano_l8 SFT rows of serve-sft alone (1 GPU)
 #   bash scripts/gpu_runs.sh serve-tiny    # core: the tiny/base batcher rows (1 minute)
-#   bash scripts/gpu_runs.sh serve-standins  # core: the same rows with the delay model asleep and busy
+#   bash scripts/gpu_runs.sh serve-front-ends  # core: the tiny/base rows and a launch-bound stand-in with
+#                                          the server's event loop in a process, then in a thread (4 minutes)
 #   bash scripts/gpu_runs.sh serve         # serve: Cosmos3-Nano served against in-process
 #   bash scripts/gpu_runs.sh eval-tiny1b   # sim + serve: the MetaWorld schedules against tiny/1b (1 GPU)
 #   bash scripts/gpu_runs.sh eval          # sim + core: MetaWorld schedules (delay, tiny/1b), SIGKILL resume on 2 GPUs
@@ -124,14 +125,18 @@ case "$group" in
     run serve_tiny 110 $W bench serve --model tiny --preset base --option num_steps=10 \
       --device cuda --batch 1,8,32 --concurrency 1,8,32 --max-batch 64 --seconds 3 --json "$OUT/serve_tiny.json"
     ;;
-  serve-standins)
-    # where the tiny/base dynamic rows lose (same rows, same machine): the delay model costing 38 ms
-    # asleep (the interpreter lock free: only the clients' turnaround shows) and 38 ms busy on the host
-    # in small torch calls (a launch-bound model: the server's event loop thread contends for the lock)
-    run serve_sleep38 110 $W bench serve --model delay --preset libero --option delay_ms=38 \
-      --batch 1,8,32 --concurrency 1,8,32 --max-batch 64 --seconds 3 --json "$OUT/serve_sleep38.json"
-    run serve_host38 110 $W bench serve --model delay --preset libero --option host_ms=38 \
-      --batch 1,8,32 --concurrency 1,8,32 --max-batch 64 --seconds 3 --json "$OUT/serve_host38.json"
+  serve-front-ends)
+    # issue 18's tiny/base rows with the server's event loop in a process of its own (the default) and
+    # in a thread beside the model, then the same with the delay model busy on the host (a launch-bound
+    # stand-in: HOST_CALLS small torch calls a model call)
+    for fe in process thread; do
+      run serve_tiny_$fe 110 $W bench serve --model tiny --preset base --option num_steps=10 --device cuda \
+        --batch 1,8,32 --concurrency 1,8,32 --max-batch 64 --seconds 3 --front-end $fe --json "$OUT/serve_tiny_$fe.json"
+    done
+    for fe in process thread; do
+      run serve_host_$fe 110 $W bench serve --model delay --preset libero --option host_calls=${HOST_CALLS:-15000} \
+        --batch 1,8,32 --concurrency 1,8,32 --max-batch 64 --seconds 3 --front-end $fe --json "$OUT/serve_host_$fe.json"
+    done
     ;;
   serve-sft)
     # Cosmos3-Nano served against in-process (GPU 0: two 15B models built, the served one hashes 30 GB)

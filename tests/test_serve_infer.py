@@ -166,17 +166,18 @@ def test_delay_model_options_are_checked():
         build_model(ModelConfig(name="delay", options={"delay_ms": -1}))
     with pytest.raises(ConfigError, match="not a delay preset"):
         build_model(ModelConfig(name="delay", preset="huge"))
-    with pytest.raises(ConfigError, match="model.options.host_ms: expected a non-negative"):
-        build_model(ModelConfig(name="delay", options={"host_ms": "x"}))
+    with pytest.raises(
+        ConfigError, match="model.options.host_calls: expected a non-negative number of calls"
+    ):
+        build_model(ModelConfig(name="delay", options={"host_calls": "x"}))
 
 
-def test_delay_model_host_ms_is_fixed_work_on_the_host():
-    """``host_ms`` becomes a count of small torch calls, timed once when the model is built, so a call
-    does the same work however busy the host is; the actions are those of a model without it."""
+def test_delay_model_host_calls_run_on_the_host_and_change_no_action():
+    """``host_calls``: that many small torch calls per predict (a launch-bound stand-in); the actions are
+    those of a model without them."""
     plain = build_model(ModelConfig(name="delay", preset="libero"))
-    busy = build_model(ModelConfig(name="delay", preset="libero", options={"host_ms": 5}))
-    assert plain._calls == 0 and busy._calls > 0
-    assert busy.config_dict()["options"]["host_ms"] == 5.0
+    busy = build_model(ModelConfig(name="delay", preset="libero", options={"host_calls": 500}))
+    assert busy.config_dict()["options"]["host_calls"] == 500
     before = float(busy._scratch[0])
     rng = np.random.default_rng(1)
     batch = {
@@ -186,7 +187,7 @@ def test_delay_model_host_ms_is_fixed_work_on_the_host():
         "task": ["a", "b"],
     }
     np.testing.assert_array_equal(busy.predict(batch)["actions"], plain.predict(batch)["actions"])
-    assert float(busy._scratch[0]) - before == busy._calls  # every counted call ran
+    assert float(busy._scratch[0]) - before == 500  # every call ran
 
 
 def test_delay_model_is_deterministic_and_input_dependent():

@@ -154,6 +154,8 @@ class TrainConfig:
 
 ServePrecision = Literal["auto", "fp32", "bf16"]
 SERVE_PRECISIONS: tuple[str, ...] = get_args(ServePrecision)
+ServeFrontEnd = Literal["process", "thread"]
+SERVE_FRONT_ENDS: tuple[str, ...] = get_args(ServeFrontEnd)
 
 
 @dataclass
@@ -171,6 +173,10 @@ class ServeConfig:
     # (speed; whatever precision it trained in), the weights' own dtype otherwise; fp32 = no autocast
     # (the reference numerics); bf16 = autocast (CUDA only). The served identity records the result.
     precision: ServePrecision = "auto"
+    # where `wamkit serve` runs its event loop (websockets, request checks, batching): "process", a
+    # process of its own, so that answering many connections does not take the interpreter lock from the
+    # model's thread; "thread", a thread beside the model (one process)
+    front_end: ServeFrontEnd = "process"
 
     def __post_init__(self) -> None:
         if self.precision == "bf16" and self.device == "cpu":

@@ -22,12 +22,13 @@ import asyncio
 import json
 import multiprocessing as mp
 import os
+import signal
 import time
 from typing import Any
 
 import numpy as np
 
-from wamkit.config import SERVE_PRECISIONS, parse_override
+from wamkit.config import SERVE_FRONT_ENDS, SERVE_PRECISIONS, parse_override
 
 # the delay model's cost when --model delay is given no --option; other models keep their preset
 DELAY_DEFAULTS = ["delay_ms=10", "per_obs_ms=0.05"]
@@ -65,6 +66,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--concurrency", type=_ints, default=[1, 4, 16, 32], help="connections (default: 1,4,16,32)"
+    )
+    parser.add_argument(
+        "--front-end",
+        choices=SERVE_FRONT_ENDS,
+        default="process",
+        help="where the server's event loop runs (serve.front_end; default: process)",
     )
     parser.add_argument("--max-batch", type=int, default=32, help="server max_batch (default: 32)")
     parser.add_argument("--max-wait-ms", type=float, default=2.0, help="server max_wait_ms (default: 2)")
@@ -109,6 +116,7 @@ def _serve_process(
     max_batch: int,
     max_wait_ms: float,
     threads: int,
+    front_end: str,
     q,
 ) -> None:
     import torch
@@ -119,9 +127,17 @@ def _serve_process(
     from wamkit.serve.server import run_server
 
     policy = random_init(model, preset, options, device, precision=precision)
-    # as `wamkit serve` does: the model on the main thread; sends the bound port back, then serves
-    # until terminated
-    run_server(policy, "127.0.0.1", 0, started=q.put, max_batch=max_batch, max_wait_ms=max_wait_ms)
+    # as `wamkit serve` does: the model on the main thread, the event loop in a front-end process of its
+    # own (or a thread); sends the bound port back, then serves until interrupted
+    run_server(
+        policy,
+        "127.0.0.1",
+        0,
+        started=q.put,
+        front_end=front_end,
+        max_batch=max_batch,
+        max_wait_ms=max_wait_ms,
+    )
 
 
 async def _drive(
@@ -227,7 +243,8 @@ def main(args: argparse.Namespace) -> int:
     policy = random_init(args.model, args.preset, options, args.device, precision=args.precision)
     meta = policy.metadata()["inputs"]
     print(
-        f"model: {args.model}/{args.preset} {options} on {args.device}, autocast {'bf16' if policy.autocast else 'off'}"
+        f"model: {args.model}/{args.preset} {options} on {args.device}, autocast {'bf16' if policy.autocast else 'off'}, "
+        f"front end: {args.front_end}"
         + (" (BENCHMARK MODEL: a fixed delay, not a policy)" if args.model == "delay" else "")
     )
     sizes = sorted({*args.batch, *(min(c, args.max_batch) for c in args.concurrency)})
@@ -247,9 +264,10 @@ def main(args: argparse.Namespace) -> int:
             args.max_batch,
             args.max_wait_ms,
             args.threads,
+            args.front_end,
             q,
         ),
-        daemon=True,
+        daemon=False,  # it starts its own front-end process, which a daemonic process may not
     )
     proc.start()
     try:
@@ -280,8 +298,12 @@ def main(args: argparse.Namespace) -> int:
                 }
             )
     finally:
-        proc.terminate()
-        proc.join(10)
+        if proc.is_alive():  # Ctrl-C, as `wamkit serve` is stopped: it stops its front end too
+            os.kill(proc.pid, signal.SIGINT)
+        proc.join(30)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(10)
     base = next((r["obs_s"] for r in rows if r["connections"] == 1 and r["obs_per_request"] == 1), None)
     print(
         f"{'mode':8} {'conns':>5} {'obs/req':>7} {'obs/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'in-proc obs/s':>13} "

@@ -9,11 +9,11 @@ Options (``model.options``):
 
 - ``delay_ms`` (float, default 0): fixed cost of one ``predict`` call, in milliseconds;
 - ``per_obs_ms`` (float, default 0): extra cost per observation in the batch, in milliseconds;
-- ``host_ms`` (float, default 0): a further cost spent busy on the host: as many small torch calls as
-  take ``host_ms`` on an idle host (timed when the model is built), each releasing and retaking the
-  interpreter lock as a launch-bound GPU model's host thread does around every kernel launch. The
-  stand-in for a model whose host, not its GPU, sets the pace: other busy threads of its process
-  stretch it, as they do such a model. The sleeps above release the lock for their whole length.
+- ``host_calls`` (number, default 0): then this many small torch calls on the host, each releasing and
+  retaking the interpreter lock as a launch-bound GPU model's host thread does around every kernel
+  launch: the stand-in for a model whose host, not its GPU, sets the pace. It is a fixed amount of
+  work, so other busy threads of its process stretch it, as they stretch such a model (a call takes a
+  few microseconds on an idle core). The sleeps above release the lock for their whole length.
 
 Outputs, model space (normalised), for a batch of B observations with normalised state ``s`` [B, S]:
 
@@ -50,7 +50,7 @@ PRESETS: dict[str, ModelIO] = {
         representation="libero_rot6d",
     ),
 }
-OPTIONS = {"delay_ms": 0.0, "per_obs_ms": 0.0, "host_ms": 0.0}
+OPTIONS = {"delay_ms": 0.0, "per_obs_ms": 0.0, "host_calls": 0}
 
 
 def _np(x: Any) -> np.ndarray:
@@ -68,27 +68,14 @@ class DelayModel:
 
     name = "delay"
 
-    def __init__(self, io: ModelIO, preset: str, delay_ms: float, per_obs_ms: float, host_ms: float = 0.0):
+    def __init__(self, io: ModelIO, preset: str, delay_ms: float, per_obs_ms: float, host_calls: int = 0):
         self.io = io
         self.preset = preset
         self.delay_ms = delay_ms
         self.per_obs_ms = per_obs_ms
-        self.host_ms = host_ms
+        self.host_calls = host_calls
         self.module = _Offset(io.action_dim)
         self._scratch = torch.zeros(8)
-        self._calls = self._calibrate() if host_ms else 0
-
-    def _calibrate(self) -> int:
-        """How many small calls make ``host_ms`` on this host alone (the fastest of three timings): a
-        fixed amount of work, so that a host busy with other threads takes longer, as a launch-bound
-        model's does."""
-        n, best = 2000, float("inf")
-        for _ in range(3):
-            start = time.perf_counter()
-            for _ in range(n):
-                torch.add(self._scratch, 1.0, out=self._scratch)
-            best = min(best, time.perf_counter() - start)
-        return round(self.host_ms / 1000.0 * n / best)
 
     # -- training (trivial: only the offset learns) ----------------------------------------------
     def param_groups(self) -> list[ParamGroup]:
@@ -128,7 +115,7 @@ class DelayModel:
     ) -> dict[str, np.ndarray]:
         b = self.io.check_batch(batch)
         time.sleep((self.delay_ms + self.per_obs_ms * b) / 1000.0)
-        for _ in range(self._calls):
+        for _ in range(self.host_calls):
             torch.add(self._scratch, 1.0, out=self._scratch)
         offset = self.module.offset.detach().cpu().numpy()
         if mode == "policy":
@@ -149,7 +136,11 @@ class DelayModel:
         return {
             "name": self.name,
             "preset": self.preset,
-            "options": {"delay_ms": self.delay_ms, "per_obs_ms": self.per_obs_ms, "host_ms": self.host_ms},
+            "options": {
+                "delay_ms": self.delay_ms,
+                "per_obs_ms": self.per_obs_ms,
+                "host_calls": self.host_calls,
+            },
             "io": self.io.to_dict(),
         }
 
@@ -169,13 +160,14 @@ def build(cfg: ModelConfig, io: ModelIO | None = None, **_: Any) -> DelayModel:
     opts = {**OPTIONS, **cfg.options}
     for key, value in opts.items():
         if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-            raise ConfigError(f"model.options.{key}: expected a non-negative number of ms, got {value!r}")
+            what = "number of calls" if key == "host_calls" else "number of ms"
+            raise ConfigError(f"model.options.{key}: expected a non-negative {what}, got {value!r}")
     return DelayModel(
         io or PRESETS[cfg.preset],
         cfg.preset,
         float(opts["delay_ms"]),
         float(opts["per_obs_ms"]),
-        float(opts["host_ms"]),
+        int(opts["host_calls"]),
     )
 
 

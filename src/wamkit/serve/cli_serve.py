@@ -17,7 +17,14 @@ import argparse
 import dataclasses
 import logging
 
-from wamkit.config import SERVE_PRECISIONS, ConfigError, RunConfig, load_config, parse_override
+from wamkit.config import (
+    SERVE_FRONT_ENDS,
+    SERVE_PRECISIONS,
+    ConfigError,
+    RunConfig,
+    load_config,
+    parse_override,
+)
 from wamkit.serve.loading import load_served, random_init
 from wamkit.serve.policy import ServedPolicy
 from wamkit.serve.server import run_server
@@ -33,6 +40,7 @@ FLAGS = {
     "device": "device",
     "max_message_mb": "max_message_mb",
     "precision": "precision",
+    "front_end": "front_end",
 }
 
 
@@ -77,6 +85,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--max-message-mb", type=float, help="largest request (default: serve.max_message_mb)"
+    )
+    parser.add_argument(
+        "--front-end",
+        choices=SERVE_FRONT_ENDS,
+        help="where the event loop runs: its own process, or a thread beside the model (default: "
+        "serve.front_end)",
     )
 
 
@@ -141,5 +155,6 @@ def main(args: argparse.Namespace) -> int:
         max_batch=s.max_batch,
         max_wait_ms=s.max_wait_ms,
         max_message_mb=s.max_message_mb,
+        front_end=s.front_end,
     )
     return 0
