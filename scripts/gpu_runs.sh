@@ -126,13 +126,15 @@ case "$group" in
       --device cuda --batch 1,8,32 --concurrency 1,8,32 --max-batch 64 --seconds 3 --json "$OUT/serve_tiny.json"
     ;;
   serve-front-ends)
-    # issue 18's tiny/base rows with the server's event loop in a process of its own (the default) and
-    # in a thread beside the model, then the same with the delay model busy on the host (a launch-bound
-    # stand-in: HOST_CALLS small torch calls a model call)
-    for fe in process thread; do
-      run serve_tiny_$fe 110 $W bench serve --model tiny --preset base --option num_steps=10 --device cuda \
-        --batch 1,8,32 --concurrency 1,8,32 --max-batch 64 --seconds 3 --front-end $fe --json "$OUT/serve_tiny_$fe.json"
+    # issue 18's tiny/base rows (medians of REPEATS_SERVE passes) with the server's event loop in a
+    # thread beside the model and in a process of its own, then (unless STANDINS=0) the same with the
+    # delay model busy on the host (a launch-bound stand-in: HOST_CALLS small torch calls a model call)
+    for fe in thread process; do
+      run serve_tiny_$fe 220 $W bench serve --model tiny --preset base --option num_steps=10 --device cuda \
+        --batch 1,8,32 --concurrency 1,8,32 --max-batch 64 --seconds 3 --repeats ${REPEATS_SERVE:-3} \
+        --front-end $fe --json "$OUT/serve_tiny_$fe.json"
     done
+    [ "${STANDINS:-1}" = 1 ] || continue
     for fe in process thread; do
       run serve_host_$fe 110 $W bench serve --model delay --preset libero --option host_calls=${HOST_CALLS:-15000} \
         --batch 1,8,32 --concurrency 1,8,32 --max-batch 64 --seconds 3 --front-end $fe --json "$OUT/serve_host_$fe.json"

@@ -86,6 +86,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="processes the dynamic rows' connections are spread over (0: auto, one per 4 cores, at most "
         "one per connection)",
     )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="passes over every row, each against in-process figures taken just before it; the table "
+        "gives each row's median pass (a launch-bound model's speed drifts with the host's: default 1)",
+    )
     parser.add_argument("--json", help="also write the results to this JSON file")
 
 
@@ -229,6 +236,34 @@ def _in_process(policy, obs: dict, seconds: float) -> float:  # obs/s
     return calls * n / (time.perf_counter() - start)
 
 
+def _served_rows(args, url: str, meta: dict, inproc: dict[int, float], client_processes: int) -> list[dict]:
+    """One pass of every served row, each with its ratio to the in-process figure at its batch."""
+    rows = []
+    for b in args.batch:
+        r = _load(url, 1, make_obs(meta, b), b, args.seconds)
+        rows.append(
+            {"kind": "batched", "connections": 1, "obs_per_request": b, "in_process_obs_s": inproc[b], **r}
+        )
+    for c in args.concurrency:
+        r = _load(url, c, make_obs(meta, None), 1, args.seconds, client_processes)
+        r["client_processes"] = len(_split(c, client_processes))
+        b = min(c, args.max_batch)
+        rows.append(
+            {"kind": "dynamic", "connections": c, "obs_per_request": 1, "in_process_obs_s": inproc[b], **r}
+        )
+    for r in rows:
+        r["ratio_to_in_process"] = r["obs_s"] / r["in_process_obs_s"]
+    return rows
+
+
+def _median_rows(passes: list[list[dict]]) -> list[dict]:
+    """Per row, the pass with the median ratio (the lower middle one of an even count): its own figures."""
+    return [
+        dict(sorted(same, key=lambda r: r["ratio_to_in_process"])[(len(same) - 1) // 2])
+        for same in zip(*passes, strict=True)
+    ]
+
+
 def main(args: argparse.Namespace) -> int:
     from wamkit.serve.loading import random_init
 
@@ -248,8 +283,11 @@ def main(args: argparse.Namespace) -> int:
         + (" (BENCHMARK MODEL: a fixed delay, not a policy)" if args.model == "delay" else "")
     )
     sizes = sorted({*args.batch, *(min(c, args.max_batch) for c in args.concurrency)})
+    if args.repeats < 1:
+        raise SystemExit(f"wamkit bench serve: --repeats {args.repeats}; expected >= 1")
     inproc = {b: _in_process(policy, make_obs(meta, b), args.seconds) for b in sizes}
-    del policy
+    if args.repeats == 1:
+        del policy  # one pass: the served rows need the device's memory only
 
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
@@ -272,31 +310,11 @@ def main(args: argparse.Namespace) -> int:
     proc.start()
     try:
         url = f"ws://127.0.0.1:{q.get(timeout=300)}"
-        rows = []
-        for b in args.batch:
-            r = _load(url, 1, make_obs(meta, b), b, args.seconds)
-            rows.append(
-                {
-                    "kind": "batched",
-                    "connections": 1,
-                    "obs_per_request": b,
-                    "in_process_obs_s": inproc[b],
-                    **r,
-                }
-            )
-        for c in args.concurrency:
-            r = _load(url, c, make_obs(meta, None), 1, args.seconds, client_processes)
-            r["client_processes"] = len(_split(c, client_processes))
-            b = min(c, args.max_batch)
-            rows.append(
-                {
-                    "kind": "dynamic",
-                    "connections": c,
-                    "obs_per_request": 1,
-                    "in_process_obs_s": inproc[b],
-                    **r,
-                }
-            )
+        passes: list[list[dict[str, Any]]] = []
+        for k in range(args.repeats):
+            if k:  # each pass's ratios against in-process figures taken just before it, on the same host
+                inproc = {b: _in_process(policy, make_obs(meta, b), args.seconds) for b in sizes}
+            passes.append(_served_rows(args, url, meta, inproc, client_processes))
     finally:
         if proc.is_alive():  # Ctrl-C, as `wamkit serve` is stopped: it stops its front end too
             os.kill(proc.pid, signal.SIGINT)
@@ -304,13 +322,13 @@ def main(args: argparse.Namespace) -> int:
         if proc.is_alive():
             proc.kill()
             proc.join(10)
+    rows = _median_rows(passes)
     base = next((r["obs_s"] for r in rows if r["connections"] == 1 and r["obs_per_request"] == 1), None)
     print(
         f"{'mode':8} {'conns':>5} {'obs/req':>7} {'obs/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'in-proc obs/s':>13} "
         f"{'ratio':>6} {'speed-up':>8} {'srv batch':>9} {'srv infer ms':>12} {'srv total ms':>12}"
     )
     for r in rows:
-        r["ratio_to_in_process"] = r["obs_s"] / r["in_process_obs_s"]
         r["speedup_over_single"] = r["obs_s"] / base if base else None  # no 1-connection, 1-obs row
         speedup = f"{r['speedup_over_single']:.2f}x" if base else "-"
         print(
@@ -324,9 +342,26 @@ def main(args: argparse.Namespace) -> int:
     print("speed-up: obs/s / obs/s of one connection sending one observation per request.")
     print("srv: the server's own timing, per request: the batch it rode in, the model call, decode to reply.")
     print(f"the dynamic rows' connections are spread over up to {client_processes} client process(es).")
+    if args.repeats > 1:
+        print(
+            f"medians of {args.repeats} passes (the row of the median ratio); each pass's in-process figures were "
+            "taken just before its served rows. ratios per pass:"
+        )
+        for i, r in enumerate(rows):
+            ratios = " ".join(f"{p[i]['ratio_to_in_process']:.2f}" for p in passes)
+            print(f"  {r['kind']:8} {r['connections']:5d} {r['obs_per_request']:7d}  {ratios}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(
-                {"model": args.model, "preset": args.preset, "options": options, "rows": rows}, f, indent=1
+                {
+                    "model": args.model,
+                    "preset": args.preset,
+                    "options": options,
+                    "front_end": args.front_end,
+                    "rows": rows,
+                    "passes": passes,
+                },
+                f,
+                indent=1,
             )
     return 0
