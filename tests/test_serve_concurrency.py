@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import multiprocessing
 import socket
 import threading
 import time
@@ -38,7 +39,8 @@ def request(i: int, batch: int | None = None) -> dict:
     }
 
 
-def test_run_server_runs_the_model_on_the_main_thread_and_stops_on_ctrl_c():
+@pytest.mark.parametrize("front_end", ["thread", "process"])
+def test_run_server_runs_the_model_on_the_main_thread_and_stops_on_ctrl_c(front_end):
     # `wamkit serve` (run_server): the model's calls run on the main thread, the event loop in its own;
     # a model's intra-op parallel regions are far slower from a secondary thread (serve/batcher.py)
     import _thread
@@ -64,8 +66,10 @@ def test_run_server_runs_the_model_on_the_main_thread_and_stops_on_ctrl_c():
             _thread.interrupt_main()  # Ctrl-C
 
     threading.Thread(target=client, daemon=True).start()
-    run_server(served, "127.0.0.1", 0, started=ports.put, max_batch=8)  # returns on the interrupt
+    # returns on the interrupt; with a front-end process, the batches cross a pipe to this thread
+    run_server(served, "127.0.0.1", 0, started=ports.put, front_end=front_end, max_batch=8)
     assert len(replies) == 3 and all(r["actions"].shape == (16, 4) for r in replies)
+    np.testing.assert_array_equal(replies[0]["actions"], served.infer(request(0))["actions"])
     assert threads and all(t is threading.main_thread() for t in threads)
 
 
@@ -97,7 +101,7 @@ def test_caller_thread_executor_fails_what_an_interrupt_leaves():
     assert not runner.is_alive()
 
 
-def _interrupt_under_load(served) -> int:
+def _interrupt_under_load(served, front_end: str = "thread") -> int:
     """run_server with 8 clients sending nonstop, Ctrl-C once 20 replies came; the replies answered."""
     import _thread
     import queue
@@ -124,7 +128,8 @@ def _interrupt_under_load(served) -> int:
         stop.set()
 
     threading.Thread(target=load, daemon=True).start()
-    run_server(served, "127.0.0.1", 0, started=ports.put, max_batch=4)  # returns; raised on a hung stop
+    # returns; raised on a hung stop
+    run_server(served, "127.0.0.1", 0, started=ports.put, front_end=front_end, max_batch=4)
     return len(answered)
 
 
@@ -135,6 +140,42 @@ def test_run_server_stops_on_ctrl_c_under_load():
     served = random_init("delay", "small", {"delay_ms": 20}, device="cpu")
     for _ in range(3):
         assert _interrupt_under_load(served) >= 20
+    # with the event loop in a front-end process: the batch the interrupt leaves waiting fails when the
+    # pipe closes, and that process stops with the server
+    assert _interrupt_under_load(served, "process") >= 20
+    assert not [p for p in multiprocessing.active_children() if p.name == "wamkit-front-end"]
+
+
+def test_front_end_process_relays_model_failures():
+    # a model error raised in the model's process reaches the clients as the thread front end words it
+    import queue
+
+    from wamkit.serve.server import run_server
+
+    served = random_init("delay", "small", {"delay_ms": 1}, device="cpu")
+
+    def failing_run(requests):
+        raise ZeroDivisionError("no actions today")
+
+    served.run = failing_run
+    ports, errors = queue.SimpleQueue(), []
+
+    def client() -> None:
+        import _thread
+
+        try:
+            with (
+                PolicyClient(f"ws://127.0.0.1:{ports.get(timeout=60)}") as cl,
+                pytest.raises(ServerError) as err,
+            ):
+                cl.infer(request(0))
+            errors.append(str(err.value))
+        finally:
+            _thread.interrupt_main()
+
+    threading.Thread(target=client, daemon=True).start()
+    run_server(served, "127.0.0.1", 0, started=ports.put, front_end="process", max_batch=4)
+    assert errors and "model failed: ZeroDivisionError: no actions today" in errors[0]
 
 
 def test_many_clients_every_reply_is_its_own(policy):

@@ -173,10 +173,10 @@ class ServeConfig:
     # (speed; whatever precision it trained in), the weights' own dtype otherwise; fp32 = no autocast
     # (the reference numerics); bf16 = autocast (CUDA only). The served identity records the result.
     precision: ServePrecision = "auto"
-    # where `wamkit serve` runs its event loop (websockets, request checks, batching): "process", a
-    # process of its own, so that answering many connections does not take the interpreter lock from the
-    # model's thread; "thread", a thread beside the model (one process)
-    front_end: ServeFrontEnd = "process"
+    # where `wamkit serve` runs its event loop (websockets, request checks, batching): "thread", a thread
+    # beside the model's (one process); "process", a process of its own, so that the loop's work never
+    # holds the interpreter lock the model's host thread needs (docs/serve.md: no gain measured yet)
+    front_end: ServeFrontEnd = "thread"
 
     def __post_init__(self) -> None:
         if self.precision == "bf16" and self.device == "cpu":

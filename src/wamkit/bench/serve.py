@@ -70,8 +70,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--front-end",
         choices=SERVE_FRONT_ENDS,
-        default="process",
-        help="where the server's event loop runs (serve.front_end; default: process)",
+        default="thread",
+        help="where the server's event loop runs (serve.front_end; default: thread)",
     )
     parser.add_argument("--max-batch", type=int, default=32, help="server max_batch (default: 32)")
     parser.add_argument("--max-wait-ms", type=float, default=2.0, help="server max_wait_ms (default: 2)")
@@ -134,8 +134,8 @@ def _serve_process(
     from wamkit.serve.server import run_server
 
     policy = random_init(model, preset, options, device, precision=precision)
-    # as `wamkit serve` does: the model on the main thread, the event loop in a front-end process of its
-    # own (or a thread); sends the bound port back, then serves until interrupted
+    # as `wamkit serve` does: the model on the main thread, the event loop in a thread (or a front-end
+    # process of its own); sends the bound port back, then serves until interrupted
     run_server(
         policy,
         "127.0.0.1",

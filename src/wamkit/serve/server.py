@@ -323,18 +323,19 @@ def run_server(
     host: str = "127.0.0.1",
     port: int = 8000,
     started: Any = None,
-    front_end: str = "process",
+    front_end: str = "thread",
     **kwargs: Any,
 ) -> None:
     """Serve in the foreground until interrupted (Ctrl-C). The model runs on this (the main) thread: a
     model's intra-op parallel regions run at full speed only from the main thread
     (:mod:`wamkit.serve.batcher`). ``started(port)`` is called once bound.
 
-    ``front_end="process"`` (the default): the event loop (websockets, decoding and checking requests,
-    batching, answering) runs in a process of its own, which sends each batch here over a pipe. Sharing
-    one interpreter, the loop's work took the interpreter lock from a launch-bound model's host thread
-    for its whole length: on an H200 a tiny/base call of 39 ms in-process took 58 ms while 32
-    connections were answered (docs/serve.md). ``"thread"``: the loop runs in a thread of this process.
+    ``front_end="thread"`` (the default): the event loop (websockets, decoding and checking requests,
+    batching, answering) runs in a thread of this process. ``"process"``: it runs in a process of its
+    own, which sends each batch here over a pipe, so its work never holds the interpreter lock that a
+    launch-bound model's host thread needs between kernel launches; the batch crosses the pipe as a
+    pickle instead (3 MB for 32 LIBERO observations). On the H200 machine the two measured the same
+    within the host's drift (docs/serve.md).
     """
     if front_end == "thread":
         _run_threaded(policy, host, port, started, **kwargs)
