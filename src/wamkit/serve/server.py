@@ -32,6 +32,7 @@ from typing import Any
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
+from wamkit.config import SERVE_FRONT_ENDS
 from wamkit.serve.batcher import CallerThreadExecutor, DynamicBatcher, ModelError
 from wamkit.serve.codec import CodecError, packb, unpackb
 from wamkit.serve.metrics import ServerMetrics
@@ -314,7 +315,6 @@ def start_server_in_thread(
     return ServerHandle(PolicyServer(policy, host, port, **kwargs)).start()
 
 
-FRONT_ENDS = ("process", "thread")  # serve.front_end: where the event loop runs in `wamkit serve`
 START_TIMEOUT_S = 120.0  # a front-end process imports wamkit and binds within this
 
 
@@ -342,7 +342,7 @@ def run_server(
     elif front_end == "process":
         _run_with_front_end(policy, host, port, started, **kwargs)
     else:
-        raise ValueError(f"serve.front_end: {front_end!r}; expected one of {FRONT_ENDS}")
+        raise ValueError(f"serve.front_end: {front_end!r}; expected one of {SERVE_FRONT_ENDS}")
 
 
 def _run_threaded(policy: ServedPolicy, host: str, port: int, started: Any, **kwargs: Any) -> None:
@@ -425,6 +425,8 @@ def _answer_calls(policy: ServedPolicy, calls: Any, front: Any) -> None:
         try:
             answer = ("ok", policy.run(requests))
         except Exception as err:  # noqa: BLE001 -- the batch's requests fail, as with a thread front end
+            if not isinstance(err, ValueError):  # its traceback is here; the front end logs its words
+                log.exception("model call with %d requests failed", len(requests))
             answer = ("error", (type(err).__name__, str(err), isinstance(err, ValueError)))
         calls.send(answer)
 
