@@ -422,3 +422,17 @@ def test_a_reply_timeout_fails_in_the_calling_thread_and_a_late_reply_answers_no
             assert client.infer({"n": 4}) == {"conn": 3, "n": 4}  # no timeout: as before
         assert opened == [0, 1, 2, 3]
         server.shutdown()
+
+
+def test_front_end_process_that_cannot_bind_says_why_once():
+    from wamkit.serve.server import run_server
+
+    served = random_init("delay", "small", device="cpu")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(RuntimeError, match="server failed to start") as err:
+            run_server(served, "127.0.0.1", port, front_end="process")
+    assert str(err.value).count("server failed to start") == 1 and "Errno" in str(err.value)
+    assert not [p for p in multiprocessing.active_children() if p.name == "wamkit-front-end"]

@@ -167,9 +167,9 @@ def test_delay_model_options_are_checked():
     with pytest.raises(ConfigError, match="not a delay preset"):
         build_model(ModelConfig(name="delay", preset="huge"))
     with pytest.raises(
-        ConfigError, match="model.options.host_calls: expected a non-negative number of calls"
+        ConfigError, match="model.options.host_calls: expected a non-negative whole number of calls"
     ):
-        build_model(ModelConfig(name="delay", options={"host_calls": "x"}))
+        build_model(ModelConfig(name="delay", options={"host_calls": 2.5}))
 
 
 def test_delay_model_host_calls_run_on_the_host_and_change_no_action():

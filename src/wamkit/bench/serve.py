@@ -91,7 +91,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=1,
         help="passes over every row, each against in-process figures taken just before it; the table "
-        "gives each row's median pass (a launch-bound model's speed drifts with the host's: default 1)",
+        "gives each row's median pass (a launch-bound model's speed drifts with the host's). Above 1 the "
+        "in-process model stays loaded beside the server's: two copies on the device (default: 1)",
     )
     parser.add_argument("--json", help="also write the results to this JSON file")
 
@@ -114,6 +115,25 @@ def make_obs(meta_io: dict[str, Any], batch: int | None, seed: int = 0) -> dict[
     return obs
 
 
+def _end_with_parent() -> None:
+    """Stop this process as Ctrl-C would once the benchmark that started it is gone (killed, say):
+    it holds a port and maybe a GPU, and is not a daemon (it starts a front-end process itself)."""
+    import threading
+
+    parent = mp.parent_process()
+    if parent is None:
+        return
+    # Ctrl-C is how this process stops (here and from the benchmark's finally), also when it was
+    # started with SIGINT ignored (a background job of a non-interactive shell)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def watch() -> None:
+        parent.join()
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=watch, name="wamkit-bench-parent", daemon=True).start()
+
+
 def _serve_process(
     model: str,
     preset: str,
@@ -133,6 +153,7 @@ def _serve_process(
     from wamkit.serve.loading import random_init
     from wamkit.serve.server import run_server
 
+    _end_with_parent()
     policy = random_init(model, preset, options, device, precision=precision)
     # as `wamkit serve` does: the model on the main thread, the event loop in a thread (or a front-end
     # process of its own); sends the bound port back, then serves until interrupted
@@ -268,6 +289,8 @@ def main(args: argparse.Namespace) -> int:
     from wamkit.serve.loading import random_init
 
     options = _options(args)
+    if args.repeats < 1:
+        raise SystemExit(f"wamkit bench serve: --repeats {args.repeats}; expected >= 1")
     client_processes = args.client_processes or max(1, (os.cpu_count() or 1) // 4)
     if client_processes < 1:
         raise SystemExit(f"wamkit bench serve: --client-processes {args.client_processes}; expected >= 0")
@@ -283,8 +306,6 @@ def main(args: argparse.Namespace) -> int:
         + (" (BENCHMARK MODEL: a fixed delay, not a policy)" if args.model == "delay" else "")
     )
     sizes = sorted({*args.batch, *(min(c, args.max_batch) for c in args.concurrency)})
-    if args.repeats < 1:
-        raise SystemExit(f"wamkit bench serve: --repeats {args.repeats}; expected >= 1")
     inproc = {b: _in_process(policy, make_obs(meta, b), args.seconds) for b in sizes}
     if args.repeats == 1:
         del policy  # one pass: the served rows need the device's memory only

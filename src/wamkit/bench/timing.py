@@ -64,11 +64,12 @@ def host_waits(fn: Callable[[], object], device: torch.device, top: int = 8) -> 
     sync(device)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
+        before = torch.cuda.get_sync_debug_mode()
         torch.cuda.set_sync_debug_mode("warn")
         try:
             fn()
         finally:
-            torch.cuda.set_sync_debug_mode("default")
+            torch.cuda.set_sync_debug_mode(before)
     sites = collections.Counter(
         f"{'/'.join(w.filename.split('/')[-2:])}:{w.lineno}" for w in caught if "synchroniz" in str(w.message)
     )

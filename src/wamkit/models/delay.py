@@ -159,8 +159,9 @@ def build(cfg: ModelConfig, io: ModelIO | None = None, **_: Any) -> DelayModel:
         )
     opts = {**OPTIONS, **cfg.options}
     for key, value in opts.items():
-        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-            what = "number of calls" if key == "host_calls" else "number of ms"
+        kinds = int if key == "host_calls" else int | float
+        if isinstance(value, bool) or not isinstance(value, kinds) or value < 0:
+            what = "whole number of calls" if key == "host_calls" else "number of ms"
             raise ConfigError(f"model.options.{key}: expected a non-negative {what}, got {value!r}")
     return DelayModel(
         io or PRESETS[cfg.preset],

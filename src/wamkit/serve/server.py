@@ -375,7 +375,13 @@ def _run_with_front_end(policy: ServedPolicy, host: str, port: int, started: Any
         name="wamkit-front-end",
         daemon=True,  # never outlives this process
     )
-    front.start()
+    import signal
+
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)  # the child starts with Ctrl-C ignored (the
+    try:  # parent handles it), also while it imports, before it could say so itself
+        front.start()
+    finally:
+        signal.signal(signal.SIGINT, before)
     theirs.close()  # the front end holds its end alone: closing ours is its EOF
     try:
         bound = _wait_started(front, control)
@@ -432,23 +438,28 @@ def _answer_calls(policy: ServedPolicy, calls: Any, front: Any) -> None:
 
 
 class _RemoteModel:
-    """The front end's model call: the batch goes to the model's process, the replies come back."""
+    """The front end's model call: the batch goes to the model's process, the replies come back. The
+    wait ends when the replies come, the pipe closes, or ``stop`` is set (the parent's pipe end may
+    outlive it in a process the model forked)."""
 
-    def __init__(self, calls: Any) -> None:
-        self.calls = calls
+    def __init__(self, calls: Any, stop: Any) -> None:
+        self.calls, self.stop = calls, stop
 
     def run(self, requests: list[Request]) -> list[dict[str, Any]]:
         try:
             self.calls.send(requests)
+            while not self.calls.poll(0.5):
+                if self.stop.is_set():
+                    raise ModelError("server is shutting down")
             kind, value = self.calls.recv()
         except (EOFError, OSError):
             raise ModelError("server is shutting down") from None
         if kind == "ok":
             return value
         name, message, refused = value
-        if refused:  # the model refused these inputs: the batcher logs it as such
-            raise ValueError(message)
-        raise type(name, (RuntimeError,), {})(message)  # "model failed: <its type>: <message>"
+        # the error under its own name ("model failed: <its type>: <message>", as a thread front end
+        # words it); a refusal of the inputs stays a ValueError, which the batcher logs as such
+        raise type(name, (ValueError,) if refused else (RuntimeError,), {})(message)
 
 
 def _front_end_main(
@@ -463,12 +474,13 @@ def _front_end_main(
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     setup_logging(level.lower())
-    server = PolicyServer(view, host, port, model_call=_RemoteModel(calls).run, **kwargs)
+    server = PolicyServer(view, host, port, model_call=_RemoteModel(calls, stop).run, **kwargs)
     handle = ServerHandle(server, lambda bound: control.put(("started", bound)))
     try:
         handle.start(timeout=START_TIMEOUT_S)
     except BaseException as err:  # noqa: BLE001 -- the parent raises it
-        control.put(("failed", f"{type(err).__name__}: {err}"))
+        cause = err.__cause__ or err  # ServerHandle.start says "server failed to start" itself
+        control.put(("failed", f"{type(cause).__name__}: {cause}"))
         return
     parent = mp.parent_process()
     try:
