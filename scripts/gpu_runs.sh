@@ -12,7 +12,7 @@
 #   bash scripts/gpu_runs.sh serve-sft     # core: Cosmos3-Nano served (GPU 0) beside the nano_l8 SFT rows (GPU 1)
 #   bash scripts/gpu_runs.sh sft           # core: the nano_l8 SFT rows of serve-sft alone (1 GPU)
 #   bash scripts/gpu_runs.sh serve-tiny    # core: the tiny/base batcher rows (1 minute)
-#   bash scripts/gpu_runs.sh serve-standins  # core: the same rows with the delay model asleep and busy
+#   bash scripts/gpu_runs.sh serve-standins  # core: the same rows with the delay model asleep
 #   bash scripts/gpu_runs.sh serve-front-ends  # core: the tiny/base rows and a launch-bound stand-in with
 #                                          the server's event loop in a process, then in a thread (4 minutes)
 #   bash scripts/gpu_runs.sh serve         # serve: Cosmos3-Nano served against in-process
@@ -128,12 +128,10 @@ case "$group" in
     ;;
   serve-standins)
     # where the tiny/base dynamic rows lose (same rows, same machine): the delay model costing 38 ms
-    # asleep (the interpreter lock free: the server's own work and the clients' turnaround show) and busy
-    # on the host in HOST_CALLS small torch calls (a launch-bound stand-in)
+    # asleep (the interpreter lock free: the server's own work and the clients' turnaround show); the
+    # busy stand-in's rows are serve-front-ends'
     run serve_sleep38 110 $W bench serve --model delay --preset libero --option delay_ms=38 \
       --batch 1,8,32 --concurrency 1,8,32 --max-batch 64 --seconds 3 --json "$OUT/serve_sleep38.json"
-    run serve_host 110 $W bench serve --model delay --preset libero --option host_calls=${HOST_CALLS:-15000} \
-      --batch 1,8,32 --concurrency 1,8,32 --max-batch 64 --seconds 3 --json "$OUT/serve_host.json"
     ;;
   serve-front-ends)
     # issue 18's tiny/base rows (medians of REPEATS_SERVE passes) with the server's event loop in a

@@ -32,7 +32,8 @@ only), peak GPU memory, samples/s over the transformer row's (same attention mod
 The VAE encode of one batch alone is printed after each batch's rows. ``--profile N`` prints a
 ``torch.profiler`` table of N steps of each row ``--profile-path`` names (a comma list, default the
 transformer step), top ops by device time on CUDA (then a second table by host time and the count of
-the step's host waits for the GPU with the lines that asked), CPU time otherwise. ``wamkit bench cosmos3 --sft`` runs this at one batch.
+the step's host waits for the GPU with the lines that asked), CPU time otherwise. ``wamkit bench
+cosmos3 --sft`` runs this at one batch.
 """
 
 from __future__ import annotations

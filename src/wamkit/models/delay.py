@@ -9,7 +9,7 @@ Options (``model.options``):
 
 - ``delay_ms`` (float, default 0): fixed cost of one ``predict`` call, in milliseconds;
 - ``per_obs_ms`` (float, default 0): extra cost per observation in the batch, in milliseconds;
-- ``host_calls`` (number, default 0): then this many small torch calls on the host, each releasing and
+- ``host_calls`` (whole number, default 0): then this many small torch calls on the host, each releasing and
   retaking the interpreter lock as a launch-bound GPU model's host thread does around every kernel
   launch: the stand-in for a model whose host, not its GPU, sets the pace. It is a fixed amount of
   work, so other busy threads of its process stretch it, as they stretch such a model (a call takes a

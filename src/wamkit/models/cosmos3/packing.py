@@ -200,10 +200,7 @@ def pack(requests: list[RequestSegments], device: torch.device) -> PackedLayout:
     def cat(xs: list[torch.Tensor]) -> torch.Tensor:
         return to_device(torch.cat([x.cpu() for x in xs]), device)
 
-    def per_request(name: str) -> list[torch.Tensor]:
-        parts = [
-            x.cpu() for r in requests for x in (r.vision if name.startswith("vision") else r.action)[name]
-        ]
+    def split(parts: list[torch.Tensor]) -> list[torch.Tensor]:  # one crossing, then views per part
         return list(torch.split(cat(parts), [len(x) for x in parts])) if parts else []
 
     return PackedLayout(
@@ -216,11 +213,15 @@ def pack(requests: list[RequestSegments], device: torch.device) -> PackedLayout:
         vision_token_shapes=[s for r in requests for s in r.vision["vision_token_shapes"]],
         vision_sequence_indexes=cat(vis_seq),
         vision_mse_loss_indexes=cat(vis_mse).long(),
-        vision_noisy_frame_indexes=per_request("vision_noisy_frame_indexes"),
+        vision_noisy_frame_indexes=split(
+            [x for r in requests for x in r.vision["vision_noisy_frame_indexes"]]
+        ),
         action_token_shapes=[s for r in requests for s in r.action["action_token_shapes"]],
         action_sequence_indexes=cat(act_seq),
         action_mse_loss_indexes=cat(act_mse).long(),
-        action_noisy_frame_indexes=per_request("action_noisy_frame_indexes"),
+        action_noisy_frame_indexes=split(
+            [x for r in requests for x in r.action["action_noisy_frame_indexes"]]
+        ),
         num_noisy_vision_tokens=[int(r.vision["num_noisy_vision_tokens"]) for r in requests],
         num_noisy_action_tokens=[int(r.action["num_noisy_action_tokens"]) for r in requests],
         und_segment=cat(und_seg),
