@@ -17,6 +17,7 @@ import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from tests.conftest import REPO
+from tests.exactness import assert_rounding_close
 from tests.test_train_support import ToyAdapter, ToyLoader
 from wamkit.config import DataConfig
 from wamkit.constants import ACTION
@@ -99,9 +100,11 @@ def test_two_node_rendezvous_resumes_a_one_process_checkpoint(tmp_path):
     assert got[:4] == want[:4]
     assert [r["lr"] for r in got] == [r["lr"] for r in want]
     assert all(math.isfinite(r[k]) for r in got for k in r)
-    # the weights loaded are the saved ones: step 5's loss is theirs on step 5's batches, bit for bit
+    # the weights loaded are the saved ones: step 5's loss is theirs on step 5's batches. Two process
+    # layouts run other kernels (a batch of 2 per process, not 4, and the mean over ranks), so they
+    # agree to the rounding of the toy's width-long sums, not to the bit (tests/exactness.py)
     saved = _weights(one / "checkpoints" / "step_000004", tmp_path / "saved.pt")
-    assert got[4]["loss"] == _first_step_loss(saved["model"])
+    assert_rounding_close(got[4]["loss"], _first_step_loss(saved["model"]), length=64)
     # and the continuation is sane: the same data distribution as the one-process run's steps 5-8
     mean = lambda rows: sum(r["loss"] for r in rows) / len(rows)  # noqa: E731
     assert abs(mean(got[4:]) - mean(want[4:])) < 0.25 * mean(want[4:])

@@ -106,6 +106,7 @@ class ModelConfig:
 
 Reshard = Literal["auto", "always", "never"]
 RESHARD_CHOICES: tuple[str, ...] = get_args(Reshard)
+Offload = Literal["auto", "none", "ema", "optimizer"]
 
 
 @dataclass
@@ -138,6 +139,11 @@ class TrainConfig:
     # every block. never trades memory (each block's weights stay whole from forward to backward) for
     # one all-gather per block and step fewer (what several GPUs of one host can afford)
     reshard_after_forward: Reshard = "auto"
+    # where the optimizer's moments and the EMA rest between optimizer steps (wamkit.train.memory):
+    # auto = the memory plan's choice (everything on the device if it fits, else the EMA, then the
+    # moments too, in pinned host memory, streamed through the device at each step); none | ema |
+    # optimizer (moments and EMA). On a CPU auto is none
+    offload: Offload = "auto"
     device: str = "auto"  # auto | cpu | cuda
     resume: str = ""  # "" (fresh), "auto" (newest complete checkpoint) or a checkpoint path
 

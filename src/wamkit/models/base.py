@@ -100,6 +100,21 @@ class ModelIO:
         return b
 
 
+@dataclass(frozen=True)
+class ActivationShape:
+    """What sizes a model's activations, for the trainer's memory plan (an adapter's optional
+    ``activation_shape()``): per sample ``tokens`` through ``layers`` blocks of width ``hidden``
+    (keys/values ``kv_dim`` wide, MLP ``intermediate`` wide), of which ``grad_tokens`` pass through
+    trained weights (the rest, a frozen tower's tokens, keep only what attention needs)."""
+
+    tokens: int
+    grad_tokens: int
+    hidden: int
+    kv_dim: int
+    intermediate: int
+    layers: int
+
+
 @dataclass
 class ParamGroup:
     """Trainable parameters that share a learning-rate multiplier (and weight decay on/off)."""

@@ -15,14 +15,26 @@ from wamkit.models.base import ModelAdapter, ModelIO
 
 Builder = Callable[..., ModelAdapter]
 _REGISTRY: dict[str, str | Builder] = {}
+_META: set[str] = set()
 
 
-def register_model(name: str, builder: str | Builder) -> None:
-    """Register ``builder(cfg: ModelConfig, io: ModelIO | None) -> ModelAdapter`` under ``name``.
+def register_model(name: str, builder: str | Builder, meta: bool = False) -> None:
+    """Register ``builder(cfg: ModelConfig, io: ModelIO | None, device=None) -> ModelAdapter`` under
+    ``name``.
 
-    ``builder`` may be a ``"module:function"`` string, imported on first use.
+    ``builder`` may be a ``"module:function"`` string, imported on first use. ``meta``: the builder
+    takes ``device="meta"`` and gives an adapter whose module is unfilled, with ``load_weights(device)``
+    to fill it once sharded (the trainer then never holds the whole model in host memory).
     """
     _REGISTRY[name] = builder
+    if meta:
+        _META.add(name)
+    else:
+        _META.discard(name)
+
+
+def builds_on_meta(name: str) -> bool:
+    return name in _META
 
 
 def registered_models() -> list[str]:
@@ -49,7 +61,7 @@ def build_model(cfg: ModelConfig, io: ModelIO | None = None, **kwargs: Any) -> M
 
 # The built-in models. A new model adds one line here and one folder next to this file.
 register_model("tiny", "wamkit.models.tiny:build")
-register_model("cosmos3", "wamkit.models.cosmos3:build")
+register_model("cosmos3", "wamkit.models.cosmos3:build", meta=True)
 # A model whose inference is a fixed, configurable delay and a deterministic function of its input:
 # for measuring the server and the evaluator alone, clearly labelled as such in benchmark output.
 register_model("delay", "wamkit.models.delay:build")

@@ -30,9 +30,10 @@ from wamkit.files import CONFIG_FILE, MODEL_FILE, SPEC_FILE, model_json
 from wamkit.log import setup_logging
 from wamkit.models.base import ModelAdapter, ModelIO
 from wamkit.train import checkpoint as ckpt
-from wamkit.train.dist import DistInfo, init_distributed, shard_adapter, shutdown
+from wamkit.train.dist import DistInfo, init_distributed, shutdown
 from wamkit.train.metrics import RunLogger, truncate_losses
 from wamkit.train.optim import PowerEMA, build_optimizer, lr_factor, set_lr
+from wamkit.train.placement import place, plan_here, rss_anon_bytes
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +61,12 @@ def accumulation_steps(cfg: RunConfig, world_size: int) -> int:
 
 
 def _default_adapter(cfg: RunConfig, io: ModelIO) -> ModelAdapter:
+    """The registry's model, on the meta device where it can be (filled once sharded: placement)."""
     from wamkit.models import build_model
+    from wamkit.models.registry import builds_on_meta
 
+    if builds_on_meta(cfg.model.name):
+        return build_model(cfg.model, io, device="meta")
     return build_model(cfg.model, io)
 
 
@@ -85,6 +90,7 @@ class _Loop:
     """State of one run; ``run()`` trains to ``train.max_steps``."""
 
     def __init__(self, cfg: RunConfig, info: DistInfo, adapter_fn: AdapterFn, data_fn: DataFn):
+        self.t_start = time.perf_counter()
         self.cfg, self.info, t = cfg, info, cfg.train
         self.run_dir = Path(t.run_dir)
         self.ckpt_root = self.run_dir / "checkpoints"
@@ -104,14 +110,17 @@ class _Loop:
         _seed_all(t.seed)  # the same initial weights on every rank: each keeps its shard of them
         self.adapter = adapter_fn(cfg, io)
         module = self.adapter.module
-        self.root, groups, trained = shard_adapter(
-            self.adapter, info.device, t.precision, t.compile, t.reshard_after_forward
-        )
+        self.plan = plan_here(cfg, info, self.adapter)  # refused here, before anything is allocated
+        placed = place(self.adapter, info, cfg, self.plan)
+        self.root, groups, trained = placed.root, placed.groups, placed.trained
         self.trainable = list(trained.values())
+        offload = self.plan.offload
         self.optimizer = build_optimizer(
-            groups, t.lr, t.weight_decay, t.betas, fused=info.device.type == "cuda"
-        )
-        self.ema = PowerEMA(trained, t.ema_power, t.ema_type, t.ema_rate) if t.ema else None
+            groups, t.lr, t.weight_decay, t.betas, fused=info.device.type == "cuda",
+            host_device=info.device if offload == "optimizer" else None,
+        )  # fmt: skip
+        ema_host = info.device if offload in ("ema", "optimizer") else None
+        self.ema = PowerEMA(trained, t.ema_power, t.ema_type, t.ema_rate, ema_host) if t.ema else None
         extras = tuple(getattr(self.adapter, "sample_extras", ()))
         self.loader = make_loader(tuple(self.adapter.future_frame_offsets), extras, self.adapter)
         _seed_all(t.seed + 1_000_003 * (info.rank + 1))  # per-rank noise in the loss
@@ -152,6 +161,9 @@ class _Loop:
             model_state_dict=state["model"],
             optim_state_dict=state["optim"],
         )
+        rehost = getattr(self.optimizer, "rehost", None)
+        if rehost is not None:  # torch's load_state_dict puts moments beside their parameters
+            rehost()
         meta = ckpt.read_meta(path)
         self.step = meta["step"]
         self.lineage = meta.get("lineage") or self.lineage  # a resumed run continues its lineage
@@ -209,8 +221,9 @@ class _Loop:
             t0 = time.perf_counter()
             batch = _to_device(self._next_batch(), self.info.device)
             t_data += time.perf_counter() - t0
-            # reduce-scatter gradients only on the last micro-batch of the step
-            self.root.set_requires_gradient_sync(micro == self.accum - 1)
+            # reduce-scatter gradients only on the last micro-batch of the step, unless the plan has no
+            # room for the unsharded accumulation (train.memory: grad_sync)
+            self.root.set_requires_gradient_sync(self.plan.grad_sync == "every" or micro == self.accum - 1)
             out = self.root(batch)
             if "loss" not in out:
                 raise KeyError(f"{self.adapter.name}.sft_loss returned {sorted(out)}; it must include 'loss'")
@@ -278,8 +291,15 @@ class _Loop:
         self._it = iter(self.loader)
         pending: list[tuple[int, dict[str, torch.Tensor], float]] = []
         t_data, t_last = 0.0, time.perf_counter()
+        first = True
         while self.step < t.max_steps:
             parts, lr, dt_data = self._one_step()
+            if first:
+                first = False
+                log.info(
+                    "first optimizer step done %.1f s after start; host RssAnon %.2f GB (rank %d)",
+                    time.perf_counter() - self.t_start, rss_anon_bytes() / 1e9, self.info.rank,
+                )  # fmt: skip
             pending.append((self.step, parts, lr))
             t_data += dt_data
             saving = self.step % t.save_interval == 0 or self.step == t.max_steps

@@ -10,6 +10,7 @@ import math
 import torch
 
 from wamkit.models.base import ParamGroup
+from wamkit.train.offload import HostAdamW, host_like, local, stream_update
 
 
 def lr_factor(step: int, schedule: str, warmup_steps: int, max_steps: int, min_lr_ratio: float) -> float:
@@ -32,7 +33,12 @@ def lr_factor(step: int, schedule: str, warmup_steps: int, max_steps: int, min_l
 
 
 def build_optimizer(
-    groups: list[ParamGroup], lr: float, weight_decay: float, betas: list[float], fused: bool = False
+    groups: list[ParamGroup],
+    lr: float,
+    weight_decay: float,
+    betas: list[float],
+    fused: bool = False,
+    host_device: torch.device | None = None,
 ) -> torch.optim.AdamW:
     """AdamW with one torch param group per :class:`ParamGroup`.
 
@@ -41,6 +47,8 @@ def build_optimizer(
     parameters (``requires_grad=False``) are refused: they must never enter the optimizer.
     ``fused`` (CUDA): one kernel for all parameters of a group instead of a chain of per-tensor ops
     dispatched through DTensor, the largest cost of a step after forward and backward.
+    ``host_device``: the moments live in host memory and stream through this device at each step
+    (:class:`wamkit.train.offload.HostAdamW`, ``train.offload=optimizer``).
     """
     torch_groups, seen = [], set()
     for g in groups:
@@ -67,6 +75,10 @@ def build_optimizer(
     if len(betas) != 2:
         raise ValueError(f"train.betas: expected two numbers, got {betas}")
     kind = {"fused": True} if fused else {}  # fused is CUDA-only; the CPU keeps torch's default
+    if host_device is not None:
+        return HostAdamW(
+            torch_groups, device=host_device, lr=lr, betas=tuple(betas), weight_decay=weight_decay, **kind
+        )
     return torch.optim.AdamW(torch_groups, lr=lr, betas=tuple(betas), weight_decay=weight_decay, **kind)
 
 
@@ -113,24 +125,47 @@ class PowerEMA:
 
     Early steps average with a small decay (the EMA follows the weights quickly), later ones approach 1.
     Shadows are kept in fp32 with the parameters' own layout (DTensor shards under FSDP2), so the EMA is
-    sharded like the model and saved by DCP alongside it.
+    sharded like the model and saved by DCP alongside it. Only trained parameters have one: a frozen
+    parameter's EMA is the parameter itself. ``device`` given: the shadows live in host memory and each
+    update streams them through that device (``train.offload``, :mod:`wamkit.train.offload`), with the
+    same ``_foreach_lerp_`` as on the device.
     """
 
     def __init__(self, named_params: dict[str, torch.nn.Parameter], power: float, kind: str = "inverse_power",
-                 rate: float = 0.1):  # fmt: skip
+                 rate: float = 0.1, device: torch.device | None = None):  # fmt: skip
         if power <= 0:
             raise ValueError(f"train.ema_power: expected a positive number, got {power}")
         ema_decay(0, kind, power, rate)  # refuse a bad kind or rate now, not at the first step
         self.power, self.kind, self.rate = power, kind, rate
         self.params = named_params
-        self.shadow = {k: p.detach().clone().float() for k, p in named_params.items()}
+        self.device = device
+        if device is None:
+            self.shadow = {k: p.detach().clone().float() for k, p in named_params.items()}
+        else:
+            self.shadow = {}
+            for k, p in named_params.items():
+                h = host_like(p)
+                local(h).copy_(local(p.detach()))
+                self.shadow[k] = h
+
+    @property
+    def on_host(self) -> bool:
+        return self.device is not None
 
     @torch.no_grad()
     def update(self, step: int) -> None:
         decay = ema_decay(step, self.kind, self.power, self.rate)
         names = list(self.params)
-        current = [self.params[k].detach().float() for k in names]
-        torch._foreach_lerp_([self.shadow[k] for k in names], current, 1.0 - decay)  # one launch chain
+        if self.device is None:
+            current = [self.params[k].detach().float() for k in names]
+            torch._foreach_lerp_([self.shadow[k] for k in names], current, 1.0 - decay)  # one launch chain
+            return
+
+        def lerp(idx, copies):
+            current = [local(self.params[names[i]].detach()).float() for i in idx]
+            torch._foreach_lerp_([c[0] for c in copies], current, 1.0 - decay)
+
+        stream_update([[self.shadow[k]] for k in names], self.device, lerp)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return self.shadow

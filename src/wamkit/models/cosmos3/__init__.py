@@ -32,18 +32,23 @@ def build(cfg: ModelConfig, io: ModelIO | None = None, device: Any = None, **_: 
     """Build the adapter from a preset (random weights) or ``cfg.pretrained`` (a diffusers folder).
 
     ``device``: where the model is created (default: CPU); a Nano-sized preset is materialised there
-    directly, in ``options.dtype``.
+    directly, in ``options.dtype``. ``meta``: the transformer is left on the meta device, unfilled, with
+    the VAE and tokenizer on the CPU; ``adapter.weight_source(device)`` then gives what the trainer
+    streams into each process's shard (:mod:`wamkit.models.weights`), read from disk only then.
     """
     from wamkit.models.cosmos3.adapter import Cosmos3Adapter, resolve_dtype
     from wamkit.models.cosmos3.components import (
         build_from_base,
         build_random,
+        fresh_heads,
         load_pretrained,
         load_tokenizer,
         make_scheduler,
+        open_pretrained,
         pipeline_root,
     )
     from wamkit.models.cosmos3.presets import resolve_options
+    from wamkit.models.weights import Overlay, StateDictWeights
 
     opts = resolve_options(dict(cfg.options))
     io = io or DEFAULT_IO
@@ -51,17 +56,26 @@ def build(cfg: ModelConfig, io: ModelIO | None = None, device: Any = None, **_: 
         raise ValueError(f"cosmos3: io.chunk={io.chunk} must be a multiple of 4 (the VAE's temporal stride)")
     dev = torch.device(device if device is not None else "cpu")
     dtype = resolve_dtype(opts["dtype"], dev)
-    root = None
+    root, source = None, None
     if cfg.pretrained:
         root, _ = pipeline_root(cfg.pretrained)
-        transformer, vae, _ = load_pretrained(root, io.action_dim, opts["reinit_action_heads"], dev, dtype)
+        if dev.type == "meta":
+            transformer, vae, folder, fresh = open_pretrained(
+                root, io.action_dim, opts["reinit_action_heads"]
+            )
+            heads = StateDictWeights(fresh_heads(transformer), "fresh action heads") if fresh else None
+            source = folder if heads is None else Overlay(folder, heads)
+        else:
+            transformer, vae, _ = load_pretrained(
+                root, io.action_dim, opts["reinit_action_heads"], dev, dtype
+            )
         opts["base"] = str(root.resolve())  # a rebuilt (saved) model takes its architecture and VAE here
     elif opts["base"]:
         root, _ = pipeline_root(opts["base"])
-        transformer, vae = build_from_base(root, io.action_dim, dev, dtype)
+        transformer, vae, source = build_from_base(root, io.action_dim, dev, dtype)
     else:
-        transformer, vae = build_random(cfg.preset, io.action_dim, dev, dtype)
-    return Cosmos3Adapter(
+        transformer, vae, source = build_random(cfg.preset, io.action_dim, dev, dtype)
+    adapter = Cosmos3Adapter(
         io,
         cfg.preset,
         cfg.pretrained,
@@ -71,6 +85,9 @@ def build(cfg: ModelConfig, io: ModelIO | None = None, device: Any = None, **_: 
         make_scheduler(root, float(opts["sampling_shift"])),
         load_tokenizer(root),
     )
+    if dev.type == "meta":
+        adapter.set_weight_source(source if callable(source) else (lambda _device, s=source: s))
+    return adapter
 
 
 def export_diffusers(adapter, out_dir):

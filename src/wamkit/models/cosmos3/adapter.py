@@ -42,7 +42,7 @@ from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import _EMBODIMENT_TO_DOMA
 from wamkit.config import ConfigError
 from wamkit.constants import ACTION, ACTION_IS_PAD, IDLE_FRAMES, TASK, future_image_key, image_key
 from wamkit.device import to_device
-from wamkit.models.base import LATENT_CACHE_OPTION, ModelIO, ParamGroup, weights_sha256
+from wamkit.models.base import LATENT_CACHE_OPTION, ActivationShape, ModelIO, ParamGroup, weights_sha256
 from wamkit.models.cosmos3 import latents
 from wamkit.models.cosmos3.encoding import Canvas, ClipEncoder
 from wamkit.models.cosmos3.fast_policy import FastPolicy
@@ -136,6 +136,52 @@ class Cosmos3Adapter(Cosmos3Inference):
             "options": options,
             "io": self.io.to_dict(),
         }
+
+    # -- protocol: built on the meta device (wamkit.models.weights) ------------------------------------
+    def set_weight_source(self, make) -> None:
+        """``make(device)`` gives the source the transformer's weights stream from (built on meta)."""
+        self._weight_source = make
+
+    def load_weights(self, device: torch.device) -> int:
+        """Fill the (sharded, materialised) transformer from its source; returns bytes read. The rotary
+        frequencies, a non-persistent buffer no file holds, are computed again on ``device``."""
+        from wamkit.models.cosmos3.components import _rebuild_rotary
+        from wamkit.models.weights import fill
+
+        make = getattr(self, "_weight_source", None)
+        if make is None:
+            raise RuntimeError("cosmos3: load_weights needs a model built on the meta device")
+        n = fill(self.module, make(device), self.pretrained or f"the {self.preset} preset")
+        _rebuild_rotary(self.module, device)
+        return n
+
+    @property
+    def gradient_checkpointing(self) -> bool:
+        return bool(self.options["gradient_checkpointing"])
+
+    def activation_shape(self):
+        """Per-sample token counts and widths for the memory plan (:mod:`wamkit.train.memory`)."""
+        und, gen = self.token_counts()
+        c = self.module.config
+        return ActivationShape(
+            tokens=und + gen,
+            grad_tokens=gen,
+            hidden=int(c.hidden_size),
+            kv_dim=int(c.num_key_value_heads) * int(c.head_dim),
+            intermediate=int(c.intermediate_size),
+            layers=int(c.num_hidden_layers),
+        )
+
+    def token_counts(self) -> tuple[int, int]:
+        """(understanding, generation) tokens of one nominal request (no device work)."""
+        frame = np.zeros((self.io.image_size, self.io.image_size * len(self.io.cameras), 3), np.uint8)
+        canvas = self._canvas(frame)
+        hw = canvas.size
+        h, w = canvas.latent_hw(int(self.vae.config.scale_factor_spatial))
+        shape = (self.module.config.latent_channel, self._latent_frames(), h, w)
+        task = "put both the alphabet soup and the tomato sauce in the basket"
+        req = self._requests([self.prompt(task, hw, 0)], hw, shape, (0,), ())[0]
+        return req.und_len, req.gen_len
 
     def export_extra(self, out_dir) -> None:
         """``wamkit convert --to extra``: a diffusers pipeline folder, verified by reloading it."""

@@ -17,6 +17,7 @@ import importlib.util
 import json
 import logging
 import math
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from safetensors.torch import load_file
 from wamkit.config import ConfigError
 from wamkit.models.cosmos3.presets import PRESETS, check_transformer_config
 from wamkit.models.cosmos3.recipe import sampling_scheduler
+from wamkit.models.weights import SafetensorsWeights, StateDictWeights
 
 log = logging.getLogger(__name__)
 
@@ -104,36 +106,50 @@ def _on_meta(config: dict[str, Any], device: torch.device, dtype: torch.dtype) -
     return tr
 
 
+class RandomWeights:
+    """Random-weight presets' tensors, each a function of its name alone (seed ``seed`` + crc32 of the
+    name, drawn on ``device``): a model filled shard by shard on N processes gets the very weights a
+    model built whole on one gets. Norm scales 1, biases and the modality embedding 0, action heads
+    uniform(+-1/sqrt(fan_in)) (:func:`init_action_heads`' law), other weights N(0, 0.02)."""
+
+    def __init__(self, tr: Cosmos3OmniTransformer, device: torch.device, seed: int = 0):
+        self._shape = {n: tuple(p.shape) for n, p in tr.named_parameters()}
+        self._fan_in = {
+            f"{h}.fc.weight": getattr(tr, h).input_size for h in ("action_proj_in", "action_proj_out")
+        }
+        self.device, self.seed = torch.device(device), seed
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        return dict(self._shape)
+
+    def where(self, name: str) -> str:
+        return f"random weights (seed {self.seed})"
+
+    def full(self, name: str) -> torch.Tensor:
+        shape = self._shape[name]
+        if (len(shape) == 1 and "norm" in name) or name.endswith("bias") or name == "action_modality_embed":
+            value = 1.0 if "norm" in name and len(shape) == 1 else 0.0
+            return torch.full(shape, value, device=self.device)
+        g = torch.Generator(self.device).manual_seed(self.seed + zlib.crc32(name.encode()))
+        if name in self._fan_in:
+            bound = 1.0 / math.sqrt(self._fan_in[name])
+            return torch.empty(shape, device=self.device).uniform_(-bound, bound, generator=g)
+        return torch.empty(shape, device=self.device).normal_(0.0, 0.02, generator=g)
+
+    def read(self, name: str, start: int, stop: int) -> torch.Tensor:
+        t = self.full(name)
+        return t if t.ndim == 0 else t[start:stop]
+
+
 def _random_init_(tr: Cosmos3OmniTransformer) -> None:
+    device = next(tr.parameters()).device
+    src = RandomWeights(tr, device)
     with torch.no_grad():
         for name, p in tr.named_parameters():
-            if p.ndim == 1 and "norm" in name:
-                p.fill_(1.0)
-            elif name.endswith("bias") or name == "action_modality_embed":
-                p.zero_()
-            else:
-                p.normal_(0.0, 0.02)
-    init_action_heads(tr)
+            p.copy_(src.full(name))
 
 
-def build_random(
-    preset: str, action_dim: int, device: torch.device, dtype: torch.dtype
-) -> tuple[Cosmos3OmniTransformer, AutoencoderKLWan]:
-    """A preset's transformer and VAE with random weights, on ``device`` in ``dtype``."""
-    if preset not in PRESETS:
-        raise ConfigError(f"model.preset: '{preset}' is not a cosmos3 preset (have: {', '.join(PRESETS)})")
-    tcfg, vcfg = PRESETS[preset]
-    check_transformer_config(tcfg, f"cosmos3 preset '{preset}'")
-    config = {**tcfg, "action_gen": True, "action_dim": action_dim}
-    if preset == "tiny":
-        torch.manual_seed(0)  # the tiny model is the same everywhere: tests compare across processes
-        tr = Cosmos3OmniTransformer(**config)
-        init_action_heads(tr)
-        tr = _cast(tr.to(device), dtype)
-        vae = AutoencoderKLWan(**vcfg, latents_mean=[0.0] * vcfg["z_dim"], latents_std=[1.0] * vcfg["z_dim"])
-        return tr, _cast(vae.to(device), dtype).eval().requires_grad_(False)
-    tr = _on_meta(config, device, dtype)
-    _random_init_(tr)
+def _random_vae(vcfg: dict[str, Any], device: torch.device, dtype: torch.dtype) -> AutoencoderKLWan:
     with torch.device("meta"):
         vae = AutoencoderKLWan(**vcfg, latents_mean=[0.0] * vcfg["z_dim"], latents_std=[1.0] * vcfg["z_dim"])
     vae = _cast(vae, dtype).to_empty(device=device)
@@ -145,19 +161,62 @@ def build_random(
                 p.zero_()
             else:
                 p.normal_(0.0, 1.0 / math.sqrt(p[0].numel()))
-    return tr, vae.eval().requires_grad_(False)
+    return vae.eval().requires_grad_(False)
+
+
+def build_random(
+    preset: str, action_dim: int, device: torch.device, dtype: torch.dtype
+) -> tuple[Cosmos3OmniTransformer, AutoencoderKLWan, Any]:
+    """A preset's transformer and VAE with random weights, on ``device`` in ``dtype``, and the source of
+    the transformer's weights (for a ``meta`` device: the trainer fills its shards from it; the VAE is
+    then built on the CPU)."""
+    if preset not in PRESETS:
+        raise ConfigError(f"model.preset: '{preset}' is not a cosmos3 preset (have: {', '.join(PRESETS)})")
+    tcfg, vcfg = PRESETS[preset]
+    check_transformer_config(tcfg, f"cosmos3 preset '{preset}'")
+    config = {**tcfg, "action_gen": True, "action_dim": action_dim}
+    meta = torch.device(device).type == "meta"
+    if preset == "tiny":
+        torch.manual_seed(0)  # the tiny model is the same everywhere: tests compare across processes
+        tr = Cosmos3OmniTransformer(**config)
+        init_action_heads(tr)
+        vae = AutoencoderKLWan(**vcfg, latents_mean=[0.0] * vcfg["z_dim"], latents_std=[1.0] * vcfg["z_dim"])
+        vae = vae.to("cpu" if meta else device)
+        vae = _cast(vae, torch.float32 if meta else dtype).eval().requires_grad_(False)
+        source = StateDictWeights(
+            {k: v.to(dtype) for k, v in _cast(tr, dtype).state_dict().items()}, "the tiny preset's weights"
+        )
+        return _cast(tr.to(device), dtype), vae, source
+    tr = _on_meta(config, device, dtype)
+    if meta:
+        return tr, _random_vae(vcfg, torch.device("cpu"), torch.float32), _Deferred(RandomWeights, tr)
+    _random_init_(tr)
+    return tr, _random_vae(vcfg, device, dtype), None
+
+
+class _Deferred:
+    """A source made on the device the weights are filled on (random weights are drawn there)."""
+
+    def __init__(self, make, tr):
+        self.make, self.tr = make, tr
+
+    def __call__(self, device: torch.device):
+        return self.make(self.tr, device)
 
 
 def build_from_base(
     path: str | Path, action_dim: int, device: torch.device, dtype: torch.dtype
-) -> tuple[Cosmos3OmniTransformer, AutoencoderKLWan]:
-    """The architecture of a diffusers folder with random transformer weights, and its VAE."""
+) -> tuple[Cosmos3OmniTransformer, AutoencoderKLWan, Any]:
+    """The architecture of a diffusers folder with random transformer weights, and its VAE (on the CPU
+    for a ``meta`` device, with the weights' source)."""
     root, tdir = pipeline_root(path)
     config = dict(Cosmos3OmniTransformer.load_config(str(tdir)))
     check_transformer_config(config, str(tdir / "config.json"))
     tr = _on_meta({**config, "action_gen": True, "action_dim": action_dim}, device, dtype)
+    if torch.device(device).type == "meta":
+        return tr, _load_vae(root, torch.device("cpu"), torch.float32), _Deferred(RandomWeights, tr)
     _random_init_(tr)
-    return tr, _load_vae(root, device, dtype)
+    return tr, _load_vae(root, device, dtype), None
 
 
 def _load_vae(root: Path, device: torch.device, dtype: torch.dtype) -> AutoencoderKLWan:
@@ -217,6 +276,88 @@ def slice_heads(sd: dict[str, torch.Tensor], width: int, hidden: int, source: st
     return {k: v.contiguous() for k, v in out.items()}
 
 
+class _SlicedHeads:
+    """A folder's tensors with wider action heads cut to the model's width (:func:`slice_heads`) and,
+    when asked, without its heads."""
+
+    def __init__(self, source: SafetensorsWeights, width: int, hidden: int, drop_heads: bool):
+        self.source, self.width, self.hidden = source, width, hidden
+        names = [k for k in source.shapes() if not (drop_heads and k.startswith(ACTION_HEAD_PREFIXES))]
+        heads = {
+            k: source.read(k, 0, source.shapes()[k][0]) for k in names if k.startswith(ACTION_HEAD_PREFIXES)
+        }
+        self.heads = slice_heads(heads, width, hidden, source.where(names[0])) if heads else {}
+        self._shape = {k: source.shapes()[k] for k in names}
+        self._shape.update({k: tuple(v.shape) for k, v in self.heads.items()})
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        return dict(self._shape)
+
+    def where(self, name: str) -> str:
+        return self.source.where(name)
+
+    def read(self, name: str, start: int, stop: int) -> torch.Tensor:
+        if name in self.heads:
+            t = self.heads[name]
+            return t if t.ndim == 0 else t[start:stop]
+        return self.source.read(name, start, stop)
+
+
+def fresh_heads(tr: Cosmos3OmniTransformer) -> dict[str, torch.Tensor]:
+    """Fresh action-head tensors on the CPU, drawn as :func:`init_action_heads` draws them (its law and
+    order, from the global generator: every process seeded alike draws the same heads)."""
+    out: dict[str, torch.Tensor] = {}
+    for h in ("action_proj_in", "action_proj_out"):
+        head = getattr(tr, h)
+        bound = 1.0 / math.sqrt(head.input_size)
+        out[f"{h}.fc.weight"] = torch.empty(head.fc.weight.shape).uniform_(-bound, bound)
+        out[f"{h}.bias.weight"] = torch.zeros(head.bias.weight.shape)
+    out["action_modality_embed"] = torch.zeros(tr.action_modality_embed.shape)
+    return out
+
+
+def open_pretrained(
+    path: str | Path, action_dim: int, reinit: str | bool
+) -> tuple[Cosmos3OmniTransformer, AutoencoderKLWan, Any, bool]:
+    """A diffusers folder's transformer on the meta device, its VAE on the CPU and the source its
+    weights stream from (every shard's header read and checked now, nothing loaded):
+    ``(transformer, vae, source, heads_fresh)``; the heads as :func:`load_pretrained` decides them."""
+    root, tdir = pipeline_root(path)
+    config = _checked_config(tdir)
+    tr = _on_meta(
+        {**config, "action_gen": True, "action_dim": action_dim}, torch.device("meta"), torch.float32
+    )
+    files = sorted(tdir.glob("*.safetensors"))
+    if not files:
+        raise ConfigError(f"model.pretrained: no *.safetensors weights in {tdir}")
+    source = _SlicedHeads(SafetensorsWeights(files), action_dim, int(tr.config.hidden_size), reinit is True)
+    have = source.shapes()
+    missing = [k for k, _ in tr.named_parameters() if k not in have]
+    heads = [k for k in missing if k.startswith(ACTION_HEAD_PREFIXES)]
+    if len(heads) != len(missing):
+        raise ConfigError(f"{tdir}: weights missing for {[k for k in missing if k not in heads][:5]}")
+    if heads and reinit is False:
+        raise ConfigError(
+            f"{tdir}: the folder has no action heads; set model.options.reinit_action_heads=auto or true"
+        )
+    fresh = bool(heads)
+    why = "as asked (reinit_action_heads=true)" if reinit is True else "the folder holds none"
+    log.info(
+        "cosmos3: action heads of %s %s", tdir, f"initialised afresh: {why}" if fresh else "read from it"
+    )
+    return tr, _load_vae(root, torch.device("cpu"), torch.float32), source, fresh
+
+
+def _checked_config(tdir: Path) -> dict[str, Any]:
+    config = dict(Cosmos3OmniTransformer.load_config(str(tdir)))
+    if config.get("_class_name") not in (None, "Cosmos3OmniTransformer"):
+        raise ConfigError(
+            f"{tdir / 'config.json'}: _class_name is {config['_class_name']!r}, not Cosmos3OmniTransformer"
+        )
+    check_transformer_config(config, str(tdir / "config.json"))
+    return config
+
+
 def load_pretrained(
     path: str | Path, action_dim: int, reinit: str | bool, device: torch.device, dtype: torch.dtype
 ) -> tuple[Cosmos3OmniTransformer, AutoencoderKLWan, bool]:
@@ -226,12 +367,7 @@ def load_pretrained(
     they are initialised afresh only when the folder has none (``reinit="auto"``) or when
     ``reinit=True`` asks for it, and the log says so either way."""
     root, tdir = pipeline_root(path)
-    config = dict(Cosmos3OmniTransformer.load_config(str(tdir)))
-    if config.get("_class_name") not in (None, "Cosmos3OmniTransformer"):
-        raise ConfigError(
-            f"{tdir / 'config.json'}: _class_name is {config['_class_name']!r}, not Cosmos3OmniTransformer"
-        )
-    check_transformer_config(config, str(tdir / "config.json"))
+    config = _checked_config(tdir)
     config.update(action_gen=True, action_dim=action_dim)
     tr = _on_meta(config, device, dtype)
     hidden = int(tr.config.hidden_size)

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from wamkit.config import ConfigError
 from wamkit.constants import ACTION, ACTION_IS_PAD, OBS_STATE, TASK, future_image_key, image_key
-from wamkit.models.base import Mode, ModelIO, ParamGroup
+from wamkit.models.base import ActivationShape, Mode, ModelIO, ParamGroup
 from wamkit.models.text import encode_texts
 from wamkit.models.tiny.config import TinyConfig
 from wamkit.models.tiny.network import TinyWAM, patchify, to_unit_range, unpatchify
@@ -102,6 +102,13 @@ class TinyAdapter:
             "options": self.cfg.to_dict(),
             "io": self.io.to_dict(),
         }
+
+    def activation_shape(self) -> ActivationShape:
+        """Token counts and widths for the trainer's memory plan (both towers train: every token)."""
+        cfg, w = self.cfg, self.cfg.width
+        n_u = cfg.text_len + (cfg.image_res // cfg.patch) ** 2 * len(self.io.cameras) + 1
+        n = n_u + self.io.chunk + self.module.n_frame
+        return ActivationShape(n, n, w, w, int(w * cfg.mlp_ratio), cfg.depth)
 
     def flops_per_sample(self) -> float:
         """Training FLOPs of one sample: 3 x forward (backward = 2 x forward); matmuls, attention, convs."""
