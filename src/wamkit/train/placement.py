@@ -135,3 +135,65 @@ def place(adapter: ModelAdapter, info: DistInfo, cfg: RunConfig, plan: memory.Pl
             n / 1e9, load_s, rss_anon_bytes() / 1e9,
         )  # fmt: skip
     return Placed(root, groups, trained, plan, load_s)
+
+
+def _plan_io(cfg: RunConfig):
+    """The dataset's inputs if its folder is here, else None (the model's defaults), and a note."""
+    from pathlib import Path
+
+    from wamkit.train.data_setup import first_dataset_root, io_from_dataset
+
+    root = first_dataset_root(cfg)
+    info = Path(root) / "meta" / "info.json"
+    if not info.is_file():
+        return None, f"data.root {root} is not here: the model's default inputs are planned for"
+    import json
+
+    features = json.loads(info.read_text())["features"]
+    return io_from_dataset(cfg, features, str(info)), f"inputs of {root}"
+
+
+def print_plan(
+    cfg: RunConfig, world_size: int, device_memory: str, host_memory: str, procs_per_host: int
+) -> None:
+    """``wamkit train CONFIG --plan``: the plan for ``world_size`` processes, nothing built but on meta."""
+    from wamkit.config import ConfigError
+    from wamkit.device import resolve_device
+    from wamkit.models import build_model
+    from wamkit.models.registry import builds_on_meta
+
+    if world_size < 1:
+        raise ConfigError(f"--world-size: expected a positive number of processes, got {world_size}")
+    import dataclasses
+    from pathlib import Path
+
+    io, note = _plan_io(cfg)
+    model = cfg.model
+    if model.pretrained and not Path(model.pretrained).exists():  # the plan needs its shape only
+        note += f"; model.pretrained {model.pretrained} is not here: the preset '{model.preset}' gives the shape"
+        model = dataclasses.replace(model, pretrained="")
+    meta = builds_on_meta(model.name)
+    adapter = build_model(model, io, device="meta") if meta else build_model(model, io)
+    sizes = memory.model_sizes(adapter)
+    if device_memory:
+        device_bytes, device_type = memory.parse_size(device_memory, "--device-memory"), "cuda"
+    else:
+        here = resolve_device(cfg.train.device, "train.device", 0, 1)
+        device_type, device_bytes = here.type, memory.device_memory_bytes(here)
+    host_bytes = (
+        memory.parse_size(host_memory, "--host-memory") if host_memory else memory.host_memory_bytes()
+    )
+    inp = plan_input(
+        cfg,
+        sizes,
+        world_size=world_size,
+        device_type=device_type,
+        device_bytes=device_bytes,
+        host_bytes=host_bytes,
+        procs_per_host=procs_per_host or min(world_size, 8),
+    )
+    plan = memory.make_plan(inp, sizes)
+    print(f"{cfg.model.name}/{cfg.model.preset} ({note}), global batch {cfg.train.global_batch}")
+    if not plan.fits:
+        raise memory.refusal(plan)
+    print(plan.table())
