@@ -23,6 +23,9 @@
 #   bash scripts/gpu_runs.sh cosmos3-eval  # sim + serve: the schedules against a Cosmos3-Nano-shaped server
 #   bash scripts/gpu_runs.sh train-cosmos3 # serve: Cosmos3 nano_l8 SFT (cached-latent shape) on 1 and 2 GPUs
 #   bash scripts/gpu_runs.sh train-cosmos3-compile  # core: nano_l8 on one GPU with compiled blocks
+#   bash scripts/gpu_runs.sh sft-full      # core: full-size Cosmos3-Nano SFT placed by its memory plan on one
+#                                          GPU (the plan printed, the transformer step beside the trainer
+#                                          step with accumulation, EMA and offload), and the nano_l8 rows (1 GPU)
 #
 # LIBERO-10 (docs/benchmarks.md, "LIBERO on the GPU machine"): three carries to one warm machine, then
 # the runs (each group one call; LIBERO_CONFIG_PATH and PYTHONPATH as in the libero section below):
@@ -214,6 +217,17 @@ case "$group" in
     run train_cosmos3 570 $W bench train --model cosmos3 --preset nano_l8 --precision bf16 --processes 1,2 \
       --micro-batch 32 --reshard-after-forward auto,never --latents --option gradient_checkpointing=true \
       --steps 5 --warmup 3
+    ;;
+  sft-full)
+    # the memory plan of the recipe on this GPU and for 8 x 80 GB; nano_l8 (fits without offload) and nano
+    # (the plan offloads) at one micro-batch each, the trainer step accumulating as a run does
+    run plan_1gpu 120 $W train configs/libero_10_cosmos3.yaml --plan
+    run plan_8x80 120 $W train configs/libero_10_cosmos3.yaml --plan --world-size 8 --device-memory 80GB \
+      --host-memory 1000GB
+    run train_nano_l8 200 $W bench train --model cosmos3 --preset nano_l8 --precision bf16 --micro-batch 32 \
+      --latents --option gradient_checkpointing=true --accumulation 4 --ema --steps 3 --warmup 1
+    run train_nano 420 $W bench train --model cosmos3 --preset nano --precision bf16 --micro-batch ${MB:-16} \
+      --latents --option gradient_checkpointing=true --accumulation ${ACCUM:-8} --ema --steps 2 --warmup 1
     ;;
   train-cosmos3-compile)
     # nano_l8 on one GPU, the bare forward+backward beside the trainer step, each block compiled

@@ -82,6 +82,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "every N-process row runs once per mode, the 1-process rows with the first",
     )
     parser.add_argument(
+        "--accumulation",
+        type=int,
+        default=1,
+        help="micro-batches per trainer step (gradient accumulation; default 1): the optimizer, EMA and "
+        "offload costs are spread over them as in a run of the recipe's global batch",
+    )
+    parser.add_argument("--ema", action="store_true", help="the trainer step updates an EMA (train.ema)")
+    parser.add_argument(
+        "--offload",
+        default="auto",
+        choices=("auto", "none", "ema", "optimizer"),
+        help="train.offload for the trainer step (default auto: the memory plan's choice)",
+    )
+    parser.add_argument(
         "--latents",
         action="store_true",
         help="models that encode a video target (cosmos3): train from latents encoded once, as a "
@@ -119,12 +133,19 @@ def _batch(adapter, micro_batch: int, device: torch.device, latents: bool) -> di
 
 
 def _measure_bare(cfg, device: torch.device, bf16: bool, args: argparse.Namespace, micro_batch: int):
-    """Seconds per bare forward+backward, FLOPs per sample, parameter count (the model is freed)."""
+    """Seconds per bare forward+backward, FLOPs per sample, parameter count (the model is freed).
+
+    A model the trainer builds on the meta device (cosmos3) is built here straight on ``device`` in its
+    compute dtype, as serving builds it: a 15B model never passes through host memory."""
     from wamkit.models import build_model
+    from wamkit.models.registry import builds_on_meta
 
     torch.manual_seed(0)
-    bare = build_model(cfg, None)
-    bare.module.to(device)
+    if builds_on_meta(cfg.name) and device.type == "cuda":
+        bare = build_model(cfg, None, device=device)
+    else:
+        bare = build_model(cfg, None)
+        bare.module.to(device)
     if args.compile:  # the same regional compilation as the trainer's, so the two rows compare
         for block in bare.blocks():
             block.compile()
@@ -138,7 +159,7 @@ def _measure_bare(cfg, device: torch.device, bf16: bool, args: argparse.Namespac
 
     t = timed(step, device, args.steps, args.warmup)
     n_params = sum(p.numel() for p in bare.module.parameters())
-    return t, bare.flops_per_sample(), n_params
+    return t, bare.flops_per_sample(), n_params  # the model goes with this frame
 
 
 def _profile(step, device: torch.device, rows: int) -> None:
@@ -158,28 +179,65 @@ def _reshard_list(value: str) -> list[str]:
     return modes
 
 
-def _trainer_step(cfg, device: torch.device, args: argparse.Namespace, micro_batch: int):
-    """The trainer's step on a synthetic batch: ``(step_fn, parameters, flops per sample)``."""
-    from wamkit.models import build_model
-    from wamkit.train.dist import shard_adapter
-    from wamkit.train.optim import build_optimizer
+def _run_config(args: argparse.Namespace, micro_batch: int, world: int, reshard: str):
+    """The trainer's settings this benchmark measures (what a run of them would hold)."""
+    from wamkit.config import RunConfig
 
+    cfg = RunConfig()
+    cfg.model = _model_config(args)
+    t = cfg.train
+    t.precision, t.micro_batch, t.compile, t.reshard_after_forward = (
+        args.precision,
+        micro_batch,
+        args.compile,
+        reshard,
+    )
+    t.global_batch = micro_batch * world * args.accumulation
+    t.ema, t.offload, t.device = args.ema, args.offload, args.device
+    return cfg
+
+
+def _trainer_step(cfg, device: torch.device, args: argparse.Namespace, micro_batch: int):
+    """The trainer's step on a synthetic batch, placed by its memory plan as ``wamkit train`` places it
+    (built on meta where the model can be, refused if it fits nowhere): ``(step_fn, parameters,
+    flops per sample, plan)``; one step is ``--accumulation`` micro-batches, then clipping, AdamW and
+    the EMA."""
+    from wamkit.models import build_model
+    from wamkit.models.registry import builds_on_meta
+    from wamkit.train.dist import init_distributed
+    from wamkit.train.optim import PowerEMA, build_optimizer
+    from wamkit.train.placement import place, plan_here
+
+    info = init_distributed(args.device)
+    run = _run_config(args, micro_batch, info.world_size, args.reshard_after_forward[0])
     torch.manual_seed(0)
-    adapter = build_model(cfg, None)
+    meta = builds_on_meta(cfg.name)
+    adapter = build_model(cfg, None, device="meta") if meta else build_model(cfg, None)
     n_params, flops = sum(p.numel() for p in adapter.module.parameters()), adapter.flops_per_sample()
+    plan = plan_here(run, info, adapter)
+    placed = place(adapter, info, run, plan)
     batch = _batch(adapter, micro_batch, device, args.latents)
-    reshard = args.reshard_after_forward[0]
-    root, groups, trained = shard_adapter(adapter, device, args.precision, args.compile, reshard)
-    opt = build_optimizer(groups, 1e-4, 0.01, [0.9, 0.95], fused=device.type == "cuda")
-    trainable = list(trained.values())
+    root, trainable = placed.root, list(placed.trained.values())
+    host = device if plan.offload == "optimizer" else None
+    opt = build_optimizer(
+        placed.groups, 1e-4, 0.01, [0.9, 0.95], fused=device.type == "cuda", host_device=host
+    )
+    ema_host = device if plan.offload in ("ema", "optimizer") else None
+    ema = PowerEMA(placed.trained, 0.75, device=ema_host) if args.ema else None
+    accum, counter = args.accumulation, [0]
 
     def step():
-        root(batch)["loss"].backward()
+        for micro in range(accum):
+            root.set_requires_gradient_sync(plan.grad_sync == "every" or micro == accum - 1)
+            (root(batch)["loss"] / accum).backward()
         torch.nn.utils.clip_grad_norm_(trainable, 1.0, foreach=True)
         opt.step()
         opt.zero_grad(set_to_none=True)
+        if ema is not None:
+            ema.update(counter[0])
+        counter[0] += 1
 
-    return step, n_params, flops
+    return step, n_params, flops, plan
 
 
 def _model_config(args: argparse.Namespace):
@@ -208,9 +266,10 @@ def main(args: argparse.Namespace) -> int:
         if device.type == "cuda":
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(device)
-        trainer_step, _, _ = _trainer_step(cfg, device, args, mb)
-        t_train = timed(trainer_step, device, args.steps, args.warmup)
+        trainer_step, _, _, plan = _trainer_step(cfg, device, args, mb)
+        t_train = timed(trainer_step, device, args.steps, args.warmup) / args.accumulation
         mem = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
+        host = _host_memory()
         if args.profile:
             _profile(trainer_step, device, args.profile)
     finally:
@@ -227,8 +286,21 @@ def main(args: argparse.Namespace) -> int:
         achieved = flops * sps
         mfu = f"{100 * achieved / peak:6.1f}%" if peak else "    n/a"
         print(f"{label:<34} {t:>9.4f} {sps:>10.1f} {achieved / 1e12:>8.2f} {mfu}")
-    print(f"trainer / bare samples/s: {t_bare / t_train:.2f}   peak device memory (trainer): {mem:.1f} GiB")
+    print(f"trainer / bare samples/s: {t_bare / t_train:.2f}   peak device memory (trainer): {mem:.1f} GiB   "
+          f"host: peak RSS {host['peak_rss_gb']:.1f} GB, RssAnon now {host['rss_anon_gb']:.1f} GB")  # fmt: skip
+    print(f"trainer step: {args.accumulation} micro-batch(es) per optimizer step; memory plan: offload={plan.offload}, "
+          f"reshard_after_forward={plan.reshard}, planned device total {plan.device_total / 2**30:.1f} GiB")  # fmt: skip
     return 0
+
+
+def _host_memory() -> dict[str, float]:
+    """Peak resident memory of this process (file-backed pages included) and its anonymous part now."""
+    import resource
+
+    from wamkit.train.placement import rss_anon_bytes
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+    return {"peak_rss_gb": peak / 1e9, "rss_anon_gb": rss_anon_bytes() / 1e9}
 
 
 # -- scaling over processes ------------------------------------------------------------------------
@@ -240,16 +312,20 @@ def _worker(args: argparse.Namespace) -> int:
     info = init_distributed(args.device)
     device, mb = info.device, args.micro_batch[0]
     try:
-        step, n_params, flops = _trainer_step(_model_config(args), device, args, mb)
-        t = timed(step, device, args.steps, args.warmup)
+        step, n_params, flops, plan = _trainer_step(_model_config(args), device, args, mb)
+        t = timed(step, device, args.steps, args.warmup) / args.accumulation
         mem = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
-        worst = torch.tensor([t, mem], dtype=torch.float64, device=device)
+        host = _host_memory()
+        worst = torch.tensor(
+            [t, mem, host["peak_rss_gb"], host["rss_anon_gb"]], dtype=torch.float64, device=device
+        )
         dist.all_reduce(worst, op=dist.ReduceOp.MAX)
-        t, mem = worst.tolist()
+        t, mem, peak_rss, anon = worst.tolist()
         name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
         row = dict(
             processes=info.world_size, micro_batch=mb, s_step=t, samples_per_s=info.world_size * mb / t,
             peak_gib=mem, params=n_params, flops_per_sample=flops, device=name,
+            peak_rss_gb=peak_rss, rss_anon_gb=anon, offload=plan.offload,
         )  # fmt: skip
         if info.is_main:
             Path(args.worker_json).write_text(json.dumps(row))
@@ -272,8 +348,10 @@ def _worker_argv(
         "-m", "wamkit", "bench", "train", "--model", args.model, "--preset", args.preset,
         "--micro-batch", str(micro_batch), "--steps", str(args.steps), "--warmup", str(args.warmup),
         "--precision", args.precision, "--device", args.device, "--worker-json", str(out),
-        "--reshard-after-forward", reshard,
+        "--reshard-after-forward", reshard, "--accumulation", str(args.accumulation), "--offload", args.offload,
     ]  # fmt: skip
+    if args.ema:
+        argv.append("--ema")
     for opt in args.option:
         argv += ["--option", opt]
     return argv + (["--compile"] if args.compile else []) + (["--latents"] if args.latents else [])
@@ -353,16 +431,18 @@ def _print_scaling(args: argparse.Namespace, rows: dict) -> None:
           f"{first['flops_per_sample'] / 1e9:.2f} GFLOP/sample (fwd+bwd), trainer step (FSDP2+clip+AdamW), "
           f"{args.precision} on {first['device']}" + (", blocks compiled" if args.compile else ""))  # fmt: skip
     print(f"{'processes':>9} {'micro-batch':>11} {'s/step':>9} {'samples/s':>10} {'per process':>11} "
-          f"{'MFU':>7} {'peak GiB':>8} {'scaling':>8} {'vs best 1':>9}  reshard")  # fmt: skip
+          f"{'MFU':>7} {'peak GiB':>8} {'RSS GB':>7} {'scaling':>8} {'vs best 1':>9}  reshard")  # fmt: skip
     for (n, mb, mode), r in rows.items():
         sps, one = r["samples_per_s"], rows[1, mb, first_mode]["samples_per_s"]
         mfu = f"{100 * r['flops_per_sample'] * sps / n / peak:6.1f}%" if peak else "    n/a"
         mem = f"{r['peak_gib']:>8.1f}" if r["peak_gib"] == r["peak_gib"] else "     n/a"  # NaN on a CPU
         print(f"{n:>9} {mb:>11} {r['s_step']:>9.4f} {sps:>10.1f} {sps / n:>11.1f} {mfu} "
-              f"{mem} {sps / one:>7.2f}x {sps / best1['samples_per_s']:>8.2f}x  {mode}")  # fmt: skip
+              f"{mem} {r.get('peak_rss_gb', float('nan')):>7.1f} {sps / one:>7.2f}x "
+              f"{sps / best1['samples_per_s']:>8.2f}x  {mode}")  # fmt: skip
     print(
         f"scaling: N-process samples/s / 1-process samples/s at the same micro-batch per process; "
         f"vs best 1: / the best 1-process row (micro-batch {best1['micro_batch']}, "
         f"{best1['samples_per_s']:.1f} samples/s); reshard: train.reshard_after_forward (auto on one "
-        f"process keeps the weights gathered, as never does)"
+        f"process keeps the weights gathered, as never does); RSS GB: the largest rank's peak resident "
+        f"host memory"
     )

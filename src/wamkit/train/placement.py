@@ -170,7 +170,9 @@ def print_plan(
     io, note = _plan_io(cfg)
     model = cfg.model
     if model.pretrained and not Path(model.pretrained).exists():  # the plan needs its shape only
-        note += f"; model.pretrained {model.pretrained} is not here: the preset '{model.preset}' gives the shape"
+        note += (
+            f"; model.pretrained {model.pretrained} is not here: the preset '{model.preset}' gives the shape"
+        )
         model = dataclasses.replace(model, pretrained="")
     meta = builds_on_meta(model.name)
     adapter = build_model(model, io, device="meta") if meta else build_model(model, io)
