@@ -37,9 +37,9 @@ def host_like(p: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tens
     part = local(p)
     host = torch.zeros(part.shape, dtype=dtype, pin_memory=torch.cuda.is_available())
     if isinstance(p, DTensor):
-        return DTensor.from_local(
-            host, p.device_mesh, p.placements, run_check=False, shape=p.shape, stride=p.stride()
-        )
+        # DTensor's own constructor with p's spec, as FSDP2 builds its CPU-offloaded shards:
+        # DTensor.from_local would move the local tensor to the mesh's device
+        return DTensor(host, p._spec, requires_grad=False)
     return host
 
 
