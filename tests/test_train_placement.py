@@ -283,3 +283,22 @@ def test_offloaded_optimizer_and_ema_give_the_same_losses_and_state(tmp_path, li
     _tiny_run(resumed, libero_tiny, "train.offload=optimizer", "train.resume=auto")
     assert read_losses(resumed) == read_losses(plain)
     assert json.loads((resumed / "checkpoints" / "step_000004" / "meta.json").read_text())["step"] == 4
+
+
+def test_the_pinned_arena_cuts_tensors_from_slabs_without_rounding():
+    from wamkit.train.offload import PinnedArena
+
+    arena = PinnedArena(slab_bytes=4096, pin=False)  # pinning needs a GPU; the cutting is the same
+    a, b = arena.zeros((3, 5), torch.float32), arena.zeros((7,), torch.bfloat16)
+    assert a.shape == (3, 5) and b.shape == (7,) and a.dtype == torch.float32 and b.dtype == torch.bfloat16
+    assert a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()  # one slab
+    assert (b.data_ptr() - a.data_ptr()) % 64 == 0 and b.data_ptr() - a.data_ptr() >= a.nbytes
+    a.fill_(1.0)
+    assert b.abs().sum() == 0  # no overlap
+    big = arena.zeros((2000,), torch.float32)  # over a quarter slab: a block of its own
+    assert arena.reserved == 4096 + big.nbytes
+    for _ in range(62):  # 64-byte aligned: a and b took 128 bytes, these the other 3,968
+        arena.zeros((4,), torch.float32)
+    assert arena.reserved == 4096 + big.nbytes
+    arena.zeros((4,), torch.float32)
+    assert arena.reserved == 2 * 4096 + big.nbytes  # a full slab starts the next

@@ -31,11 +31,49 @@ def local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
-def host_like(p: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Zeros shaped as ``p``'s local part in host memory (pinned when a GPU is there), wrapped as a
-    DTensor of ``p``'s mesh and placements when ``p`` is one."""
+SLAB_BYTES = 1 << 30
+_ALIGN = 64
+
+
+class PinnedArena:
+    """Pinned host memory handed out from 1 GiB slabs.
+
+    torch's pinned allocator rounds every block up to a power of two (``CachingHostAllocator``), so
+    tensors pinned one by one take up to twice their size: 78 GB of Nano moments and EMA held 108 GB
+    of host memory that way. A slab is itself a power of two, and tensors are cut from it back to back
+    (larger ones get a block of their own)."""
+
+    def __init__(self, slab_bytes: int = SLAB_BYTES, pin: bool = True):
+        self.slab_bytes, self.pin = slab_bytes, pin
+        self._slab: torch.Tensor | None = None
+        self._used = 0
+        self.reserved = 0  # bytes of pinned memory taken
+
+    def zeros(self, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
+        n = max(1, int(torch.Size(shape).numel())) * torch.empty((), dtype=dtype).element_size()
+        if n > self.slab_bytes // 4:
+            self.reserved += n
+            return torch.zeros(shape, dtype=dtype, pin_memory=self.pin)
+        if self._slab is None or self._used + n > self.slab_bytes:
+            self._slab = torch.empty(self.slab_bytes, dtype=torch.uint8, pin_memory=self.pin)
+            self._used = 0
+            self.reserved += self.slab_bytes
+        part = self._slab[self._used : self._used + n]
+        self._used += -(-n // _ALIGN) * _ALIGN
+        out = part.view(dtype)[: torch.Size(shape).numel()].view(shape)
+        return out.zero_()
+
+
+def host_like(
+    p: torch.Tensor, dtype: torch.dtype = torch.float32, arena: PinnedArena | None = None
+) -> torch.Tensor:
+    """Zeros shaped as ``p``'s local part in host memory (pinned from ``arena`` when a GPU is there),
+    wrapped as a DTensor of ``p``'s mesh and placements when ``p`` is one."""
     part = local(p)
-    host = torch.zeros(part.shape, dtype=dtype, pin_memory=torch.cuda.is_available())
+    if torch.cuda.is_available():
+        host = (arena or PinnedArena()).zeros(part.shape, dtype)
+    else:
+        host = torch.zeros(part.shape, dtype=dtype)
     if isinstance(p, DTensor):
         # DTensor's own constructor with p's spec, as FSDP2 builds its CPU-offloaded shards:
         # DTensor.from_local would move the local tensor to the mesh's device
@@ -114,6 +152,7 @@ class HostAdamW(torch.optim.AdamW):
     def __init__(self, params, *, device: torch.device, chunk_bytes: int = CHUNK_BYTES, **kwargs):
         super().__init__(params, **kwargs)
         self.device, self.chunk_bytes = torch.device(device), chunk_bytes
+        self.arena = PinnedArena()
 
     def _new_state(self, p: torch.Tensor, group: dict) -> dict:
         on_device = group["fused"] or group["capturable"]
@@ -122,7 +161,11 @@ class HostAdamW(torch.optim.AdamW):
             if on_device
             else torch.tensor(0.0, dtype=torch.float32)
         )
-        return {"step": step, "exp_avg": host_like(p), "exp_avg_sq": host_like(p)}
+        return {
+            "step": step,
+            "exp_avg": host_like(p, arena=self.arena),
+            "exp_avg_sq": host_like(p, arena=self.arena),
+        }
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -175,6 +218,6 @@ class HostAdamW(torch.optim.AdamW):
         for p, s in self.state.items():
             for key in ("exp_avg", "exp_avg_sq"):
                 if key in s and local(s[key]).device.type != "cpu":
-                    h = host_like(p, s[key].dtype)
+                    h = host_like(p, s[key].dtype, self.arena)
                     local(h).copy_(local(s[key]))
                     s[key] = h

@@ -10,7 +10,7 @@ import math
 import torch
 
 from wamkit.models.base import ParamGroup
-from wamkit.train.offload import HostAdamW, host_like, local, stream_update
+from wamkit.train.offload import HostAdamW, PinnedArena, host_like, local, stream_update
 
 
 def lr_factor(step: int, schedule: str, warmup_steps: int, max_steps: int, min_lr_ratio: float) -> float:
@@ -143,8 +143,9 @@ class PowerEMA:
             self.shadow = {k: p.detach().clone().float() for k, p in named_params.items()}
         else:
             self.shadow = {}
+            arena = PinnedArena()
             for k, p in named_params.items():
-                h = host_like(p)
+                h = host_like(p, arena=arena)
                 local(h).copy_(local(p.detach()))
                 self.shadow[k] = h
 
