@@ -56,13 +56,26 @@ def _single_process():
         yield
 
 
-def _build_from_model_json(path: Path) -> ModelAdapter:
+def _build_from_model_json(path: Path, base: dict[str, Any] | None = None) -> ModelAdapter:
+    """The model of a checkpoint's ``model.json``; with a ``base`` (a checkpoint without its frozen
+    weights), built from that base and checked against its hash."""
     from wamkit.models.pretrained import read_model_json
     from wamkit.models.registry import build_model
+    from wamkit.train import base_weights
 
     meta = read_model_json(path)
-    cfg = ModelConfig(name=meta["name"], preset=meta["preset"], options=meta["options"])
-    return build_model(cfg, ModelIO.from_dict(meta["io"]))
+    pretrained = base["path"] if base is not None and base["kind"] == "diffusers" else ""
+    cfg = ModelConfig(
+        name=meta["name"], preset=meta["preset"], pretrained=pretrained, options=meta["options"]
+    )
+    try:
+        adapter = build_model(cfg, ModelIO.from_dict(meta["io"]))
+        if base is not None:
+            ref = getattr(adapter, "base_reference", None)
+            base_weights.check_same(base, base_weights.resolve(ref() if ref else None), f"{path}")
+    except ConfigError as err:
+        raise ConversionError(str(err)) from None
+    return adapter
 
 
 def is_dcp_checkpoint(path: str | os.PathLike) -> bool:
@@ -78,9 +91,20 @@ def load_checkpoint_weights(ckpt_dir: str | os.PathLike, ema: bool = False) -> M
         raise ConversionError(f"{ckpt}: not a DCP checkpoint (no .metadata)")
     if not (ckpt / MARKER).is_file():
         raise ConversionError(f"{ckpt}: incomplete checkpoint (no {MARKER}): an interrupted save")
-    adapter = _build_from_model_json(ckpt)
-    state = {"model": adapter.module.state_dict()}
+    from wamkit.train.checkpoint import read_meta
+
+    base = read_meta(ckpt).get("base")
+    adapter = _build_from_model_json(ckpt, base)
     keys = {k for k in dcp.FileSystemReader(str(ckpt)).read_metadata().state_dict_metadata}
+    whole = adapter.module.state_dict()
+    # a checkpoint with a base holds the trained weights only: the frozen ones are the base's, as built
+    state = {"model": {n: t for n, t in whole.items() if base is None or f"model.{n}" in keys}}
+    if base is not None:
+        trained = {id(p) for g in adapter.param_groups() for p in g.params}
+        names = {id(p): n for n, p in adapter.module.named_parameters()}
+        lost = sorted(names[i] for i in trained if f"model.{names[i]}" not in keys)
+        if lost:
+            raise ConversionError(f"{ckpt}: trained weights missing from the checkpoint: {lost[:5]}")
     if ema:
         if not any(k.startswith("ema.") for k in keys):
             raise ConversionError(f"{ckpt}: --ema asked for, but the run trained without train.ema")
@@ -91,7 +115,7 @@ def load_checkpoint_weights(ckpt_dir: str | os.PathLike, ema: bool = False) -> M
     if ema:  # frozen weights stay as trained (they never change); trained ones take their EMA
         for n, v in state["ema"].items():
             state["model"][n] = v.to(state["model"][n].dtype)
-    adapter.module.load_state_dict(state["model"], strict=True)
+    adapter.module.load_state_dict({**whole, **state["model"]}, strict=True)
     return adapter
 
 

@@ -8,7 +8,9 @@ A checkpoint is a directory ``run_dir/checkpoints/step_000100/`` holding:
   and the data-loader position;
 - ``model.json`` (the adapter's ``config_dict()``), ``preprocess.json`` (the preprocessing spec, stats
   inside) and ``config.yaml``: what export needs;
-- ``meta.json``: step and world size, written last. It is the marker of completeness.
+- ``meta.json``: step, world size and the base the frozen weights come from (the model state holds
+  only the trained parameters when the adapter names its base: :mod:`wamkit.train.base_weights`),
+  written last. It is the marker of completeness.
 
 Writes go to ``.tmp_step_000100/``; every file is fsynced, then the directory is renamed into place. A
 crash at any point leaves either no checkpoint or a whole one; a leftover ``.tmp_*`` is never resumed.
@@ -105,6 +107,7 @@ def save_checkpoint(
     files: dict[str, str],
     keep_last: int,
     lineage: str = "",
+    meta: dict[str, Any] | None = None,
 ) -> Path:
     """Collective: every rank calls it. ``sharded`` goes to DCP, ``rank_state`` to this rank's file,
     ``files`` (name -> text) are written by rank 0. Returns the final checkpoint path."""
@@ -125,7 +128,8 @@ def save_checkpoint(
         for name, text in files.items():
             (tmp / name).write_text(text)
         fsync_tree(tmp)
-        (tmp / MARKER).write_text(json.dumps({"step": step, "world_size": world, "lineage": lineage}))
+        marker = {"step": step, "world_size": world, "lineage": lineage, **(meta or {})}
+        (tmp / MARKER).write_text(json.dumps(marker))
         fsync_tree(tmp)
         aside = root / f".old_{step_dir_name(step)}"
         if final.exists():  # this step from before a resume: kept until the new copy is in place

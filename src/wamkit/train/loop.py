@@ -22,13 +22,14 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import yaml
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 from torch.distributed.tensor import DTensor
 
 from wamkit.config import ConfigError, RunConfig, save_config, to_dict
 from wamkit.files import CONFIG_FILE, MODEL_FILE, SPEC_FILE, model_json
 from wamkit.log import setup_logging
 from wamkit.models.base import ModelAdapter, ModelIO
+from wamkit.train import base_weights
 from wamkit.train import checkpoint as ckpt
 from wamkit.train.dist import DistInfo, init_distributed, shutdown
 from wamkit.train.metrics import RunLogger, truncate_losses
@@ -111,6 +112,7 @@ class _Loop:
         self.adapter = adapter_fn(cfg, io)
         module = self.adapter.module
         self.plan = plan_here(cfg, info, self.adapter)  # refused here, before anything is allocated
+        self.base = self._base()
         placed = place(self.adapter, info, cfg, self.plan)
         self.root, groups, trained = placed.root, placed.groups, placed.trained
         self.trainable = list(trained.values())
@@ -145,22 +147,45 @@ class _Loop:
         dist.broadcast_object_list(box, src=0)
         return box[0]
 
+    def _base(self) -> dict[str, Any] | None:
+        """The adapter's base with its content hash (rank 0 hashes, every rank records the same)."""
+        ref = getattr(self.adapter, "base_reference", None)
+        box = [base_weights.resolve(ref(), self.run_dir) if ref is not None and self.info.is_main else None]
+        dist.broadcast_object_list(box, src=0)
+        if box[0] is not None:
+            log.info(
+                "checkpoints leave the frozen weights out: their base is %s", base_weights.describe(box[0])
+            )
+        return box[0]
+
+    def _state_options(self, load: bool = False) -> StateDictOptions:
+        # with a base, frozen weights are never saved (nor loaded: they came from the base; torch then
+        # loads non-strictly, and _load checks that only frozen names were left out)
+        frozen_out = self.base is not None
+        return StateDictOptions(ignore_frozen_params=frozen_out, strict=not (load and frozen_out))
+
     def _sharded(self) -> dict[str, Any]:
-        msd, osd = get_state_dict(self.adapter.module, self.optimizer)
+        msd, osd = get_state_dict(self.adapter.module, self.optimizer, options=self._state_options())
         state = {"model": msd, "optim": osd}
         if self.ema is not None:
             state["ema"] = self.ema.state_dict()
         return state
 
     def _load(self, path: Path) -> None:
+        base_weights.check_same(ckpt.read_meta(path).get("base"), self.base, f"--resume {path}")
         state = self._sharded()
         rank_state = ckpt.load_checkpoint(path, state)
-        set_state_dict(
+        result = set_state_dict(
             self.adapter.module,
             self.optimizer,
             model_state_dict=state["model"],
             optim_state_dict=state["optim"],
+            options=self._state_options(load=True),
         )
+        frozen = {n for n, p in self.adapter.module.named_parameters() if not p.requires_grad}
+        wrong = [k for k in result.missing_keys if k not in frozen] + list(result.unexpected_keys)
+        if wrong:
+            raise RuntimeError(f"{path}: the checkpoint's model state does not fit this model: {wrong[:5]}")
         rehost = getattr(self.optimizer, "rehost", None)
         if rehost is not None:  # torch's load_state_dict puts moments beside their parameters
             rehost()
@@ -195,6 +220,7 @@ class _Loop:
             files,
             self.cfg.train.keep_last,
             self.lineage,
+            {"base": self.base} if self.base is not None else None,
         )
         dt = time.perf_counter() - t0
         log.info("saved %s in %.2f s", path, dt)

@@ -155,6 +155,37 @@ class Cosmos3Adapter(Cosmos3Inference):
         _rebuild_rotary(self.module, device)
         return n
 
+    def base_reference(self) -> dict[str, Any] | None:
+        """What the frozen weights are, for checkpoints that leave them out (wamkit.train.base_weights):
+        the safetensors files of ``pretrained``, or the tiny preset (regenerated exactly anywhere, pinned
+        by the hash of its frozen tensors); None for other random presets (a checkpoint keeps them)."""
+        from wamkit.models.cosmos3.components import pipeline_root
+
+        if self.pretrained:
+            root, tdir = pipeline_root(self.pretrained)
+            files = sorted(str(f.relative_to(root)) for f in tdir.glob("*.safetensors"))
+            return {"kind": "diffusers", "path": str(root.resolve()), "files": files}
+        if self.preset == "tiny" and not self.options["base"]:
+            return {"kind": "preset", "preset": "tiny", "sha256": self._frozen_sha256()}
+        return None
+
+    def _frozen_sha256(self) -> str:
+        """sha256 over the frozen tensors (name, shape, fp32 bytes, in name order), read from the
+        weights' source when the module is still on the meta device."""
+        import hashlib
+
+        make = getattr(self, "_weight_source", None)
+        src = make(torch.device("cpu")) if make is not None and self.device.type == "meta" else None
+        h = hashlib.sha256()
+        for name, p in sorted(self.module.named_parameters()):
+            if param_role(name) != "frozen":
+                continue
+            t = src.read(name, 0, p.shape[0]) if src is not None else p.detach()
+            t = t.float().contiguous().cpu()
+            h.update(f"{name}|{list(t.shape)}|".encode())
+            h.update(t.view(torch.uint8).numpy())
+        return h.hexdigest()
+
     @property
     def gradient_checkpointing(self) -> bool:
         return bool(self.options["gradient_checkpointing"])
