@@ -23,6 +23,10 @@
 #   bash scripts/gpu_runs.sh cosmos3-eval  # sim + serve: the schedules against a Cosmos3-Nano-shaped server
 #   bash scripts/gpu_runs.sh train-cosmos3 # serve: Cosmos3 nano_l8 SFT (cached-latent shape) on 1 and 2 GPUs
 #   bash scripts/gpu_runs.sh train-cosmos3-compile  # core: nano_l8 on one GPU with compiled blocks
+#   bash scripts/gpu_runs.sh sft-disk      # core: wamkit train from a random-weight diffusers folder on disk:
+#                                          Nano streamed into its shard (host RssAnon, time to the first
+#                                          step; killed then: its 112 GB checkpoint would not fit the disk),
+#                                          nano_l8 to one async checkpoint (size, write time) and its export
 #   bash scripts/gpu_runs.sh sft-full      # core: full-size Cosmos3-Nano SFT placed by its memory plan on one
 #                                          GPU (the plan printed, the transformer step beside the trainer
 #                                          step with accumulation, EMA and offload), and the nano_l8 rows (1 GPU)
@@ -38,6 +42,39 @@ set -uo pipefail
 OUT=${OUT:-/tmp/gpu_runs}
 mkdir -p "$OUT"
 W="python3 -m wamkit"
+
+sft_disk() {  # the sft-disk group (see the header); disk: 64 GB, so one base at a time
+  local tmp=${SFT_TMP:-/tmp/sft_disk}
+  rm -rf "$tmp" && mkdir -p "$tmp"
+  python3 -c "from wamkit.data.synthetic import write_pattern_dataset as w; w('$tmp/ds', [40, 40], camera_dtype='image', size=(256, 256))"
+  for preset in nano nano_l8; do
+    run "base_$preset" 300 python3 -c "
+import time, torch; t=time.perf_counter()
+from wamkit.config import ModelConfig; from wamkit.models import build_model
+from wamkit.models.cosmos3.components import export_diffusers
+a = build_model(ModelConfig(name='cosmos3', preset='$preset'), None, device='cuda')
+export_diffusers(a, '$tmp/base_$preset'); print('written in', round(time.perf_counter()-t, 1), 's')"
+    local args=(configs/libero_10_cosmos3.yaml "model.pretrained=$tmp/base_$preset" "data.root=$tmp/ds"
+      data.num_workers=2 train.micro_batch=8 train.global_batch=8 train.log_interval=1 train.warmup_steps=1
+      "train.run_dir=$tmp/run_$preset")
+    if [ "$preset" = nano ]; then
+      # killed after its first step is logged: the checkpoint at the end would not fit the disk
+      ( $W train "${args[@]}" train.max_steps=3 >"$OUT/train_disk_nano.log" 2>&1 & echo $! >"$tmp/pid"
+        wait ) &
+      local waited=0
+      until grep -q "first optimizer step done" "$OUT/train_disk_nano.log" 2>/dev/null || [ $waited -ge 400 ]; do
+        sleep 2; waited=$((waited + 2))
+      done
+      kill -9 "$(cat "$tmp/pid")" 2>/dev/null; wait
+      grep -E "memory plan|offload=|RssAnon|first optimizer|streamed|base is" "$OUT/train_disk_nano.log" | tee -a "$OUT/index.txt"
+    else
+      run train_disk_nano_l8 300 $W train "${args[@]}" train.max_steps=1
+      du -sh "$tmp/run_$preset/checkpoints/"* | tee -a "$OUT/index.txt"
+      grep -E "saved|RssAnon|first optimizer" "$OUT/train_disk_nano_l8.log" | tee -a "$OUT/index.txt"
+    fi
+    rm -rf "$tmp/base_$preset" "$tmp/run_$preset"
+  done
+}
 
 run() {  # run NAME SECONDS CMD... : one command with a time limit, output to $OUT/NAME.log
   local name=$1 limit=$2
@@ -228,6 +265,9 @@ case "$group" in
       --latents --option gradient_checkpointing=true --accumulation 4 --ema --steps 3 --warmup 1
     run train_nano 420 $W bench train --model cosmos3 --preset nano --precision bf16 --micro-batch ${MB:-16} \
       --latents --option gradient_checkpointing=true --accumulation ${ACCUM:-8} --ema --steps 2 --warmup 1
+    ;;
+  sft-disk)
+    sft_disk
     ;;
   train-cosmos3-compile)
     # nano_l8 on one GPU, the bare forward+backward beside the trainer step, each block compiled

@@ -157,3 +157,47 @@ def test_two_process_sigkill_mid_run_then_resume_auto_is_exact_and_serves(tmp_pa
         str(tmp_path / "check" / "cut" / "checkpoints" / result["checkpoint_left"])
     )
     assert result["served_action_shape"][0] > 0
+
+
+def test_sigkill_while_an_async_save_is_writing_resumes_exactly(tmp_path, libero_tiny):
+    """``train.async_save``: the shards of step N are written while step N+1's micro-batches run; a
+    SIGKILL in that window leaves ``.tmp_step_N`` without its marker, and ``--resume auto`` continues
+    from step N-1's checkpoint with the losses of an uninterrupted run."""
+    args = [
+        f"data.root={libero_tiny}", "data.representation=libero_rot6d", "data.num_workers=1",
+        "model.options.width=64", "model.options.depth=2", "model.options.heads=2",
+        "train.max_steps=10", "train.micro_batch=2", "train.global_batch=8", "train.save_interval=1",
+        "train.log_interval=1", "train.warmup_steps=3", "train.ema=true", "train.keep_last=3",
+        "train.async_save=true",
+    ]  # fmt: skip
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    ref = subprocess.Popen(
+        _train_cmd(full, args), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    proc = subprocess.Popen(
+        _train_cmd(cut, args), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    root, caught = cut / "checkpoints", None
+    deadline = time.monotonic() + 240
+    while caught is None:
+        assert proc.poll() is None, (
+            f"training ended before a save could be caught: {proc.stderr.read().decode()[-2000:]}"
+        )
+        assert time.monotonic() < deadline, "no save in flight was seen in time"
+        names = os.listdir(root) if root.is_dir() else []
+        flying = [n for n in names if n.startswith(".tmp_step_") and int(n[-6:]) >= 3]
+        if flying and not (root / flying[0] / "meta.json").exists():
+            proc.send_signal(signal.SIGKILL)
+            caught = int(flying[0][-6:])
+        time.sleep(0.001)
+    proc.wait()
+    assert ref.wait(timeout=300) == 0, ref.stderr.read().decode()[-3000:]
+    assert (root / f".tmp_step_{caught:06d}").is_dir() and not (root / f"step_{caught:06d}").exists()
+    done = subprocess.run(
+        [*_train_cmd(cut, args), "--resume", "auto"], env=_env(), capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"resumed from {root / f'step_{caught - 1:06d}'}" in done.stderr, done.stderr[-3000:]
+    assert "shards written in" in done.stderr  # the async path ran
+    assert read_losses(cut) == read_losses(full), f"killed while step {caught} was being saved"
+    assert not any(n.startswith(".tmp_") for n in os.listdir(root))

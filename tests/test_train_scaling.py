@@ -23,10 +23,10 @@ def test_bench_train_processes_prints_rows_and_ratios_that_add_up():
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=REPO)
     assert out.returncode == 0, out.stderr[-3000:]
-    # processes, micro-batch, s/step, samples/s, per process, MFU (n/a on a CPU), GiB, scaling, vs best 1,
-    # reshard after forward
+    # processes, micro-batch, s/step, samples/s, per process, MFU (n/a on a CPU), GiB, host RSS GB, scaling,
+    # vs best 1, reshard after forward
     row = re.compile(
-        r"^\s+(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+n/a\s+n/a\s+([\d.]+)x\s+([\d.]+)x\s+(\w+)$"
+        r"^\s+(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+n/a\s+n/a\s+[\d.]+\s+([\d.]+)x\s+([\d.]+)x\s+(\w+)$"
     )
     rows = {(int(m[1]), int(m[2]), m[8]): m for m in map(row.match, out.stdout.splitlines()) if m}
     # 1 process added as the reference (first mode); micro-batch 4 (not the first) on 1 process only;

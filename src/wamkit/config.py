@@ -129,6 +129,9 @@ class TrainConfig:
     ema_power: float = 0.75  # inverse_power: decay = 1 - (step + 1) ** -power
     ema_rate: float = 0.1  # edm2: the EMA's relative width sigma_rel (cosmos' "power" EMA rate)
     save_interval: int = 500
+    # write checkpoint shards in a background thread while the next micro-batches run; the save is
+    # finished (marker, rename) before the next optimizer step (wamkit.train.checkpoint)
+    async_save: bool = True
     keep_last: int = 2
     log_interval: int = 10
     seed: int = 0

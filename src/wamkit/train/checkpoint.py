@@ -14,6 +14,9 @@ A checkpoint is a directory ``run_dir/checkpoints/step_000100/`` holding:
 
 Writes go to ``.tmp_step_000100/``; every file is fsynced, then the directory is renamed into place. A
 crash at any point leaves either no checkpoint or a whole one; a leftover ``.tmp_*`` is never resumed.
+The shards may be written in the background (``train.async_save``): the trainer goes on with its next
+micro-batches and finishes the save (waits for the shards, writes the marker, renames) before its next
+optimizer step, the first moment anything saved would change; a crash in between leaves a ``.tmp_*``.
 Re-saving a step that exists (after a resume) first moves the old copy aside (``.old_step_000100/``),
 renames the new one into place, and only then deletes the old one; :func:`clean_stale` puts an old copy
 back if a crash left it without its replacement.
@@ -31,6 +34,7 @@ import os
 import random
 import re
 import shutil
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -99,6 +103,106 @@ def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
         torch.cuda.set_rng_state(state["cuda"], device)
 
 
+class _InPlace:
+    """DCP's async stager that stages nothing: the writer thread reads the live tensors. Safe because
+    the trainer changes none of them (trained weights, optimizer state, EMA) before the save is
+    finished (:meth:`PendingSave.finish`, called before the next optimizer step), and a state this
+    large has no host room for a staged copy (Nano on one GPU: 78 GB of moments and EMA already there)."""
+
+    should_synchronize_after_execute = False
+
+    def stage(self, state_dict):
+        return state_dict
+
+    def synchronize_staging(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class PendingSave:
+    """A checkpoint whose DCP shards are being written by a background thread; :meth:`finish` (a
+    collective) waits for them, writes the per-rank files, the files and the marker, and renames."""
+
+    def __init__(self, root: Path, step: int, rank_state, files, keep_last, lineage, meta, future, t0):
+        self.root, self.step, self.rank_state, self.files = root, step, rank_state, files
+        self.keep_last, self.lineage, self.meta, self.future = keep_last, lineage, meta, future
+        self.t0 = t0
+        self.write_s = float("nan")  # seconds from the start of the save to its shards being written
+        if future is not None:
+            future.add_done_callback(lambda _: setattr(self, "write_s", time.perf_counter() - self.t0))
+
+    @property
+    def tmp(self) -> Path:
+        return self.root / f".tmp_{step_dir_name(self.step)}"
+
+    def finish(self) -> Path:
+        if self.future is not None:
+            self.future.result()  # a failed write raises here, before any marker exists
+        rank, world = dist.get_rank(), dist.get_world_size()
+        tmp, root = self.tmp, self.root
+        final = root / step_dir_name(self.step)
+        torch.save(self.rank_state, tmp / f"rank_{rank:05d}.pt")
+        dist.barrier()
+        if rank == 0:
+            for name, text in self.files.items():
+                (tmp / name).write_text(text)
+            fsync_tree(tmp)
+            marker = {"step": self.step, "world_size": world, "lineage": self.lineage, **(self.meta or {})}
+            (tmp / MARKER).write_text(json.dumps(marker))
+            fsync_tree(tmp)
+            aside = root / f".old_{step_dir_name(self.step)}"
+            if final.exists():  # this step from before a resume: kept until the new copy is in place
+                os.replace(final, aside)
+            os.replace(tmp, final)
+            fsync_dir(root)
+            if aside.exists():
+                shutil.rmtree(aside)
+            ours = [p for p in list_checkpoints(root) if read_meta(p).get("lineage") == self.lineage]
+            for old in ours[: -self.keep_last] if self.keep_last > 0 else []:
+                shutil.rmtree(old)
+        dist.barrier()
+        return final
+
+
+def begin_save(
+    ckpt_root: str | os.PathLike,
+    step: int,
+    sharded: dict[str, Any],
+    rank_state: dict[str, Any],
+    files: dict[str, str],
+    keep_last: int,
+    lineage: str = "",
+    meta: dict[str, Any] | None = None,
+    writer_group: dist.ProcessGroup | None = None,
+) -> PendingSave:
+    """Collective: start writing a checkpoint. With ``writer_group`` (a gloo group of every rank, used
+    by nothing else) the DCP shards are written by a background thread and the call returns at once;
+    without, they are written before it returns. Either way the checkpoint exists only once
+    :meth:`PendingSave.finish` has run on every rank."""
+    root = Path(ckpt_root)
+    t0 = time.perf_counter()
+    tmp = root / f".tmp_{step_dir_name(step)}"
+    if dist.get_rank() == 0:
+        root.mkdir(parents=True, exist_ok=True)
+        if tmp.exists():  # left by a save that was killed
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+    dist.barrier()
+    future = None
+    if writer_group is None:
+        dcp.save(sharded, checkpoint_id=str(tmp))
+    else:
+        future = dcp.async_save(
+            sharded, checkpoint_id=str(tmp), process_group=writer_group, async_stager=_InPlace()
+        )
+    pending = PendingSave(root, step, rank_state, files, keep_last, lineage, meta, future, t0)
+    if future is None:
+        pending.write_s = time.perf_counter() - t0
+    return pending
+
+
 def save_checkpoint(
     ckpt_root: str | os.PathLike,
     step: int,
@@ -111,38 +215,7 @@ def save_checkpoint(
 ) -> Path:
     """Collective: every rank calls it. ``sharded`` goes to DCP, ``rank_state`` to this rank's file,
     ``files`` (name -> text) are written by rank 0. Returns the final checkpoint path."""
-    root = Path(ckpt_root)
-    rank, world = dist.get_rank(), dist.get_world_size()
-    final = root / step_dir_name(step)
-    tmp = root / f".tmp_{step_dir_name(step)}"
-    if rank == 0:
-        root.mkdir(parents=True, exist_ok=True)
-        if tmp.exists():  # left by a save that was killed
-            shutil.rmtree(tmp)
-        tmp.mkdir()
-    dist.barrier()
-    dcp.save(sharded, checkpoint_id=str(tmp))
-    torch.save(rank_state, tmp / f"rank_{rank:05d}.pt")
-    dist.barrier()
-    if rank == 0:
-        for name, text in files.items():
-            (tmp / name).write_text(text)
-        fsync_tree(tmp)
-        marker = {"step": step, "world_size": world, "lineage": lineage, **(meta or {})}
-        (tmp / MARKER).write_text(json.dumps(marker))
-        fsync_tree(tmp)
-        aside = root / f".old_{step_dir_name(step)}"
-        if final.exists():  # this step from before a resume: kept until the new copy is in place
-            os.replace(final, aside)
-        os.replace(tmp, final)
-        fsync_dir(root)
-        if aside.exists():
-            shutil.rmtree(aside)
-        ours = [p for p in list_checkpoints(root) if read_meta(p).get("lineage") == lineage]
-        for old in ours[:-keep_last] if keep_last > 0 else []:
-            shutil.rmtree(old)
-    dist.barrier()
-    return final
+    return begin_save(ckpt_root, step, sharded, rank_state, files, keep_last, lineage, meta).finish()
 
 
 def load_checkpoint(path: str | os.PathLike, sharded: dict[str, Any]) -> dict[str, Any]:

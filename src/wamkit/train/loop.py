@@ -127,6 +127,10 @@ class _Loop:
         self.loader = make_loader(tuple(self.adapter.future_frame_offsets), extras, self.adapter)
         _seed_all(t.seed + 1_000_003 * (info.rank + 1))  # per-rank noise in the loss
         self.step = 0
+        self.pending: ckpt.PendingSave | None = None
+        # DCP's background writer runs its collectives on a gloo group of its own, so that they never
+        # interleave with the training's on the default group (NCCL or gloo) from another thread
+        self.writer_group = dist.new_group(backend="gloo") if t.async_save else None
         self.n_params = sum(p.numel() for p in module.parameters())
         self.n_trainable = sum(p.numel() for p in self.trainable)
 
@@ -203,7 +207,22 @@ class _Loop:
             )
         log.info("resumed from %s at step %d", path, self.step)
 
+    def _finish_save(self) -> None:
+        """Complete the checkpoint being written, if any (before anything it holds changes)."""
+        pending, self.pending = self.pending, None
+        if pending is None:
+            return
+        t0 = time.perf_counter()
+        path = pending.finish()
+        waited = time.perf_counter() - t0
+        log.info(
+            "saved %s: shards written in %.2f s beside training, %.2f s waited to finish", path,
+            pending.write_s, waited,
+        )  # fmt: skip
+        self.logger.scalars(pending.step, {"time/save_write_s": pending.write_s, "time/save_wait_s": waited})
+
     def _save(self) -> None:
+        self._finish_save()
         t0 = time.perf_counter()
         files = {
             # the format of wamkit.models.pretrained, so export rebuilds the model the same way
@@ -212,7 +231,7 @@ class _Loop:
             CONFIG_FILE: yaml.safe_dump(to_dict(self.cfg), sort_keys=False),
         }
         rank_state = {"rng": ckpt.rng_state(self.info.device), "loader": self.loader.state_dict()}
-        path = ckpt.save_checkpoint(
+        self.pending = ckpt.begin_save(
             self.ckpt_root,
             self.step,
             self._sharded(),
@@ -221,10 +240,12 @@ class _Loop:
             self.cfg.train.keep_last,
             self.lineage,
             {"base": self.base} if self.base is not None else None,
+            self.writer_group,
         )
         dt = time.perf_counter() - t0
-        log.info("saved %s in %.2f s", path, dt)
-        self.logger.scalars(self.step, {"time/save_s": dt})
+        self.logger.scalars(self.step, {"time/save_s": dt})  # the time training stood still for it
+        if self.writer_group is None:
+            self._finish_save()
 
     # ---------------------------------------------------------------------------------------------
     def _next_batch(self) -> dict[str, Any]:
@@ -256,6 +277,7 @@ class _Loop:
             (out["loss"] / self.accum).backward()
             for k, v in out.items():
                 parts[k] = parts.get(k, 0.0) + v.detach().float() / self.accum
+        self._finish_save()  # the optimizer step changes what a save in flight is writing
         max_norm = t.grad_clip if t.grad_clip > 0 else float("inf")
         norm = torch.nn.utils.clip_grad_norm_(self.trainable, max_norm, foreach=True)
         if isinstance(norm, DTensor):
@@ -335,6 +357,7 @@ class _Loop:
             if saving:
                 self._save()
                 t_last = time.perf_counter()
+        self._finish_save()
         self.logger.close()
 
 
