@@ -143,3 +143,76 @@ def test_metaworld_collected_dataset_is_clean_and_replays(tmp_path):
     assert replay.level == "ok" and "2 succeeded (100%)" in replay.message
     images = report.of("image")
     assert images and images[0].level == "ok" and "same episode" in images[0].message
+
+
+def _up(t: int) -> np.ndarray:
+    """Rise and open: every state of the rollout lies above where it started."""
+    return np.array([0.0, 0.0, 0.6, 0.0, 0.0, 0.0, -1.0])
+
+
+def _rollouts_from(env, start: str) -> list[list[dict]]:
+    """Trial 0 recorded from one of the two starts of published LIBERO data: ``"settled"``, as openpi's
+    client observes the env (after reset's settle no-ops), or ``"init"``, right after
+    ``set_init_state`` with no settling (as LIBERO's demonstrations were recorded)."""
+    eps = []
+    for trial in range(1):
+        obs = env.reset(EpisodeSpec(SUITE, TASK_ID, trial, 7))
+        if start == "init":  # back to the stored state, and the rollout goes on from it unsettled
+            obs = env._obs(env._env.set_init_state(env._init_states[trial]))
+        frames = []
+        for t in range(8):
+            frames.append({"obs": obs, "quat": None, "action": _up(t)})
+            obs, *_ = env.step(_up(t))
+        eps.append(frames)
+    return eps
+
+
+@pytest.mark.libero
+@needs_libero
+def test_the_checker_knows_both_starts_of_published_data(libero_case, tmp_path):
+    env, _, _ = libero_case
+    cfg = EnvConfig(suite=SUITE, cameras=CAMS, image_size=SIZE)
+    said = {}
+    for start in ("init", "settled"):
+        eps = _rollouts_from(env, start)
+        _write(tmp_path / start, eps, cfg)
+        report = check_dataset(tmp_path / start, SUITE, env=env, trials=1)  # the trial recorded
+        assert not [f for f in report.errors if f.check == "state"], report.text()
+        said[start] = " ".join(f.message for f in report.findings if f.check == "state" and f.level == "ok")
+        if start == "init":
+            # compared with the settled starts alone (what reset returns), this correct dataset is out of
+            # range: the one-start check's false alarm, which the second start removes
+            from wamkit.check.checks import _uncovered
+
+            states = np.stack([f["obs"][OBS_STATE] for frames in eps for f in frames]).astype(np.float64)
+            lo, hi = states.min(axis=0), states.max(axis=0)
+            probe = {}
+            for trial in range(1):
+                env.reset(EpisodeSpec(SUITE, TASK_ID, trial, 7))
+                for kind, o in env.reset_starts.items():
+                    probe.setdefault(kind, []).append(o[OBS_STATE])
+            margin = 0.05 * (hi - lo) + 1e-3
+            assert _uncovered(np.stack(probe["after 10 settle steps"]), lo, hi, margin)
+            assert not _uncovered(np.stack(probe["set_init_state"]), lo, hi, margin)
+    assert "starts as the env does set_init_state" in said["init"], said
+    assert "starts as the env does after 10 settle steps" in said["settled"], said
+
+
+def test_a_range_message_never_calls_overlapping_ranges_disjoint():
+    from wamkit.check.checks import check_state
+    from wamkit.check.probe import DataView, EnvProbe
+    from wamkit.check.report import Report
+
+    states = np.array([[0.702, 0.0], [0.90, 0.1], [1.196, 0.2]])
+    data = DataView(root=None, fps=20, info={}, states=states, actions=np.zeros((3, 7)),
+                    episode_of_row=np.zeros(3, int), starts=[0], episodes=[0], tasks=["t"], first_frames={})  # fmt: skip
+    env_starts = {"set_init_state": np.array([[0.66, 0.0], [1.18, 0.1]]),
+                  "after 10 settle steps": np.array([[0.6751, 0.0], [1.18, 0.1]])}  # fmt: skip
+    env = EnvProbe(suite="x", fps=20, state_dim=2, action_dim=7, specs=[], texts=[],
+                   states=env_starts["after 10 settle steps"], frames={}, close_shrinks=True, starts=env_starts)  # fmt: skip
+    report = Report("d", "x", "probe")
+    check_state(data, env, report, ("eef_z", "b"), (), "the env's state")
+    (err,) = report.errors
+    assert "never reach" not in err.message and "disjoint" not in err.message
+    assert "span 0.702..1.196" in err.message and "set_init_state 0.66..1.18" in err.message
+    assert "below the data's lowest" in err.message and "above" not in err.message

@@ -128,18 +128,38 @@ def check_state(data: DataView, env: EnvProbe, report: Report, names, rot_dims, 
         return
     lo, hi = data.states.min(axis=0), data.states.max(axis=0)
     margin = 0.05 * (hi - lo) + 1e-3
-    e_lo, e_hi = env.states.min(axis=0), env.states.max(axis=0)
-    bad = [i for i in range(env.state_dim) if e_lo[i] < lo[i] - margin[i] or e_hi[i] > hi[i] + margin[i]]
+    starts = env.starts or {"reset": env.states}
+    outside = {kind: _uncovered(s, lo, hi, margin) for kind, s in starts.items()}
+    fits = [kind for kind, bad in outside.items() if not bad]
     before = len(report.errors)
-    for i in bad:
-        report.add(
-            "state",
-            "error",
-            f"{_describe_dims([i], names)}: the env gives {e_lo[i]:.4g}..{e_hi[i]:.4g} after reset; the "
-            f"dataset's values span {lo[i]:.4g}..{hi[i]:.4g} and never reach it"
-            + (" (axis-angle: an antipodal flip or another quaternion order?)" if i in rot_dims else ""),
-            f"store the state the env produces: {source}",
-        )
+    if fits:
+        which = _closest_start(data, {k: starts[k] for k in fits}) if len(fits) > 1 else fits[0]
+        if len(starts) > 1:
+            report.add(
+                "state",
+                "ok",
+                f"the data starts as the env does {which}"
+                + (
+                    f" (the data's ranges cover the env's starts {' and '.join(fits)} too)"
+                    if len(fits) > 1
+                    else ""
+                )
+                + "",
+            )
+    else:
+        for i in sorted({i for bad in outside.values() for i in bad}):
+            ranges = "; ".join(
+                f"{kind} {s[:, i].min():.4g}..{s[:, i].max():.4g}" for kind, s in starts.items()
+            )
+            report.add(
+                "state",
+                "error",
+                f"{_describe_dims([i], names)}: the env starts at {ranges}; the dataset's values span "
+                f"{lo[i]:.4g}..{hi[i]:.4g}, {_how_far(starts, i, lo[i], hi[i])}, beyond the "
+                f"{margin[i]:.3g} allowed"
+                + (" (axis-angle: an antipodal flip or another quaternion order?)" if i in rot_dims else ""),
+                f"store the state the env produces: {source}",
+            )
     if rot_dims:
         _check_rotation_sign(data, env, report, names, rot_dims, source)
         _check_rotation_jumps(data, report, names, rot_dims, source)
@@ -147,7 +167,38 @@ def check_state(data: DataView, env: EnvProbe, report: Report, names, rot_dims, 
     if len(report.errors) == before:
         report.add(
             "state", "ok", f"every dimension's data range covers the env's {len(env.states)} reset states"
-        )
+            + (f" (started {fits[0]})" if fits and len(starts) > 1 and len(fits) == 1 else "")
+        )  # fmt: skip
+
+
+def _uncovered(starts: np.ndarray, lo: np.ndarray, hi: np.ndarray, margin: np.ndarray) -> list[int]:
+    """Dimensions where some env start lies beyond the data's range by more than the margin."""
+    s_lo, s_hi = starts.min(axis=0), starts.max(axis=0)
+    return [i for i in range(len(lo)) if s_lo[i] < lo[i] - margin[i] or s_hi[i] > hi[i] + margin[i]]
+
+
+def _how_far(starts: dict[str, np.ndarray], i: int, lo: float, hi: float) -> str:
+    """How far the env's starts reach past the data's range in dimension ``i``, said as it is: below its
+    lowest, above its highest, or both (never 'disjoint' for ranges that overlap)."""
+    s_lo = min(float(s[:, i].min()) for s in starts.values())
+    s_hi = max(float(s[:, i].max()) for s in starts.values())
+    parts = []
+    if s_lo < lo:
+        parts.append(f"the env's lowest start is {lo - s_lo:.3g} below the data's lowest")
+    if s_hi > hi:
+        parts.append(f"its highest {s_hi - hi:.3g} above the data's highest")
+    return " and ".join(parts) or "inside it"
+
+
+def _closest_start(data: DataView, starts: dict[str, np.ndarray]) -> str:
+    """The kind of start the dataset's first frames lie nearest to (median over the env's starts of the
+    distance to the nearest episode start of the data)."""
+    first = data.states[data.starts]
+    dist = {
+        kind: float(np.median([np.abs(first - s).max(axis=1).min() for s in states]))
+        for kind, states in starts.items()
+    }
+    return min(dist, key=dist.get)
 
 
 def _antipodal_flips(r: np.ndarray, same: np.ndarray) -> tuple[int, float]:

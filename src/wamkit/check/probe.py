@@ -99,6 +99,9 @@ class EnvProbe:
     states: np.ndarray  # [K, S] after reset
     frames: dict[str, np.ndarray]  # camera -> uint8 [K, H, W, 3] after reset
     close_shrinks: bool  # the env's +1 gripper command closes the fingers (measured)
+    # every start a dataset of this suite may begin from -> [K, S] (LIBERO: right after set_init_state,
+    # and after the settle steps, which reset returns); one entry, "reset", for an env with one start
+    starts: dict[str, np.ndarray] = field(default_factory=dict)
 
     def describe(self) -> str:
         tasks = sorted({s.task for s in self.specs})
@@ -117,12 +120,15 @@ def probe_env(env, specs: list[EpisodeSpec], cameras: list[str]) -> EnvProbe:
 
     info = suite_info(env.suite)
     states, texts, frames = [], [], {c: [] for c in cameras}
+    starts: dict[str, list[np.ndarray]] = {}
     for spec in specs:
         obs = env.reset(spec)
         texts.append(str(obs[TASK]))
         states.append(np.asarray(obs[OBS_STATE], np.float64))
         for c in cameras:
             frames[c].append(obs[image_key(c)])
+        for kind, o in (getattr(env, "reset_starts", None) or {"reset": obs}).items():
+            starts.setdefault(kind, []).append(np.asarray(o[OBS_STATE], np.float64))
     close = np.zeros(info.action_dim)
     close[-1] = 1.0
     width0 = float(backend(env.suite).finger_width(states[-1]))
@@ -139,4 +145,5 @@ def probe_env(env, specs: list[EpisodeSpec], cameras: list[str]) -> EnvProbe:
         states=np.stack(states),
         frames={c: np.stack(v) for c, v in frames.items()},
         close_shrinks=width1 < width0,
+        starts={k: np.stack(v) for k, v in starts.items()},
     )

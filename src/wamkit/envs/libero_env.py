@@ -312,11 +312,16 @@ class LiberoEnv:
         self._clear_carry_over()
         self._apply_render_quality()
         raw = self._env.set_init_state(self._init_states[spec.trial])
+        before = self._obs(raw)
         for _ in range(SETTLE_STEPS):
             raw, _, _, _ = self._env.step(NOOP)
         self._steps = 0
         self._raw = raw
-        return self._obs(raw)
+        obs = self._obs(raw)
+        # the two starts published LIBERO data is recorded from: right after set_init_state (the demos),
+        # or after the settle no-ops (rollouts recorded as openpi's client observes them)
+        self.reset_starts = {"set_init_state": before, f"after {SETTLE_STEPS} settle steps": obs}
+        return obs
 
     def step(self, action: np.ndarray) -> StepResult:
         if self._env is None:
