@@ -20,9 +20,11 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests
 	$(VENV)/bin/ruff format --check src tests
 
-# Fast suite (under ~15 minutes on 2 cores). Slow tests run with `make test-slow`.
+# Fast suite (under ~15 minutes on 2 cores). Slow tests run with `make test-slow`. The numerically
+# sensitive tests run a second time under the generic CPU kernels and one thread (tests/conftest.py).
 test: lint setup-libero
 	$(PY) -m pytest -m "not slow" -q
+	ATEN_CPU_CAPABILITY=default OMP_NUM_THREADS=1 $(PY) -m pytest -m "numerics and not slow" -q -p no:cacheprovider
 
 test-slow: setup-libero
 	$(PY) -m pytest -m slow -q

@@ -18,6 +18,31 @@ if not (FIXTURES / "libero_tiny").is_dir():
     FIXTURES = REPO / "tests" / "fixtures"
 
 
+# The numerically sensitive tests: float results compared across code paths, widths, batch sizes or
+# process layouts, or claimed bit-exact because the same kernels run in the same order. `make test`
+# runs these a second time with ATEN_CPU_CAPABILITY=default (no AVX2/AVX-512 kernels) and
+# OMP_NUM_THREADS=1 (other reduction splits), so a claim of exactness that holds on one CPU only, or a
+# tolerance tuned to one machine, fails in CI rather than on a user's machine (tests/exactness.py).
+NUMERICS = {
+    "test_cosmos3_fast.py",
+    "test_cosmos3_formats.py",
+    "test_cosmos3_model.py",
+    "test_cosmos3_prep.py",
+    "test_cosmos3_sampler.py",
+    "test_models_tiny.py",
+    "test_rotations.py",
+    "test_train_base.py",
+    "test_train_placement.py",
+    "test_train_rendezvous.py",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name in NUMERICS:
+            item.add_marker(pytest.mark.numerics)
+
+
 @pytest.fixture(scope="session")
 def libero_tiny() -> Path:
     """The LeRobot v3 dataset written by lerobot 0.6.1 (see ../shared/fixtures)."""

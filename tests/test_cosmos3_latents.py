@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.exactness import assert_rounding_close
+
 pytest.importorskip("diffusers", reason="cosmos3 needs the wamkit[cosmos3] extra")
 
 from wamkit.cli import main  # noqa: E402
@@ -84,9 +86,12 @@ def test_training_from_cached_latents_gives_the_on_the_fly_losses(data, cache, t
     cached = train(_cfg(data, tmp_path / "cached", f"model.options.latent_cache={cache}"), adapter_fn=no_vae)
     a, b = read_losses(on_the_fly), read_losses(cached)
     assert [r["step"] for r in a] == [r["step"] for r in b] == [1, 2, 3]
-    for ra, rb in zip(a, b):  # the same batches, noise and updates: fp32 latents stored exactly
+    # the same batches, noise and updates; the cache was encoded in VAE batches of 4 and the run encodes
+    # batches of 2, which another CPU may convolve with other blockings: the VAE's reordered sums (about
+    # 1024 deep) and the transformer's (192 wide, 4 deep, forward and back) over 3 steps
+    for ra, rb in zip(a, b):
         for key in ("loss", "flow_matching_loss_vision", "flow_matching_loss_action", "grad_norm"):
-            assert rb[key] == pytest.approx(ra[key], rel=1e-5, abs=1e-7), (key, ra, rb)
+            assert_rounding_close(rb[key], ra[key], length=3 * (1024 + 2 * 192 * 4))
 
 
 @pytest.mark.parametrize(
@@ -203,7 +208,8 @@ def test_cached_latents_are_the_adapter_encoding(data, cache):
     adapter, dataset, _, _ = _setup(_cfg(data))
     got = LatentCache(cache)
     want = adapter.encode_clips(collate([dataset[i] for i in (0, 6)]))
-    torch.testing.assert_close(torch.stack([got.get("ds", 0), got.get("ds", 6)]), want, rtol=1e-5, atol=1e-6)
+    # encoded in a batch of 4 there and of 2 here: the VAE's reordered sums, about 1024 deep
+    assert_rounding_close(torch.stack([got.get("ds", 0), got.get("ds", 6)]), want, length=1024)
 
 
 def test_bench_train_latents_encodes_the_targets_once(monkeypatch, capsys):

@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 import torch
 
+from tests.exactness import assert_rounding_close
+
 pytest.importorskip("diffusers", reason="cosmos3 needs the wamkit[cosmos3] extra")
 
 from diffusers import AutoencoderKLWan  # noqa: E402
@@ -105,7 +107,7 @@ def test_one_frame_encode_equals_the_diffusers_encoder_with_fewer_flops(name):
         got = encode_one_frame(vae, x)
         ratio = _flops(lambda: encode_one_frame(vae, x)) / _flops(lambda: vae.encode(x))
     assert got.shape == want.shape and want.abs().max() > 0.1
-    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+    assert_rounding_close(got, want, length=1024)  # the convolutions' taps summed in another order
     assert ratio < 0.6, ratio  # the zero frames' taps are gone (Nano's VAE: 0.35)
     with pytest.raises(ValueError, match="expected one frame"):
         encode_one_frame(vae, torch.zeros(1, 3, 5, 64, 96))
@@ -146,7 +148,7 @@ def test_one_frame_clips_are_encoded_as_the_pipeline_does(adapter, shape):
     want = _pipeline_encode(adapter, clips)
     got = adapter._encode(clips)
     assert got.shape == want.shape and got.dtype == torch.float32
-    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+    assert_rounding_close(got, want, length=1024)  # batched against the pipeline's: the VAE's sums
 
 
 @pytest.mark.parametrize(

@@ -12,6 +12,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from tests.exactness import assert_rounding_close
+
 pytest.importorskip("diffusers", reason="cosmos3 needs the wamkit[cosmos3] extra")
 
 from wamkit.config import DataConfig, ModelConfig, RunConfig  # noqa: E402
@@ -122,6 +124,6 @@ def test_fsdp2_per_decoder_layer_on_two_gloo_processes(tmp_path):
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     for r in results:
         assert r["sharded"] and r["grad"] and r["frozen"]
-        assert abs(r["loss"] - r["ref"]) < 1e-4 * max(1.0, abs(r["ref"]))  # sharding changes nothing
+        assert_rounding_close(r["loss"], r["ref"], length=192 * 4)  # sharding changes only the sums' order
         assert r["moved"]  # the optimizer step updated this rank's shard
     assert results[0]["loss"] == pytest.approx(results[1]["loss"], rel=1e-6)

@@ -13,6 +13,7 @@ BENCHES = {
     "train": "training samples/s and MFU",
     "serve": "served obs/s and latency against in-process calls",
     "eval": "evaluator env-steps/s: serial, lock-step, pipelined, against the bound",
+    "soak": "a long evaluation: memory, descriptors and threads of every process, start against end",
     "cosmos3": "Cosmos3 policy inference, stock and fast paths side by side (obs/s, s/prediction, memory)",
     "cosmos3-sft": "Cosmos3 SFT samples/s and MFU: transformer alone, VAE on the fly, cached latents",
 }

@@ -36,6 +36,7 @@ from wamkit.eval.calibrate import Calibration, batch_sizes, calibrate, independe
 from wamkit.eval.episodes import plan_episodes, plan_record
 from wamkit.eval.executors import Executor, make_executor
 from wamkit.eval.journal import Journal, episode_key
+from wamkit.eval.memory import check_env_memory
 from wamkit.eval.remote import Patience, RemotePolicy, served_identity
 from wamkit.eval.report import write_reports
 from wamkit.eval.scheduler import Pipeline, layout, server_idle
@@ -250,7 +251,11 @@ def _run(
     with open_workers() as executor:
         restarts = executor.restarts  # a caller's workers may come from earlier runs
         t_warm = time.perf_counter()
+        env_memory = None
         if prebuild:
+            # measured on one env before the others are built: a num_envs the host cannot hold is
+            # refused here, not found out by the kernel's OOM killer half-way through
+            env_memory = check_env_memory(executor, per_worker[0], todo[0], num_envs)
             _prebuild(executor, per_worker, todo)
         # calibration: patient connections, one server after the other, as long a reply timeout as
         # the run's (a server that hangs here stops the run, naming its URL)
@@ -303,6 +308,8 @@ def _run(
             "server_idle": server_idle(pipeline.request_spans, wall),
             **_bound(cal, workers, pipeline),
         }
+        if env_memory is not None:
+            timing["env_memory"] = env_memory.to_dict()
         if ecfg.executor == "ray":  # where the env actors ran (node id and address)
             timing["worker_nodes"] = executor.nodes()
     atomic_write_json(out / "timeline.json", {"stages": stages, "events": pipeline.events}, indent=None)
