@@ -193,8 +193,8 @@ def test_the_checker_knows_both_starts_of_published_data(libero_case, tmp_path):
                     probe.setdefault(kind, []).append(o[OBS_STATE])
             margin = 0.05 * (hi - lo) + 1e-3
             assert _uncovered(np.stack(probe["after 10 settle steps"]), lo, hi, margin)
-            assert not _uncovered(np.stack(probe["set_init_state"]), lo, hi, margin)
-    assert "starts as the env does set_init_state" in said["init"], said
+            assert not _uncovered(np.stack(probe["right after set_init_state"]), lo, hi, margin)
+    assert "starts as the env does right after set_init_state" in said["init"], said
     assert "starts as the env does after 10 settle steps" in said["settled"], said
 
 
@@ -206,7 +206,7 @@ def test_a_range_message_never_calls_overlapping_ranges_disjoint():
     states = np.array([[0.702, 0.0], [0.90, 0.1], [1.196, 0.2]])
     data = DataView(root=None, fps=20, info={}, states=states, actions=np.zeros((3, 7)),
                     episode_of_row=np.zeros(3, int), starts=[0], episodes=[0], tasks=["t"], first_frames={})  # fmt: skip
-    env_starts = {"set_init_state": np.array([[0.66, 0.0], [1.18, 0.1]]),
+    env_starts = {"right after set_init_state": np.array([[0.66, 0.0], [1.18, 0.1]]),
                   "after 10 settle steps": np.array([[0.6751, 0.0], [1.18, 0.1]])}  # fmt: skip
     env = EnvProbe(suite="x", fps=20, state_dim=2, action_dim=7, specs=[], texts=[],
                    states=env_starts["after 10 settle steps"], frames={}, close_shrinks=True, starts=env_starts)  # fmt: skip
@@ -214,5 +214,5 @@ def test_a_range_message_never_calls_overlapping_ranges_disjoint():
     check_state(data, env, report, ("eef_z", "b"), (), "the env's state")
     (err,) = report.errors
     assert "never reach" not in err.message and "disjoint" not in err.message
-    assert "span 0.702..1.196" in err.message and "set_init_state 0.66..1.18" in err.message
+    assert "span 0.702..1.196" in err.message and "right after set_init_state 0.66..1.18" in err.message
     assert "below the data's lowest" in err.message and "above" not in err.message

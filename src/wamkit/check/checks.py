@@ -186,7 +186,8 @@ def _how_far(starts: dict[str, np.ndarray], i: int, lo: float, hi: float) -> str
     if s_lo < lo:
         parts.append(f"the env's lowest start is {lo - s_lo:.3g} below the data's lowest")
     if s_hi > hi:
-        parts.append(f"its highest {s_hi - hi:.3g} above the data's highest")
+        who = "its highest" if parts else "the env's highest start is"
+        parts.append(f"{who} {s_hi - hi:.3g} above the data's highest")
     return " and ".join(parts) or "inside it"
 
 

@@ -320,7 +320,7 @@ class LiberoEnv:
         obs = self._obs(raw)
         # the two starts published LIBERO data is recorded from: right after set_init_state (the demos),
         # or after the settle no-ops (rollouts recorded as openpi's client observes them)
-        self.reset_starts = {"set_init_state": before, f"after {SETTLE_STEPS} settle steps": obs}
+        self.reset_starts = {"right after set_init_state": before, f"after {SETTLE_STEPS} settle steps": obs}
         return obs
 
     def step(self, action: np.ndarray) -> StepResult:
