@@ -203,21 +203,6 @@ def begin_save(
     return pending
 
 
-def save_checkpoint(
-    ckpt_root: str | os.PathLike,
-    step: int,
-    sharded: dict[str, Any],
-    rank_state: dict[str, Any],
-    files: dict[str, str],
-    keep_last: int,
-    lineage: str = "",
-    meta: dict[str, Any] | None = None,
-) -> Path:
-    """Collective: every rank calls it. ``sharded`` goes to DCP, ``rank_state`` to this rank's file,
-    ``files`` (name -> text) are written by rank 0. Returns the final checkpoint path."""
-    return begin_save(ckpt_root, step, sharded, rank_state, files, keep_last, lineage, meta).finish()
-
-
 def load_checkpoint(path: str | os.PathLike, sharded: dict[str, Any]) -> dict[str, Any]:
     """Collective: load ``sharded`` in place from DCP and return this rank's per-rank state.
 
@@ -230,7 +215,7 @@ def load_checkpoint(path: str | os.PathLike, sharded: dict[str, Any]) -> dict[st
     rank_file = path / f"rank_{dist.get_rank():05d}.pt"
     if meta["world_size"] != dist.get_world_size() or not rank_file.is_file():
         return {}
-    # our own file, written by save_checkpoint: it holds numpy RNG state and the loader's state dict
+    # our own file, written by PendingSave.finish: it holds numpy RNG state and the loader's state dict
     return torch.load(rank_file, weights_only=False)
 
 

@@ -205,13 +205,8 @@ class Cosmos3Adapter(Cosmos3Inference):
 
     def token_counts(self) -> tuple[int, int]:
         """(understanding, generation) tokens of one nominal request (no device work)."""
-        frame = np.zeros((self.io.image_size, self.io.image_size * len(self.io.cameras), 3), np.uint8)
-        canvas = self._canvas(frame)
-        hw = canvas.size
-        h, w = canvas.latent_hw(int(self.vae.config.scale_factor_spatial))
-        shape = (self.module.config.latent_channel, self._latent_frames(), h, w)
-        task = "put both the alphabet soup and the tomato sauce in the basket"
-        req = self._requests([self.prompt(task, hw, 0)], hw, shape, (0,), ())[0]
+        texts, hw, shape = self._nominal_request()
+        req = self._requests(texts, hw, shape, (0,), ())[0]
         return req.und_len, req.gen_len
 
     def export_extra(self, out_dir) -> None:
@@ -449,16 +444,21 @@ class Cosmos3Adapter(Cosmos3Inference):
         }
 
     # -- protocol: accounting ---------------------------------------------------------------------
+    def _nominal_request(self) -> tuple[list[str], tuple[int, int], tuple[int, ...]]:
+        """One request of ``io``'s size with a typical LIBERO task: its caption, canvas and latent shape."""
+        frame = np.zeros((self.io.image_size, self.io.image_size * len(self.io.cameras), 3), np.uint8)
+        canvas = self._canvas(frame)
+        hw = canvas.size
+        h, w = canvas.latent_hw(int(self.vae.config.scale_factor_spatial))
+        shape = (self.module.config.latent_channel, self._latent_frames(), h, w)
+        task = "put both the alphabet soup and the tomato sauce in the basket"
+        return [self.prompt(task, hw, 0)], hw, shape
+
     def nominal_layout(self) -> PackedLayout:
         """The layout of one request of ``io``'s size with a typical LIBERO task (for FLOP counts)."""
         if self._nominal is None:
-            frame = np.zeros((self.io.image_size, self.io.image_size * len(self.io.cameras), 3), np.uint8)
-            canvas = self._canvas(frame)
-            hw = canvas.size
-            h, w = canvas.latent_hw(int(self.vae.config.scale_factor_spatial))
-            shape = (self.module.config.latent_channel, self._latent_frames(), h, w)
-            task = "put both the alphabet soup and the tomato sauce in the basket"
-            self._nominal = self._layout([self.prompt(task, hw, 0)], hw, shape, (0,), ())
+            texts, hw, shape = self._nominal_request()
+            self._nominal = self._layout(texts, hw, shape, (0,), ())
         return self._nominal
 
     def flops_per_sample(self) -> float:

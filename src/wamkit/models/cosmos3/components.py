@@ -332,7 +332,17 @@ def open_pretrained(
         raise ConfigError(f"model.pretrained: no *.safetensors weights in {tdir}")
     source = _SlicedHeads(SafetensorsWeights(files), action_dim, int(tr.config.hidden_size), reinit is True)
     have = source.shapes()
-    missing = [k for k, _ in tr.named_parameters() if k not in have]
+    fresh = _heads_fresh([k for k, _ in tr.named_parameters() if k not in have], tdir, reinit)
+    why = "as asked (reinit_action_heads=true)" if reinit is True else "the folder holds none"
+    log.info(
+        "cosmos3: action heads of %s %s", tdir, f"initialised afresh: {why}" if fresh else "read from it"
+    )
+    return tr, _load_vae(root, torch.device("cpu"), torch.float32), source, fresh
+
+
+def _heads_fresh(missing: list[str], tdir: Path, reinit: str | bool) -> bool:
+    """Whether the action heads start afresh, given the tensors the folder lacks: only heads may be
+    missing, and only where ``reinit`` allows it."""
     heads = [k for k in missing if k.startswith(ACTION_HEAD_PREFIXES)]
     if len(heads) != len(missing):
         raise ConfigError(f"{tdir}: weights missing for {[k for k in missing if k not in heads][:5]}")
@@ -340,12 +350,7 @@ def open_pretrained(
         raise ConfigError(
             f"{tdir}: the folder has no action heads; set model.options.reinit_action_heads=auto or true"
         )
-    fresh = bool(heads)
-    why = "as asked (reinit_action_heads=true)" if reinit is True else "the folder holds none"
-    log.info(
-        "cosmos3: action heads of %s %s", tdir, f"initialised afresh: {why}" if fresh else "read from it"
-    )
-    return tr, _load_vae(root, torch.device("cpu"), torch.float32), source, fresh
+    return bool(heads)
 
 
 def _checked_config(tdir: Path) -> dict[str, Any]:
@@ -382,15 +387,7 @@ def load_pretrained(
         sd = slice_heads(sd, action_dim, hidden, str(f))
         _load_part(tr, sd, f)
         loaded |= set(sd)
-    missing = [k for k in tr.state_dict() if k not in loaded]
-    heads = [k for k in missing if k.startswith(ACTION_HEAD_PREFIXES)]
-    if len(heads) != len(missing):
-        raise ConfigError(f"{tdir}: weights missing for {[k for k in missing if k not in heads][:5]}")
-    if heads and reinit is False:
-        raise ConfigError(
-            f"{tdir}: the folder has no action heads; set model.options.reinit_action_heads=auto or true"
-        )
-    fresh = bool(heads)
+    fresh = _heads_fresh([k for k in tr.state_dict() if k not in loaded], tdir, reinit)
     if fresh:
         init_action_heads(tr)
         why = "as asked (reinit_action_heads=true)" if reinit is True else "the folder holds none"
