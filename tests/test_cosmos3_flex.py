@@ -12,6 +12,8 @@ import shutil
 import pytest
 import torch
 
+from tests.exactness import assert_rounding_close
+
 pytest.importorskip("diffusers", reason="cosmos3 needs the wamkit[cosmos3] extra")
 
 import torch.nn.functional as F  # noqa: E402
@@ -82,7 +84,8 @@ def test_eager_flex_attend_equals_sdpa_with_the_dense_masks():
         if causal:
             mask &= torch.ones_like(mask).tril()
         out = flex_attend(q, k, v, segment_block_mask(q_seg, kv_seg, mod, 128, causal=causal))
-        torch.testing.assert_close(out, dense_reference(q, k, v, mask), rtol=1e-5, atol=1e-5)
+        # another kernel over the same scores: each output sums len(kv) weighted values of a 16-wide dot
+        assert_rounding_close(out, dense_reference(q, k, v, mask), length=len(kv_seg) + 16)
 
 
 @pytest.mark.slow
@@ -104,7 +107,7 @@ def test_compiled_flex_skips_blocks_by_the_tables_and_attends_as_sdpa():
         if causal:
             mask &= torch.ones_like(mask).tril()
         ref = dense_reference(q, k, v, mask)
-        torch.testing.assert_close(out[0].transpose(0, 1).flatten(-2, -1), ref, rtol=1e-5, atol=1e-5)
+        assert_rounding_close(out[0].transpose(0, 1).flatten(-2, -1), ref, length=len(kv_seg) + 16)
 
 
 @pytest.mark.gpu

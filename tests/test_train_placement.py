@@ -302,3 +302,24 @@ def test_the_pinned_arena_cuts_tensors_from_slabs_without_rounding():
     assert arena.reserved == 4096 + big.nbytes
     arena.zeros((4,), torch.float32)
     assert arena.reserved == 2 * 4096 + big.nbytes  # a full slab starts the next
+
+
+def test_frozen_parameters_exist_once_in_the_compute_dtype():
+    """bf16 training: the frozen tower is cast before sharding (no fp32 copy), the trained part stays
+    fp32 (the master weights); neither the optimizer nor the EMA ever sees a frozen parameter."""
+    from wamkit.models.cosmos3.towers import param_role
+    from wamkit.train.optim import PowerEMA, build_optimizer
+    from wamkit.train.placement import cast_frozen
+
+    adapter = build_model(ModelConfig(name="cosmos3", preset="tiny"), IO)
+    cast_frozen(adapter, torch.bfloat16)
+    for name, p in adapter.module.named_parameters():
+        want = torch.bfloat16 if param_role(name) == "frozen" else torch.float32
+        assert p.dtype == want, name
+    groups = adapter.param_groups()
+    opt = build_optimizer(groups, 1e-4, 0.0, [0.9, 0.99])
+    in_opt = {id(p) for g in opt.param_groups for p in g["params"]}
+    frozen = [p for n, p in adapter.module.named_parameters() if param_role(n) == "frozen"]
+    assert frozen and not any(id(p) in in_opt for p in frozen)
+    trained = {n: p for n, p in adapter.module.named_parameters() if param_role(n) != "frozen"}
+    assert set(PowerEMA(trained, 0.75).shadow) == set(trained)
