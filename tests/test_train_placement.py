@@ -282,6 +282,7 @@ def test_offloaded_optimizer_and_ema_give_the_same_losses_and_state(tmp_path, li
     shutil.rmtree(resumed / "checkpoints" / "step_000004")
     _tiny_run(resumed, libero_tiny, "train.offload=optimizer", "train.resume=auto")
     assert read_losses(resumed) == read_losses(plain)
+    assert "optimizer state loaded in place, in host memory" in (resumed / "train.log").read_text()
     assert json.loads((resumed / "checkpoints" / "step_000004" / "meta.json").read_text())["step"] == 4
 
 

@@ -155,7 +155,16 @@ def run_eval(
                 journal.check_server({**server_location(ecfg), "identity": identity})
                 workers = functools.partial(_open_workers, cfg, host_factory, env_workers)
                 timing, events, stages = _run(
-                    cfg, todo, journal, urls, make_policy, progress, on_pipeline, prebuild, workers
+                    cfg,
+                    todo,
+                    journal,
+                    urls,
+                    make_policy,
+                    progress,
+                    on_pipeline,
+                    prebuild,
+                    workers,
+                    env_workers is None,
                 )
         summary = write_reports(out, list(journal.records.values()), journal.plan, timing, events, stages)
     all_ = summary["all"]
@@ -231,6 +240,7 @@ def _run(
     on_pipeline,
     prebuild,
     open_workers: Callable[[], contextlib.AbstractContextManager[Executor]],
+    fresh_workers: bool = True,
 ):
     env_cfg, ecfg = cfg.env, cfg.eval
     num_envs = ecfg.num_envs
@@ -252,10 +262,12 @@ def _run(
         restarts = executor.restarts  # a caller's workers may come from earlier runs
         t_warm = time.perf_counter()
         env_memory = None
-        if prebuild:
+        if fresh_workers:
             # measured on one env before the others are built: a num_envs the host cannot hold is
-            # refused here, not found out by the kernel's OOM killer half-way through
+            # refused here, not found out by the kernel's OOM killer half-way through (workers a caller
+            # hands over hold their envs already: nothing left to measure)
             env_memory = check_env_memory(executor, per_worker[0], todo[0], num_envs)
+        if prebuild:
             _prebuild(executor, per_worker, todo)
         # calibration: patient connections, one server after the other, as long a reply timeout as
         # the run's (a server that hangs here stops the run, naming its URL)

@@ -90,8 +90,9 @@ class SafetensorsWeights:
         f = self._file[name]
         if f not in self._open:
             self._open[f] = safe_open(str(f), framework="pt", device="cpu")
-        part = self._open[f].get_slice(name)
-        return part[:] if not self._shape[name] else part[start:stop]
+        if not self._shape[name]:  # a 0-d tensor has no rows to slice
+            return self._open[f].get_tensor(name)
+        return self._open[f].get_slice(name)[start:stop]
 
 
 class StateDictWeights:

@@ -137,6 +137,14 @@ class PendingSave:
     def tmp(self) -> Path:
         return self.root / f".tmp_{step_dir_name(self.step)}"
 
+    def wait(self) -> None:
+        """Let the background write end (a run stopping on an error), without making a checkpoint."""
+        if self.future is not None:
+            try:
+                self.future.result()
+            except Exception as err:  # noqa: BLE001 -- the run is already failing with its own error
+                log.warning("the checkpoint write of step %d failed too: %s", self.step, err)
+
     def finish(self) -> Path:
         if self.future is not None:
             self.future.result()  # a failed write raises here, before any marker exists
@@ -194,8 +202,12 @@ def begin_save(
     if writer_group is None:
         dcp.save(sharded, checkpoint_id=str(tmp))
     else:
+        # per_thread_copy_ahead=0: the writer thread copies each tensor to the host with a blocking
+        # .cpu() on the tensor's own device; DCP's copy-ahead loader would issue non-blocking copies and
+        # wait on the thread's current device's stream, which is GPU 0 in a new thread, not this rank's
+        writer = dcp.FileSystemWriter(str(tmp), per_thread_copy_ahead=0)
         future = dcp.async_save(
-            sharded, checkpoint_id=str(tmp), process_group=writer_group, async_stager=_InPlace()
+            sharded, storage_writer=writer, process_group=writer_group, async_stager=_InPlace()
         )
     pending = PendingSave(root, step, rank_state, files, keep_last, lineage, meta, future, t0)
     if future is None:

@@ -22,7 +22,12 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import yaml
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
 from torch.distributed.tensor import DTensor
 
 from wamkit.config import ConfigError, RunConfig, save_config, to_dict
@@ -81,6 +86,16 @@ def _to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
     return {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
 
 
+def _loaded_in_place(osd: dict[str, Any], optimizer: torch.optim.Optimizer) -> bool:
+    """Whether an optimizer state dict's tensors are the optimizer's own (so DCP's in-place load has
+    already restored them); only asked of the host-offloaded optimizer."""
+    if not getattr(optimizer, "offloaded", None):
+        return False
+    own = {id(v) for st in optimizer.state.values() for v in st.values() if torch.is_tensor(v)}
+    given = [v for st in osd.get("state", {}).values() for v in st.values() if torch.is_tensor(v)]
+    return bool(given) and all(id(v) in own for v in given)
+
+
 def _seed_all(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
@@ -129,8 +144,9 @@ class _Loop:
         self.step = 0
         self.pending: ckpt.PendingSave | None = None
         # DCP's background writer runs its collectives on a gloo group of its own, so that they never
-        # interleave with the training's on the default group (NCCL or gloo) from another thread
-        self.writer_group = dist.new_group(backend="gloo") if t.async_save else None
+        # interleave with the training's on the default group (NCCL or gloo) from another thread; made
+        # at the first save (collective, as every save is)
+        self.writer_group: dist.ProcessGroup | None = None
         self.n_params = sum(p.numel() for p in module.parameters())
         self.n_trainable = sum(p.numel() for p in self.trainable)
 
@@ -179,13 +195,21 @@ class _Loop:
         base_weights.check_same(ckpt.read_meta(path).get("base"), self.base, f"--resume {path}")
         state = self._sharded()
         rank_state = ckpt.load_checkpoint(path, state)
-        result = set_state_dict(
-            self.adapter.module,
-            self.optimizer,
-            model_state_dict=state["model"],
-            optim_state_dict=state["optim"],
-            options=self._state_options(load=True),
-        )
+        if _loaded_in_place(state["optim"], self.optimizer):
+            # DCP loaded the moments into the optimizer's own (host) tensors; torch's load_state_dict
+            # would first move every one of them beside its parameter, on a GPU that has no room
+            result = set_model_state_dict(
+                self.adapter.module, state["model"], options=self._state_options(True)
+            )
+            log.info("optimizer state loaded in place, in host memory")
+        else:
+            result = set_state_dict(
+                self.adapter.module,
+                self.optimizer,
+                model_state_dict=state["model"],
+                optim_state_dict=state["optim"],
+                options=self._state_options(load=True),
+            )
         frozen = {n for n, p in self.adapter.module.named_parameters() if not p.requires_grad}
         wrong = [k for k in result.missing_keys if k not in frozen] + list(result.unexpected_keys)
         if wrong:
@@ -231,6 +255,8 @@ class _Loop:
             CONFIG_FILE: yaml.safe_dump(to_dict(self.cfg), sort_keys=False),
         }
         rank_state = {"rng": ckpt.rng_state(self.info.device), "loader": self.loader.state_dict()}
+        if self.cfg.train.async_save and self.writer_group is None:
+            self.writer_group = dist.new_group(backend="gloo")
         self.pending = ckpt.begin_save(
             self.ckpt_root,
             self.step,
@@ -337,6 +363,16 @@ class _Loop:
             self.info.device, t.global_batch, t.micro_batch, self.info.world_size, self.accum,
         )  # fmt: skip
         self._it = iter(self.loader)
+        try:
+            self._train()
+        except BaseException:
+            if self.pending is not None:  # the writer thread ends before the process groups do
+                self.pending.wait()
+            raise
+        self.logger.close()
+
+    def _train(self) -> None:
+        t = self.cfg.train
         pending: list[tuple[int, dict[str, torch.Tensor], float]] = []
         t_data, t_last = 0.0, time.perf_counter()
         first = True
@@ -358,7 +394,6 @@ class _Loop:
                 self._save()
                 t_last = time.perf_counter()
         self._finish_save()
-        self.logger.close()
 
 
 def train(cfg: RunConfig, adapter_fn: AdapterFn | None = None, data_fn: DataFn | None = None) -> Path:

@@ -22,9 +22,11 @@ prefetched) plus the root's own parameters (embeddings, heads) are.
 
 ``train.offload``: ``none`` keeps everything on the device; ``ema`` moves the EMA to pinned host
 memory; ``optimizer`` moves the moments and the EMA (both touched once per optimizer step, streamed
-through the device in chunks then: :mod:`wamkit.train.offload`). ``auto`` takes the first of none,
-ema, optimizer that fits, and, on one process, keeps the weights gathered only if that fits too.
-On a CPU device the host is the device: nothing is offloaded.
+through the device in chunks then: :mod:`wamkit.train.offload`). ``auto`` on one process first keeps
+the weights gathered (resharding would copy and cast every block again in each micro-batch's
+backward, where offloading costs once per optimizer step), with the first of none, ema, optimizer that
+fits, and reshards only when no offload makes that fit; on several processes it reshards, with the
+first offload that fits. On a CPU device the host is the device: ``auto`` offloads nothing.
 """
 
 from __future__ import annotations
@@ -46,9 +48,11 @@ OFFLOAD_MODES = ("none", "ema", "optimizer")
 RESERVE_FIXED = 3 * GiB
 RESERVE_FRACTION = 0.05
 # host memory a training process takes besides what the plan places there on purpose: the
-# interpreter, torch and CUDA libraries, the VAE and tokenizer, loader buffers (measured: a cosmos3
-# trainer process holds about 5 GB of anonymous memory before its first step)
+# interpreter, torch and CUDA libraries, the VAE and tokenizer, loader buffers (measured on the GPU
+# machine: a cosmos3 trainer process holds 2-5 GB of anonymous memory around its first step); a CPU
+# process has no CUDA libraries or context
 HOST_BASE = 6 * GiB
+HOST_BASE_CPU = 1 * GiB
 
 
 @dataclass(frozen=True)
@@ -147,9 +151,13 @@ class Plan:
         return sum(b for _, b, where in self.rows if where == "device")
 
     @property
+    def host_base(self) -> int:
+        return HOST_BASE if self.inp.device_type == "cuda" else HOST_BASE_CPU
+
+    @property
     def host_total(self) -> int:
-        """One host: each of its processes' offloaded bytes plus :data:`HOST_BASE`."""
-        per_proc = sum(b for _, b, where in self.rows if where == "host") + HOST_BASE
+        """One host: each of its processes' offloaded bytes plus :data:`HOST_BASE` (CPU: less)."""
+        per_proc = sum(b for _, b, where in self.rows if where == "host") + self.host_base
         return per_proc * self.inp.procs_per_host
 
     @property
@@ -203,7 +211,7 @@ class Plan:
         lines.append(dev_line + ("" if self.fits_device else "  -> does not fit"))
         lines.append(
             f"  host total {self.host_total / GiB:.2f} GiB of {i.host_bytes / GiB:.1f} (offloaded state and "
-            f"{HOST_BASE / GiB:.0f} GiB per process)" + ("" if self.fits_host else "  -> does not fit")
+            f"{self.host_base / GiB:.0f} GiB per process)" + ("" if self.fits_host else "  -> does not fit")
         )
         return "\n".join(lines)
 

@@ -120,7 +120,10 @@ def place(adapter: ModelAdapter, info: DistInfo, cfg: RunConfig, plan: memory.Pl
     if t.precision == "bf16":
         cast_frozen(adapter, torch.bfloat16)
     meta = on_meta(adapter)
-    root, groups, trained = shard_adapter(adapter, info.device, t.precision, t.compile, plan.reshard)
+    # several processes with auto: FSDP2's own auto (reshard every block but the last, whose weights the
+    # backward needs at once), which the plan counted as resharding
+    reshard = "auto" if t.reshard_after_forward == "auto" and info.world_size > 1 else plan.reshard
+    root, groups, trained = shard_adapter(adapter, info.device, t.precision, t.compile, reshard)
     load_s = 0.0
     if meta:
         load = getattr(adapter, "load_weights", None)

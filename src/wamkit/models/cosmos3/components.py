@@ -109,7 +109,9 @@ def _on_meta(config: dict[str, Any], device: torch.device, dtype: torch.dtype) -
 class RandomWeights:
     """Random-weight presets' tensors, each a function of its name alone (seed ``seed`` + crc32 of the
     name, drawn on ``device``): a model filled shard by shard on N processes gets the very weights a
-    model built whole on one gets. Norm scales 1, biases and the modality embedding 0, action heads
+    model built whole on one gets. A random preset is one fixed model (the tiny preset likewise), not a
+    function of ``train.seed``; CUDA's generator draws other numbers than the CPU's, so its weights
+    depend on the device type (checkpoints of such presets keep their frozen weights). Norm scales 1, biases and the modality embedding 0, action heads
     uniform(+-1/sqrt(fan_in)) (:func:`init_action_heads`' law), other weights N(0, 0.02)."""
 
     def __init__(self, tr: Cosmos3OmniTransformer, device: torch.device, seed: int = 0):
@@ -127,7 +129,8 @@ class RandomWeights:
 
     def full(self, name: str) -> torch.Tensor:
         shape = self._shape[name]
-        if (len(shape) == 1 and "norm" in name) or name.endswith("bias") or name == "action_modality_embed":
+        bias = name.endswith("bias") or name.endswith(".bias.weight")  # the heads' per-domain bias rows
+        if (len(shape) == 1 and "norm" in name) or bias or name == "action_modality_embed":
             value = 1.0 if "norm" in name and len(shape) == 1 else 0.0
             return torch.full(shape, value, device=self.device)
         g = torch.Generator(self.device).manual_seed(self.seed + zlib.crc32(name.encode()))
