@@ -88,6 +88,8 @@ class Executor:
         self.watchdog_s = watchdog_s
         self.max_restarts = max_restarts if max_restarts is not None else 3 * num_workers + 3
         self.restarts = 0
+        # what one env took, measured by the first run on these workers (wamkit.eval.memory)
+        self.env_memory: Any = None
         self.busy_s = [0.0] * num_workers
         self._make = make_worker
         self._gen = [0] * num_workers

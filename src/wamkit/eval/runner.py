@@ -155,16 +155,7 @@ def run_eval(
                 journal.check_server({**server_location(ecfg), "identity": identity})
                 workers = functools.partial(_open_workers, cfg, host_factory, env_workers)
                 timing, events, stages = _run(
-                    cfg,
-                    todo,
-                    journal,
-                    urls,
-                    make_policy,
-                    progress,
-                    on_pipeline,
-                    prebuild,
-                    workers,
-                    env_workers is None,
+                    cfg, todo, journal, urls, make_policy, progress, on_pipeline, prebuild, workers
                 )
         summary = write_reports(out, list(journal.records.values()), journal.plan, timing, events, stages)
     all_ = summary["all"]
@@ -240,7 +231,6 @@ def _run(
     on_pipeline,
     prebuild,
     open_workers: Callable[[], contextlib.AbstractContextManager[Executor]],
-    fresh_workers: bool = True,
 ):
     env_cfg, ecfg = cfg.env, cfg.eval
     num_envs = ecfg.num_envs
@@ -261,12 +251,11 @@ def _run(
     with open_workers() as executor:
         restarts = executor.restarts  # a caller's workers may come from earlier runs
         t_warm = time.perf_counter()
-        env_memory = None
-        if fresh_workers:
-            # measured on one env before the others are built: a num_envs the host cannot hold is
-            # refused here, not found out by the kernel's OOM killer half-way through (workers a caller
-            # hands over hold their envs already: nothing left to measure)
-            env_memory = check_env_memory(executor, per_worker[0], todo[0], num_envs)
+        if executor.env_memory is None:
+            # measured on one env before the others are built, by the first run on these workers: a
+            # num_envs the host cannot hold is refused here, not found out by the OOM killer half-way
+            executor.env_memory = check_env_memory(executor, per_worker[0], todo[0], num_envs)
+        env_memory = executor.env_memory
         if prebuild:
             _prebuild(executor, per_worker, todo)
         # calibration: patient connections, one server after the other, as long a reply timeout as
