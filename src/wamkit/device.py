@@ -44,3 +44,24 @@ def to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
     if device.type != "cuda" or host.device.type != "cpu":
         return host.to(device)
     return host.pin_memory().to(device, non_blocking=True)
+
+
+def proc_status(pid: int | str = "self") -> dict[str, str]:
+    """A process's ``/proc/<pid>/status`` fields (Linux), values as written ("123 kB"); FileNotFoundError
+    for a process that has gone."""
+    with open(f"/proc/{pid}/status") as f:
+        return {k: v.strip() for k, v in (line.split(":", 1) for line in f if ":" in line)}
+
+
+def status_bytes(status: dict[str, str], key: str) -> int:
+    """A ``kB`` field of :func:`proc_status` in bytes (0 where absent)."""
+    return int(status.get(key, "0 kB").split()[0]) * 1024
+
+
+def meminfo_bytes(key: str) -> int:
+    """A field of this host's ``/proc/meminfo`` (``MemTotal``, ``MemAvailable``) in bytes."""
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith(f"{key}:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"/proc/meminfo has no {key}")

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from wamkit.config import ConfigError
+from wamkit.device import meminfo_bytes, proc_status, status_bytes
 
 log = logging.getLogger(__name__)
 HEADROOM = 0.9  # of the available memory: the evaluator, the server and the page cache need some too
@@ -32,22 +33,16 @@ class ProcSample:
 def sample(pid: int) -> ProcSample | None:
     """One process's figures now; None if it has gone."""
     try:
-        with open(f"/proc/{pid}/status") as f:
-            status = dict(line.split(":", 1) for line in f.read().splitlines() if ":" in line)
+        status = proc_status(pid)
         fds = len(os.listdir(f"/proc/{pid}/fd"))
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         return None
-    rss = int(status.get("VmRSS", "0 kB").split()[0]) * 1024
-    return ProcSample(pid, rss, fds, int(status.get("Threads", "0").strip()))
+    return ProcSample(pid, status_bytes(status, "VmRSS"), fds, int(status.get("Threads", "0")))
 
 
 def available_bytes() -> int:
     """The host's MemAvailable (what can be allocated without swapping)."""
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("/proc/meminfo has no MemAvailable")
+    return meminfo_bytes("MemAvailable")
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ from typing import Any
 import torch
 
 from wamkit.config import ConfigError
+from wamkit.device import meminfo_bytes
 from wamkit.models.base import ActivationShape
 
 log = logging.getLogger(__name__)
@@ -172,22 +173,6 @@ class Plan:
     @property
     def fits(self) -> bool:
         return self.fits_device and self.fits_host
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "world_size": self.inp.world_size,
-            "device_gib": self.inp.device_bytes / GiB,
-            "host_gib": self.inp.host_bytes / GiB,
-            "offload": self.offload,
-            "reshard_after_forward": self.reshard,
-            "grad_sync": self.grad_sync,
-            "micro_batch": self.inp.micro_batch,
-            "checkpointing": self.inp.checkpointing,
-            "rows": [{"category": c, "gib": b / GiB, "where": w} for c, b, w in self.rows],
-            "device_total_gib": self.device_total / GiB,
-            "host_total_gib": self.host_total / GiB,
-            "fits": self.fits,
-        }
 
     def table(self) -> str:
         """The plan as text: one line per category, per process, then the totals against the budget."""
@@ -344,11 +329,7 @@ def parse_size(text: str, what: str) -> int:
 
 def host_memory_bytes() -> int:
     """This host's memory (``/proc/meminfo`` MemTotal)."""
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemTotal:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("/proc/meminfo has no MemTotal")
+    return meminfo_bytes("MemTotal")
 
 
 def device_memory_bytes(device: torch.device) -> int:

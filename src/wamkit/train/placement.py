@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from wamkit.config import RunConfig
+from wamkit.device import proc_status, status_bytes
 from wamkit.models.base import ModelAdapter, ParamGroup
 from wamkit.train import memory
 from wamkit.train.dist import DistInfo, shard_adapter
@@ -31,13 +32,9 @@ def rss_anon_bytes() -> int:
     """This process's anonymous resident memory (``/proc/self/status`` RssAnon; 0 where absent):
     memory-mapped weight files are not in it, the copies read out of them are."""
     try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("RssAnon:"):
-                    return int(line.split()[1]) * 1024
+        return status_bytes(proc_status(), "RssAnon")
     except OSError:
-        pass
-    return 0
+        return 0
 
 
 def on_meta(adapter: ModelAdapter) -> bool:

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import logging
@@ -192,19 +193,9 @@ def build_random(
         return _cast(tr.to(device), dtype), vae, source
     tr = _on_meta(config, device, dtype)
     if meta:
-        return tr, _random_vae(vcfg, torch.device("cpu"), torch.float32), _Deferred(RandomWeights, tr)
+        return tr, _random_vae(vcfg, torch.device("cpu"), torch.float32), functools.partial(RandomWeights, tr)
     _random_init_(tr)
     return tr, _random_vae(vcfg, device, dtype), None
-
-
-class _Deferred:
-    """A source made on the device the weights are filled on (random weights are drawn there)."""
-
-    def __init__(self, make, tr):
-        self.make, self.tr = make, tr
-
-    def __call__(self, device: torch.device):
-        return self.make(self.tr, device)
 
 
 def build_from_base(
@@ -217,7 +208,7 @@ def build_from_base(
     check_transformer_config(config, str(tdir / "config.json"))
     tr = _on_meta({**config, "action_gen": True, "action_dim": action_dim}, device, dtype)
     if torch.device(device).type == "meta":
-        return tr, _load_vae(root, torch.device("cpu"), torch.float32), _Deferred(RandomWeights, tr)
+        return tr, _load_vae(root, torch.device("cpu"), torch.float32), functools.partial(RandomWeights, tr)
     _random_init_(tr)
     return tr, _load_vae(root, device, dtype), None
 
