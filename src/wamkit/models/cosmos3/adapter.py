@@ -332,7 +332,7 @@ class Cosmos3Adapter(Cosmos3Inference):
         dt, n = self.dtype, layout.n
         # Left set after the call on purpose: gradient checkpointing re-runs the layers' forward during
         # backward, and the recomputation must attend within the same requests.
-        self.processor.layout = layout
+        self.processor.prepare(layout, lat_v.device)
         preds_v, _, preds_a = self.module(
             **layout.forward_kwargs(
                 [lat_v[i : i + 1].to(dt) for i in range(n)],

@@ -333,6 +333,27 @@ class SegmentMaskedAttnProcessor(Cosmos3AttnProcessor):
         self.layout: PackedLayout | None = None
         self._warned_cpu_grad = False
 
+    def prepare(self, layout: PackedLayout, device: torch.device) -> None:
+        """Set the layout of the next transformer call and build the masks its attention mode reads.
+
+        Built here, before the layers run, so that no layer builds them: a compiled block would
+        otherwise trace one graph for the first layer (masks absent) and another for the rest, and
+        under gradient checkpointing the first layer's recomputation would pick the second graph and
+        save different tensors than its forward did."""
+        self.layout = layout
+        if layout.n == 1:
+            return
+        mode = resolve_attention(self.mode, device)
+        if mode == "flex":
+            layout.flex_block_masks()
+            if device.type == "cpu" and torch.is_grad_enabled():  # the masked fallback of _flex_or_mask
+                if not self._warned_cpu_grad:
+                    log.info("attention 'flex': no CPU backward in flex_attention; calls with gradients use 'mask'")
+                    self._warned_cpu_grad = True
+                layout.attention_masks()
+        elif mode == "mask":
+            layout.attention_masks()
+
     def __call__(self, attn, und_seq, gen_seq, rotary_emb):
         if self.layout is None or self.layout.n == 1:
             return super().__call__(attn, und_seq, gen_seq, rotary_emb)
@@ -395,9 +416,6 @@ class SegmentMaskedAttnProcessor(Cosmos3AttnProcessor):
         needed (the library would refuse: it checks the same ``requires_grad``)."""
         if q.device.type != "cpu" or not (q.requires_grad or k.requires_grad or v.requires_grad):
             return flex_attend(q, k, v, block_mask)
-        if not self._warned_cpu_grad:
-            log.info("attention 'flex': no CPU backward in flex_attention; calls with gradients use 'mask'")
-            self._warned_cpu_grad = True
         return attend(q, k, v, self.layout.attention_masks()[pathway])
 
 
