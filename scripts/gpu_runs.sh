@@ -27,6 +27,13 @@
 #                                          Nano streamed into its shard (host RssAnon, time to the first
 #                                          step; killed then: its 112 GB checkpoint would not fit the disk),
 #                                          nano_l8 to one async checkpoint (size, write time) and its export
+#   bash scripts/gpu_runs.sh sft-compile-l8  # core: nano_l8 with compiled blocks: the transformer step profiled
+#                                          (bench cosmos3-sft), then bench train's two rows (1 GPU)
+#   bash scripts/gpu_runs.sh sft-compile   # core: full-size Nano with compiled blocks at the recipe's
+#                                          accumulation (64 micro-batches of 32), the plan's placement
+#   bash scripts/gpu_runs.sh sft-save      # core: nano_l8 trained with a checkpoint mid-run: how long the
+#                                          async save stands training still and how much of its write
+#                                          the next step's micro-batches hide
 #   bash scripts/gpu_runs.sh sft-full      # core: full-size Cosmos3-Nano SFT placed by its memory plan on one
 #                                          GPU (the plan printed, the transformer step beside the trainer
 #                                          step with accumulation, EMA and offload), and the nano_l8 rows (1 GPU)
@@ -268,6 +275,38 @@ case "$group" in
     ;;
   sft-disk)
     sft_disk
+    ;;
+  sft-compile-l8)
+    run cosmos3_sft_compile 330 $W bench cosmos3-sft --preset nano_l8 --batches 32 --gradient-checkpointing \
+      --compile --paths transformer,cached --repeats 2 --profile 2 --profile-path transformer --profile-rows 25 \
+      --json "$OUT/cosmos3_sft_compile.json"
+    run train_nano_l8_compile 250 $W bench train --model cosmos3 --preset nano_l8 --precision bf16 \
+      --micro-batch 32 --latents --option gradient_checkpointing=true --compile --accumulation 4 --ema \
+      --steps 3 --warmup 2
+    ;;
+  sft-compile)
+    run train_nano_compile 580 $W bench train --model cosmos3 --preset nano --precision bf16 --micro-batch 32 \
+      --latents --option gradient_checkpointing=true --compile --accumulation ${ACCUM:-64} --ema --steps 1 \
+      --warmup 1
+    ;;
+  sft-save)
+    # 64 micro-batches of 8 per optimizer step (about 25 s), a checkpoint after step 2 written while
+    # step 3 runs; the last one (step 4) is waited for, as every run's last is
+    tmp=${SFT_TMP:-/tmp/sft_save}
+    rm -rf "$tmp" && mkdir -p "$tmp"
+    python3 -c "from wamkit.data.synthetic import write_pattern_dataset as w; w('$tmp/ds', [40, 40], camera_dtype='image', size=(256, 256))"
+    run train_save 400 $W train configs/libero_10_cosmos3.yaml model.preset=nano_l8 model.pretrained= \
+      "data.root=$tmp/ds" data.num_workers=4 train.micro_batch=8 train.global_batch=512 train.log_interval=1 \
+      train.warmup_steps=1 train.max_steps=4 train.save_interval=2 train.keep_last=1 "train.run_dir=$tmp/run"
+    grep -E "stood still|saved|first optimizer|samples_per_s|step " "$OUT/train_save.log" | tail -20 | tee -a "$OUT/index.txt"
+    du -sh "$tmp/run/checkpoints/"* | tee -a "$OUT/index.txt"
+    python3 -c "
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator as E
+e = E('$tmp/run/tb'); e.Reload()
+for k in ('time/step', 'time/save_s', 'time/save_write_s', 'time/save_wait_s'):
+    print(k, [(s.step, round(s.value, 2)) for s in e.Scalars(k)] if k in e.Tags()['scalars'] else '-')
+" | tee -a "$OUT/index.txt"
+    rm -rf "$tmp"
     ;;
   train-cosmos3-compile)
     # nano_l8 on one GPU, the bare forward+backward beside the trainer step, each block compiled

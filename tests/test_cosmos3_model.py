@@ -19,10 +19,12 @@ from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import (  # noqa: E402
     CosmosActionCondition,
 )
 from PIL import Image  # noqa: E402
+from torch._dynamo.utils import counters  # noqa: E402
 
 from wamkit.config import ConfigError, ModelConfig  # noqa: E402
 from wamkit.constants import ACTION, ACTION_IS_PAD, OBS_STATE, TASK, image_key  # noqa: E402
 from wamkit.models import ModelIO, build_model  # noqa: E402
+from wamkit.models.base import compile_blocks  # noqa: E402
 from wamkit.models.cosmos3 import export_diffusers  # noqa: E402
 from wamkit.models.cosmos3.towers import param_role  # noqa: E402
 
@@ -197,8 +199,10 @@ def test_compiled_blocks_under_checkpointing_give_the_eager_gradients(attention)
     """``train.compile`` compiles each block. Everything a layer reads besides its inputs (the masks,
     the one-time notice of the masked fallback) is settled before the layers run, so every layer and its
     recomputation under checkpointing trace one graph: settled by the first layer, that layer traced a
-    graph of its own and its recomputation, picking the others', saved other tensors (refused)."""
-    out = {}
+    graph of its own and its recomputation, picking the others', saved other tensors (refused). The
+    packed length changes with the captions, so the blocks compile for dynamic shapes."""
+    out, graphs = {}, []
+    counters.clear()
     for compiled in (True, False):  # compiled first: a fresh processor, as a run's first step has
         torch.manual_seed(0)
         options = STEPS | {"attention": attention}
@@ -206,17 +210,26 @@ def test_compiled_blocks_under_checkpointing_give_the_eager_gradients(attention)
         ad.module.enable_gradient_checkpointing()
         if compiled:
             torch._dynamo.reset()
-            for block in ad.blocks():
-                block.compile()
+            compile_blocks(ad)
         torch.manual_seed(0)
-        loss = ad.sft_loss(make_batch(2, seed=1))["loss"]
-        loss.backward()
-        out[compiled] = (loss.detach(), ad.module.layers[1].mlp_moe_gen.up_proj.weight.grad.clone())
+        # two batches whose prompts differ in length: the packed sequences do (one graph serves both)
+        for seed, tasks in ((1, UNEVEN_TASKS[1:]), (2, UNEVEN_TASKS[:2])):
+            batch = make_batch(2, seed=seed)
+            batch[TASK] = list(tasks)
+            ad.module.zero_grad()
+            loss = ad.sft_loss(batch)["loss"]
+            loss.backward()
+            out[compiled, seed] = (loss.detach(), ad.module.layers[1].mlp_moe_gen.up_proj.weight.grad.clone())
+            graphs.append(counters["stats"]["unique_graphs"])
     torch._dynamo.reset()
+    # compiled for dynamic shapes: the second batch's lengths compile nothing new (for one shape, each
+    # new length was a new graph, up to dynamo's recompile limit)
+    assert graphs[0] == graphs[1] > 0, graphs
     # inductor fuses and reorders the fp32 sums: one pass's reordered sums (192 wide, 4 deep) forward
     # and back, as for the recompute above
-    assert_rounding_close(out[True][0], out[False][0], length=2 * 192 * 4)
-    assert_rounding_close(out[True][1], out[False][1], length=2 * 192 * 4)
+    for seed in (1, 2):
+        for got, want in zip(out[True, seed], out[False, seed]):
+            assert_rounding_close(got, want, length=2 * 192 * 4)
 
 
 def test_policy_matches_diffusers_pipeline(adapter):

@@ -52,6 +52,7 @@ import torch
 
 from wamkit.bench.timing import host_waits, profile_table, timed
 from wamkit.device import resolve_device, to_device
+from wamkit.models.base import compile_blocks
 
 PEAK_BF16 = 989.4e12  # H100/H200 SXM dense bf16
 PATHS = ("transformer", "encode", "cached", "cached_inline")
@@ -84,6 +85,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--gradient-checkpointing", action="store_true", help="recompute each layer in backward (less memory)"
+    )
+    parser.add_argument(
+        "--compile", action="store_true", help="torch.compile each decoder layer, as train.compile does"
     )
     parser.add_argument(
         "--attention",
@@ -359,6 +363,9 @@ def run(args, device: torch.device, batches: list[int]) -> dict[str, Any]:
             args.preset, args.image_size, device, options, Path(args.cache_dir or tmp) / "latents"
         )
         bench.loader_workers = getattr(args, "loader_workers", LOADER_WORKERS)
+        compiled = getattr(args, "compile", False)
+        if compiled:  # the trainer's regional compilation (train.compile): the warm-up steps compile
+            compile_blocks(bench.ad)
         try:
             ad = bench.ad
             n_params = sum(p.numel() for p in ad.module.parameters())
@@ -374,6 +381,7 @@ def run(args, device: torch.device, batches: list[int]) -> dict[str, Any]:
                 f"cosmos3-sft/{args.preset}: {n_params / 1e9:.2f}B parameters ({trained / 1e9:.2f}B trained), "
                 f"{args.dtype} weights{', bf16 autocast' if device.type == 'cuda' else ''}; {name}; latents {lat} "
                 f"per sample; gradient checkpointing {'on' if args.gradient_checkpointing else 'off'}; "
+                f"{'layers compiled; ' if compiled else ''}"
                 f"attention {', '.join(attentions)}; built in "
                 f"{time.perf_counter() - start:.0f} s",
                 flush=True,
@@ -429,6 +437,7 @@ def run(args, device: torch.device, batches: list[int]) -> dict[str, Any]:
         "trainable": trained,
         "flops_per_sample": ad.flops_per_sample(),
         "attention": attentions,
+        "compiled": compiled,
         "rows": [asdict(r) for r in rows],
         "vae_encode_s": encode_s,
     }

@@ -37,6 +37,7 @@ import torch.distributed as dist
 
 from wamkit.bench.procs import kill_tree
 from wamkit.bench.timing import profile_table, timed
+from wamkit.models.base import compile_blocks
 from wamkit.models.synthetic import synthetic_batch
 
 H200_BF16_PEAK = 989e12
@@ -147,8 +148,7 @@ def _measure_bare(cfg, device: torch.device, bf16: bool, args: argparse.Namespac
         bare = build_model(cfg, None)
         bare.module.to(device)
     if args.compile:  # the same regional compilation as the trainer's, so the two rows compare
-        for block in bare.blocks():
-            block.compile()
+        compile_blocks(bare)
     batch = _batch(bare, micro_batch, device, args.latents)
 
     def step():

@@ -17,7 +17,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from wamkit.config import RESHARD_CHOICES, ConfigError
 from wamkit.device import resolve_device
-from wamkit.models.base import ParamGroup
+from wamkit.models.base import ParamGroup, compile_dynamic
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +106,7 @@ def apply_fsdp(
     precision: str,
     compile_blocks: bool = False,
     reshard: str = "auto",
+    dynamic: bool | None = None,
 ) -> torch.nn.Module:
     """``fully_shard`` each block, then the root, over all ranks.
 
@@ -113,7 +114,8 @@ def apply_fsdp(
     shards them, so a model larger than one device is never whole on it. bf16 keeps fp32 master weights
     and optimizer state, computes in bf16 and reduces gradients in fp32 (GPU only). ``compile_blocks``
     compiles each block's forward (regional compilation: the blocks share code, so it compiles once and
-    FSDP's hooks stay outside the graph). ``reshard``: ``train.reshard_after_forward``.
+    FSDP's hooks stay outside the graph), for dynamic shapes with ``dynamic``
+    (:func:`wamkit.models.base.compile_dynamic`). ``reshard``: ``train.reshard_after_forward``.
     """
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -134,7 +136,7 @@ def apply_fsdp(
         # would all-gather it again immediately. With one rank nothing is resharded: the "all-gather"
         # is a copy and a bf16 cast of every weight, which backward would otherwise pay a second time.
         if compile_blocks:
-            block.compile()
+            block.compile(dynamic=dynamic)
         last = reshard == "auto" and i == len(blocks) - 1
         fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=several and not last)
     fully_shard(module, mesh=mesh, mp_policy=mp, reshard_after_forward=several)
@@ -170,6 +172,7 @@ def shard_adapter(
         precision,
         compile_blocks,
         reshard,
+        compile_dynamic(adapter),
     )
     params = dict(module.named_parameters())
     groups = [ParamGroup(g.name, [params[n] for n in names], g.lr_mult, g.weight_decay) for g, names in named]

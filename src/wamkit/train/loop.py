@@ -272,6 +272,9 @@ class _Loop:
         self.logger.scalars(self.step, {"time/save_s": dt})  # the time training stood still for it
         if self.writer_group is None:
             self._finish_save()
+        else:
+            log.info("checkpoint of step %d: written beside training; training stood still %.2f s to start it",
+                     self.step, dt)  # fmt: skip
 
     # ---------------------------------------------------------------------------------------------
     def _next_batch(self) -> dict[str, Any]:

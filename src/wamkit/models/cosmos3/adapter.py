@@ -66,6 +66,9 @@ class Cosmos3Adapter(Cosmos3Inference):
     builders, tokenizer template and VAE encoding are reused as they are."""
 
     name = "cosmos3"
+    # the packed sequence's length follows the batch's captions (and caption dropout): train.compile
+    # compiles the blocks for dynamic shapes (wamkit.models.base.compile_dynamic)
+    varying_shapes = True
 
     def __init__(self, io, preset, pretrained, options, transformer, vae, scheduler, tokenizer):
         self.io: ModelIO = io

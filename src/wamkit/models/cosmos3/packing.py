@@ -348,7 +348,9 @@ class SegmentMaskedAttnProcessor(Cosmos3AttnProcessor):
             layout.flex_block_masks()
             if device.type == "cpu" and torch.is_grad_enabled():  # the masked fallback of _flex_or_mask
                 if not self._warned_cpu_grad:
-                    log.info("attention 'flex': no CPU backward in flex_attention; calls with gradients use 'mask'")
+                    log.info(
+                        "attention 'flex': no CPU backward in flex_attention; calls with gradients use 'mask'"
+                    )
                     self._warned_cpu_grad = True
                 layout.attention_masks()
         elif mode == "mask":
