@@ -286,9 +286,15 @@ def _compiled_flex() -> Callable:
     return torch.compile(flex_attention, dynamic=True)
 
 
+@torch.compiler.disable
 def flex_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask: BlockMask) -> torch.Tensor:
     """Packed attention under ``block_mask``: q [L, H, d], k / v [S, KV, d] (H a multiple of KV) ->
-    [L, H * d]. Compiled on CUDA, eager elsewhere (forward only there)."""
+    [L, H * d]. Compiled on CUDA, eager elsewhere (forward only there).
+
+    Never traced into a compiled caller (``train.compile``'s blocks): there the block mask's sequence
+    lengths, plain ints, became guards, so every new packed length recompiled the block until dynamo's
+    recompile limit left it eager; and inductor's CPU flex template fails to build for dynamic shapes.
+    Called apart, this function's own compilation serves every length, as it does from eager code."""
     dev = q.device.type
     # flex_attention is no autocast op (SDPA is): give it the dtype autocast would
     dt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else q.dtype
