@@ -22,7 +22,6 @@
 #                                          (eval-2servers, train-tiny-2gpu: each alone)
 #   bash scripts/gpu_runs.sh cosmos3-eval  # sim + serve: the schedules against a Cosmos3-Nano-shaped server
 #   bash scripts/gpu_runs.sh train-cosmos3 # serve: Cosmos3 nano_l8 SFT (cached-latent shape) on 1 and 2 GPUs
-#   bash scripts/gpu_runs.sh train-cosmos3-compile  # core: nano_l8 on one GPU with compiled blocks
 #   bash scripts/gpu_runs.sh sft-disk      # core: wamkit train from a random-weight diffusers folder on disk:
 #                                          Nano streamed into its shard (host RssAnon, time to the first
 #                                          step; killed then: its 112 GB checkpoint would not fit the disk),
@@ -308,12 +307,6 @@ for k in ('time/step', 'time/save_s', 'time/save_write_s', 'time/save_wait_s'):
 " | tee -a "$OUT/index.txt"
     rm -rf "$tmp"
     ;;
-  train-cosmos3-compile)
-    # nano_l8 on one GPU, the bare forward+backward beside the trainer step, each block compiled
-    # (train.compile; flex attention inside): the lever on the 21% MFU of the flex transformer step
-    run train_cosmos3_compile 500 $W bench train --model cosmos3 --preset nano_l8 --precision bf16 \
-      --micro-batch 32 --latents --option gradient_checkpointing=true --compile --steps 5 --warmup 3
-    ;;
   cosmos3-eval)
     # the evaluator against a Cosmos3-Nano-shaped server (30 steps, full 16-step chunks), MetaWorld fitted
     run eval_cosmos3 280 $W bench eval --tasks reach-v3,push-v3 --trials 4 --max-steps 48 --image-size 128 \
@@ -372,7 +365,7 @@ for k in ('time/step', 'time/save_s', 'time/save_write_s', 'time/save_wait_s'):
       --fit-shapes --stages auto --out "$OUT/libero_cosmos3" --json "$OUT/libero_cosmos3.json"
     ;;
   *)
-    echo "unknown group '$group' (inference | cosmos3-all | serve-sft | serve-tiny | gpu-tests | serve | eval-tiny1b | eval | eval-2gpu | eval-2servers | train-tiny-2gpu | train-cosmos3-compile | cosmos3-eval | train-cosmos3 | libero-stash |" \
+    echo "unknown group '$group' (inference | cosmos3-all | serve-sft | serve-tiny | gpu-tests | serve | eval-tiny1b | eval | eval-2gpu | eval-2servers | train-tiny-2gpu | sft-compile-l8 | sft-compile | sft-save | sft-full | sft-disk | cosmos3-eval | train-cosmos3 | libero-stash |" \
       "libero-install |" \
       "libero-render | libero-schedules | libero-500a | libero-500b | libero-cosmos3)" >&2
     exit 2

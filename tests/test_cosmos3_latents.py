@@ -44,7 +44,7 @@ def _cfg(root: Path, run_dir: Path | None = None, *overrides: str):
         [
             "model.preset=tiny", "model.pretrained=", "model.options.gradient_checkpointing=false",
             f"data.root={root}", "data.num_workers=0", "train.max_steps=3", "train.micro_batch=2",
-            "train.global_batch=2", "train.precision=fp32", "train.device=cpu", "train.ema=false",
+            "train.global_batch=2", "train.precision=fp32", "train.device=cpu", "train.ema=false", "train.compile=false",
             "train.log_interval=1", f"train.run_dir={run_dir or root / 'unused'}", *overrides,
         ],
     )  # fmt: skip

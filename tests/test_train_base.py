@@ -36,7 +36,7 @@ def _cfg(data: Path, run: Path, *overrides: str):
     return load_config(REPO / "configs" / "libero_10_cosmos3.yaml", [
         "model.preset=tiny", "model.pretrained=", "model.options.gradient_checkpointing=false",
         f"data.root={data}", "data.num_workers=0", "train.max_steps=4", "train.micro_batch=2",
-        "train.global_batch=2", "train.precision=fp32", "train.device=cpu", "train.ema=true",
+        "train.global_batch=2", "train.precision=fp32", "train.device=cpu", "train.ema=true", "train.compile=false",
         "train.save_interval=2", "train.log_interval=1", f"train.run_dir={run}", *overrides,
     ])  # fmt: skip
 
