@@ -201,6 +201,9 @@ class EvalConfig:
     # pipeline stages (docs/eval.md); empty: start a local server from serve_dir
     server_url: str | list[str] = ""
     serve_dir: str = ""
+    # the engine behind server_url (wamkit.eval.backends; docs/eval.md): wamkit | openpi
+    backend: str = "wamkit"
+    backend_options: dict[str, Any] = field(default_factory=dict)  # per backend (docs/eval.md)
     trials: int = 0  # per task; 0: the suite's protocol (LIBERO 50, MetaWorld 10)
     seed: int = 1000  # env.seed_rule=per_trial: trial t uses seed + t; keep it apart from collection seeds
     num_envs: int = 4

@@ -32,12 +32,14 @@ from tqdm import tqdm
 
 from wamkit.config import ConfigError, EnvConfig, EvalConfig, RunConfig, ServeConfig
 from wamkit.envs.base import EpisodeSpec
+from wamkit.eval.backends import backend_module, connect
+from wamkit.eval.backends.base import Target
 from wamkit.eval.calibrate import Calibration, batch_sizes, calibrate, independent_bound
 from wamkit.eval.episodes import plan_episodes, plan_record
 from wamkit.eval.executors import Executor, make_executor
 from wamkit.eval.journal import Journal, episode_key
 from wamkit.eval.memory import check_env_memory
-from wamkit.eval.remote import Patience, RemotePolicy, served_identity
+from wamkit.eval.remote import Patience, served_identity
 from wamkit.eval.report import write_reports
 from wamkit.eval.scheduler import Pipeline, layout, server_idle
 from wamkit.eval.servers import ServerPool, same_model
@@ -45,14 +47,24 @@ from wamkit.eval.video import filmed, frame_of, write_mp4
 from wamkit.files import atomic_write_json
 
 log = logging.getLogger(__name__)
-STOP_WAIT_S = 10.0  # how long a stopped (interrupted) pipeline waits for its stage threads
+STOP_WAIT_S = 10.0
+UNIDENTIFIED = (
+    "the server says nothing of what it serves: plan.json records where it was reached, and --resume "
+    "cannot tell whether the model behind that address changed"
+)  # how long a stopped (interrupted) pipeline waits for its stage threads
 
 
 def check_eval_config(ecfg: EvalConfig) -> None:
     """What only a run needs (ranges are checked when the config is built: EvalConfig.__post_init__)."""
+    backend_module(ecfg.backend)  # a name not registered is refused with the names that are
     if not ecfg.server_urls and not ecfg.serve_dir:
         raise ConfigError(
             "eval.server_url or eval.serve_dir: one is needed (a ws:// URL, or a serving directory)"
+        )
+    if ecfg.backend != "wamkit" and not ecfg.server_urls:
+        raise ConfigError(
+            f"eval.backend={ecfg.backend}: give the engine's eval.server_url (eval.serve_dir starts a "
+            "wamkit server, for eval.backend=wamkit)"
         )
 
 
@@ -61,10 +73,11 @@ def server_location(ecfg: EvalConfig) -> dict[str, Any]:
     serving directory (resolved). With an identity, only the identity is compared on ``--resume``: how
     many servers answered is a throughput setting, like the stage count."""
     urls = ecfg.server_urls
+    engine = {} if ecfg.backend == "wamkit" else {"backend": ecfg.backend}
     if len(urls) == 1:
-        return {"url": urls[0]}
+        return {"url": urls[0], **engine}
     if urls:
-        return {"urls": urls}
+        return {"urls": urls, **engine}
     return {"serve_dir": str(Path(ecfg.serve_dir).resolve())}
 
 
@@ -122,7 +135,7 @@ def run_eval(
     """Evaluate ``cfg.env`` against the server of ``cfg.eval``; return the summary (also on disk).
 
     ``policy_factory(url, env_cfg, patience)`` makes one connection to one server (default
-    :class:`RemotePolicy`);
+    the backend of ``eval.backend``, :mod:`wamkit.eval.backends`);
     ``on_pipeline`` sees the pipeline once it runs (tests use it to kill workers). ``prebuild`` resets
     every env once on every task before the clock starts, so the measured wall time holds no simulator
     construction (the benchmark uses it; results do not change). ``host_factory`` replaces the env
@@ -138,9 +151,12 @@ def run_eval(
     from wamkit.envs.suites import resolve_env_config
 
     info, look = suite_info(env_cfg.suite), resolve_env_config(env_cfg).render_quality
-    make_policy = policy_factory or (
-        lambda url, e, patience: RemotePolicy(url, list(e.cameras), info, look, patience)
-    )
+
+    def connect_backend(url: str, e: EnvConfig, patience: Patience):
+        target = Target(url, tuple(e.cameras), info, look, dict(ecfg.backend_options))
+        return connect(ecfg.backend, target, patience)
+
+    make_policy = policy_factory or connect_backend
     out = Path(ecfg.out_dir)
     plan = plan_record(env_cfg, ecfg, server_location(ecfg))
     with Journal(out, plan, resume=resume or ecfg.resume) as journal:
@@ -152,7 +168,11 @@ def run_eval(
                 # fail fast (no server, cameras the env does not render, servers serving different
                 # models, another model than the journal's) before workers start
                 identity = same_model(urls, [_probe(make_policy, url, env_cfg) for url in urls])
-                journal.check_server({**server_location(ecfg), "identity": identity})
+                server = {**server_location(ecfg), "identity": identity}
+                if identity is None:
+                    server["unidentified"] = UNIDENTIFIED
+                    log.warning("%s: %s", ", ".join(urls), UNIDENTIFIED)
+                journal.check_server(server)
                 workers = functools.partial(_open_workers, cfg, host_factory, env_workers)
                 timing, events, stages = _run(
                     cfg, todo, journal, urls, make_policy, progress, on_pipeline, prebuild, workers
@@ -214,6 +234,8 @@ def _probe(make_policy, url: str, env_cfg: EnvConfig) -> dict[str, Any] | None:
     """Connect once (checks the server's inputs against the env) and return what it says it serves."""
     probe = make_policy(url, env_cfg, Patience())
     try:
+        if hasattr(probe, "identity"):  # a backend's own reading of what its server says
+            return probe.identity
         return served_identity(getattr(probe, "metadata", None) or {})
     finally:
         close = getattr(probe, "close", None)

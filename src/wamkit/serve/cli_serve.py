@@ -87,6 +87,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-message-mb", type=float, help="largest request (default: serve.max_message_mb)"
     )
     parser.add_argument(
+        "--empty-metadata",
+        action="store_true",
+        help="send {} on connect, as openpi's own servers do (to check a client that must do without)",
+    )
+    parser.add_argument(
         "--front-end",
         choices=SERVE_FRONT_ENDS,
         help="where the event loop runs: its own process, or a thread beside the model (default: "
@@ -156,5 +161,6 @@ def main(args: argparse.Namespace) -> int:
         max_wait_ms=s.max_wait_ms,
         max_message_mb=s.max_message_mb,
         front_end=s.front_end,
+        empty_metadata=bool(getattr(args, "empty_metadata", False)),
     )
     return 0

@@ -64,6 +64,7 @@ class PolicyServer:
         max_in_flight: int = 16,
         model_executor: Executor | None = None,
         model_call: Callable[[list[Request]], list[dict[str, Any]]] | None = None,
+        empty_metadata: bool = False,
     ):
         self.policy = policy
         self.host, self.port = host, port
@@ -89,6 +90,8 @@ class PolicyServer:
             executor=model_executor,
         )
         self.metadata = policy.metadata(max_batch=max_batch, max_message_bytes=self.max_bytes)
+        if empty_metadata:  # as openpi's own servers and cosmos-framework's RoboLab server send
+            self.metadata = {}
         self._packed_metadata = packb(self.metadata)
 
     def _any_idle(self) -> bool:
