@@ -132,6 +132,11 @@ class RemotePolicy:
             self.image_keys = rendered
         self.metadata = meta
 
+    @property
+    def identity(self) -> dict[str, Any] | None:
+        """What the server says it serves (:func:`served_identity`)."""
+        return served_identity(self.metadata)
+
     def request(self, obs_list: list[dict[str, Any]]) -> dict[str, Any]:
         req: dict[str, Any] = {k: np.stack([o[k] for o in obs_list]) for k in self.image_keys}
         req[OBS_STATE] = np.stack([np.asarray(o[OBS_STATE], np.float32) for o in obs_list])

@@ -47,11 +47,12 @@ from wamkit.eval.video import filmed, frame_of, write_mp4
 from wamkit.files import atomic_write_json
 
 log = logging.getLogger(__name__)
-STOP_WAIT_S = 10.0
+STOP_WAIT_S = 10.0  # how long a stopped (interrupted) pipeline waits for its stage threads
+# plan.json's and the log's words for servers that name nothing (identity None)
 UNIDENTIFIED = (
     "the server says nothing of what it serves: plan.json records where it was reached, and --resume "
     "cannot tell whether the model behind that address changed"
-)  # how long a stopped (interrupted) pipeline waits for its stage threads
+)
 
 
 def check_eval_config(ecfg: EvalConfig) -> None:
@@ -236,7 +237,7 @@ def _probe(make_policy, url: str, env_cfg: EnvConfig) -> dict[str, Any] | None:
     try:
         if hasattr(probe, "identity"):  # a backend's own reading of what its server says
             return probe.identity
-        return served_identity(getattr(probe, "metadata", None) or {})
+        return served_identity(getattr(probe, "metadata", None) or {})  # a test's policy_factory
     finally:
         close = getattr(probe, "close", None)
         if close is not None:

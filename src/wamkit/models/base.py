@@ -169,20 +169,17 @@ class ModelAdapter(Protocol):
         ...
 
 
-def compile_dynamic(adapter: Any) -> bool | None:
-    """``torch.compile``'s ``dynamic`` for the adapter's blocks: True for an adapter that says its
-    blocks see another sequence length from batch to batch (``varying_shapes = True``: Cosmos3's packed
-    captions differ in length, and caption dropout empties some). Compiled for one shape first, such
-    blocks were recompiled for every new length (dynamo's automatic dynamic shapes did not take over)
-    until its recompile limit, and a recompile between a checkpointed block's forward and its
-    recomputation can pick another graph. None (dynamo's default) for the rest."""
-    return True if getattr(adapter, "varying_shapes", False) else None
-
-
 def compile_blocks(adapter: Any) -> None:
     """Regional compilation of ``adapter.blocks()`` (``train.compile``): the blocks share code, so one
-    graph serves them all."""
-    dynamic = compile_dynamic(adapter)
+    graph serves them all.
+
+    An adapter whose blocks see another sequence length from batch to batch says so with
+    ``varying_shapes = True`` (Cosmos3: its packed captions differ in length, and caption dropout
+    empties some), and its blocks are compiled for dynamic shapes from the start. Compiled for one
+    shape first, such blocks were recompiled for every new length (dynamo's automatic dynamic shapes
+    did not take over) until its recompile limit, and a recompile between a checkpointed block's
+    forward and its recomputation can pick another graph."""
+    dynamic = True if getattr(adapter, "varying_shapes", False) else None
     for block in adapter.blocks():
         block.compile(dynamic=dynamic)
 

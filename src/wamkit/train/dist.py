@@ -17,7 +17,8 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from wamkit.config import RESHARD_CHOICES, ConfigError
 from wamkit.device import resolve_device
-from wamkit.models.base import ParamGroup, compile_dynamic
+from wamkit.models.base import ParamGroup
+from wamkit.models.base import compile_blocks as compile_regions
 
 log = logging.getLogger(__name__)
 
@@ -104,18 +105,15 @@ def apply_fsdp(
     blocks: list[torch.nn.Module],
     device: torch.device,
     precision: str,
-    compile_blocks: bool = False,
     reshard: str = "auto",
-    dynamic: bool | None = None,
 ) -> torch.nn.Module:
     """``fully_shard`` each block, then the root, over all ranks.
 
     The module may come in on the CPU: ``fully_shard`` moves each block's parameters to ``device`` as it
     shards them, so a model larger than one device is never whole on it. bf16 keeps fp32 master weights
-    and optimizer state, computes in bf16 and reduces gradients in fp32 (GPU only). ``compile_blocks``
-    compiles each block's forward (regional compilation: the blocks share code, so it compiles once and
-    FSDP's hooks stay outside the graph), for dynamic shapes with ``dynamic``
-    (:func:`wamkit.models.base.compile_dynamic`). ``reshard``: ``train.reshard_after_forward``.
+    and optimizer state, computes in bf16 and reduces gradients in fp32 (GPU only). Blocks compiled
+    before (:func:`wamkit.models.base.compile_blocks`) keep FSDP's hooks outside their graph.
+    ``reshard``: ``train.reshard_after_forward``.
     """
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -135,8 +133,6 @@ def apply_fsdp(
         # auto: the last block is not resharded after forward: backward needs it at once, and FSDP
         # would all-gather it again immediately. With one rank nothing is resharded: the "all-gather"
         # is a copy and a bf16 cast of every weight, which backward would otherwise pay a second time.
-        if compile_blocks:
-            block.compile(dynamic=dynamic)
         last = reshard == "auto" and i == len(blocks) - 1
         fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=several and not last)
     fully_shard(module, mesh=mesh, mp_policy=mp, reshard_after_forward=several)
@@ -165,14 +161,14 @@ def shard_adapter(
     for n, p in module.named_parameters():
         if n not in trained_names:
             p.requires_grad_(False)  # frozen: never in the optimizer, no gradient computed
+    if compile_blocks:
+        compile_regions(adapter)
     root = apply_fsdp(
         LossModule(adapter, torch.bfloat16 if precision == "bf16" else None),
         adapter.blocks(),
         device,
         precision,
-        compile_blocks,
         reshard,
-        compile_dynamic(adapter),
     )
     params = dict(module.named_parameters())
     groups = [ParamGroup(g.name, [params[n] for n in names], g.lr_mult, g.weight_decay) for g, names in named]

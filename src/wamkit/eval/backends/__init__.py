@@ -1,8 +1,8 @@
 """Which server the evaluator talks to: one module per inference engine, chosen by ``eval.backend``.
 
 Every backend turns a stage's observations (env frames, raw state, the task) into its engine's
-request and the reply back into env-ready action chunks, behind the interface the evaluator already
-uses (:class:`~wamkit.eval.backends.base.Backend`): the scheduler, the journal, calibration, several
+request and the reply back into env-ready action chunks, behind the connection interface the
+evaluator already uses (:mod:`wamkit.eval.backends.base`): the scheduler, the journal, calibration, several
 servers, ``--resume`` and the reports do not know which one runs. docs/eval.md, "Evaluating against
 another inference engine", says what each one sends and what it leaves to the engine.
 
@@ -39,5 +39,5 @@ def backend_module(name: str) -> Any:
 
 
 def connect(name: str, target: Any, patience: Any) -> Any:
-    """One connection of backend ``name`` to ``target.url`` (a :class:`~.base.Backend`)."""
+    """One connection of backend ``name`` to ``target.url`` (the interface of :mod:`.base`)."""
     return backend_module(name).connect(target, patience)

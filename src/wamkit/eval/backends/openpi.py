@@ -2,11 +2,13 @@
 cosmos-framework's ``action_policy_server_robolab.py``, or wamkit's own).
 
 Such a server takes one observation per request, with openpi's LIBERO keys
-(openpi ``examples/libero/main.py``): ``observation/image`` and ``observation/wrist_image`` (the env's
+(openpi ``examples/libero/main.py:130-141``): ``observation/image`` and ``observation/wrist_image`` (the env's
 first and second camera, uint8 [H, W, 3] as rendered: the model's own transforms resize them),
 ``observation/state`` (the raw env state) and ``prompt``. It answers ``actions`` [H, D] (openpi) or
-``action`` (cosmos-framework's RoboLab server) in env units, the server having applied its own
-normalisation. Its metadata is whatever the server sends on connect (openpi's default is ``{}``).
+``action`` (cosmos-framework's RoboLab server, ``cosmos_framework/scripts/action_policy_server_robolab.py:624``)
+in env units, the server having applied its own normalisation. Its metadata is whatever the server
+sends on connect: ``{}`` for openpi's default (``src/openpi/serving/websocket_policy_server.py:31,52``)
+and for the RoboLab server (``action_policy_server_robolab.py:646``).
 
 A stage's B observations go as B concurrent requests over ``eval.backend_options.connections``
 connections (default: one per observation, at most 8): openpi's server answers each connection in
@@ -16,6 +18,7 @@ answers them one after another, as it would anyway.
 
 from __future__ import annotations
 
+import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -112,7 +115,10 @@ def _identity(metadata: dict[str, Any]) -> dict[str, Any] | None:
     ident = metadata.get("identity")
     if isinstance(ident, dict) and ident:
         return dict(ident)
-    return {"backend": NAME, "metadata": metadata} if metadata else None
+    if not metadata:
+        return None
+    # as plan.json can hold it: arrays or bytes a server may send are written as their repr
+    return {"backend": NAME, "metadata": json.loads(json.dumps(metadata, default=repr))}
 
 
 def connect(target: Any, patience: Any) -> OpenPIPolicy:

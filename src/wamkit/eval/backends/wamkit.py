@@ -9,10 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from wamkit.eval.remote import RemotePolicy, served_identity
+from wamkit.eval.remote import RemotePolicy
 
 
 def connect(target: Any, patience: Any) -> RemotePolicy:
-    policy = RemotePolicy(target.url, list(target.cameras), target.suite, target.look, patience)
-    policy.identity = served_identity(policy.metadata)
-    return policy
+    return RemotePolicy(target.url, list(target.cameras), target.suite, target.look, patience)

@@ -67,7 +67,7 @@ class Cosmos3Adapter(Cosmos3Inference):
 
     name = "cosmos3"
     # the packed sequence's length follows the batch's captions (and caption dropout): train.compile
-    # compiles the blocks for dynamic shapes (wamkit.models.base.compile_dynamic)
+    # compiles the blocks for dynamic shapes (wamkit.models.base.compile_blocks)
     varying_shapes = True
 
     def __init__(self, io, preset, pretrained, options, transformer, vae, scheduler, tokenizer):
