@@ -181,9 +181,13 @@ class PreprocessSpec:
         a = get_representation(self.representation).to_model(np.asarray(stored, np.float64))
         return np.asarray(self._norm(ACTION, self.clip).normalize(a), np.float32)
 
-    def decode_actions(self, model_actions) -> np.ndarray:
-        """Normalised model actions (..., action_dim) -> env commands (..., env_action_dim), float32."""
-        a = self._norm(ACTION).unnormalize(np.asarray(model_actions, np.float64))
+    def decode_actions(self, model_actions, normalized: bool = True) -> np.ndarray:
+        """Normalised model actions (..., action_dim) -> env commands (..., env_action_dim), float32.
+        ``normalized=False``: the actions are already in the data's units (a server that undid the
+        normalisation itself); only the representation and the gripper are changed."""
+        a = np.asarray(model_actions, np.float64)
+        if normalized:
+            a = self._norm(ACTION).unnormalize(a)
         a = np.array(get_representation(self.representation).to_env(a), np.float64)
         a[..., -1] = get_convention(self.gripper).to_env(a[..., -1])
         return a.astype(np.float32)

@@ -20,6 +20,9 @@ from wamkit.config import ConfigError
 _MODULES: dict[str, str] = {
     "wamkit": "wamkit.eval.backends.wamkit",  # wamkit's own server (OpenPI websocket + wamkit metadata)
     "openpi": "wamkit.eval.backends.openpi",  # any OpenPI websocket server (openpi's serve_policy, ...)
+    "sglang": "wamkit.eval.backends.sglang",  # SGLang's diffusion server, /v1/actions/generations
+    "vllm_omni": "wamkit.eval.backends.vllm_omni",  # vLLM-Omni, /v1/videos in action mode
+    "cosmos_http": "wamkit.eval.backends.cosmos_http",  # cosmos-framework's LIBERO server, /predict_batch
 }
 
 

@@ -57,3 +57,158 @@ def check_actions(backend: str, url: str, actions: Any, n: int, dim: int | None,
     if not np.isfinite(a).all():
         raise BackendError(backend, url, f"{where}: holds NaN or infinite values")
     return a
+
+
+class HttpEndpoint:
+    """HTTP/1.1 requests to one server with the evaluator's patience (the rules of the module docstring).
+
+    One keep-alive connection per calling thread (a backend that sends a stage's observations as
+    concurrent requests gets one connection each). A server not yet reached is retried with backoff
+    for ``patience.connect_timeout_s``; a request whose connection dropped, or whose reply did not come
+    within ``patience.reply_timeout_s``, is sent again on a fresh connection ``patience.retries`` times
+    (inference requests are idempotent). An HTTP error status is the server's answer: a
+    :class:`BackendError` with the server's message, not retried.
+    """
+
+    def __init__(self, backend: str, url: str, patience: Any):
+        import urllib.parse
+
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise BackendError(backend, url, "eval.server_url: expected http://host:port[/prefix]")
+        self.backend, self.url, self.patience = backend, url.rstrip("/"), patience
+        self.https = parts.scheme == "https"
+        self.host, self.port = parts.hostname, parts.port or (443 if self.https else 80)
+        self.prefix = parts.path.rstrip("/")
+        self.reached = False
+        import threading
+
+        self._local = threading.local()
+        self._lock, self._open = threading.Lock(), []  # every thread's connection, for close()
+
+    def _connection(self):
+        import http.client
+
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            timeout = self.patience.reply_timeout_s or None
+            kind = http.client.HTTPSConnection if self.https else http.client.HTTPConnection
+            conn = self._local.conn = kind(self.host, self.port, timeout=timeout)
+            with self._lock:
+                self._open.append(conn)
+        return conn
+
+    def _drop(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        self._local.conn = None
+        if conn is not None:
+            conn.close()
+
+    def request(self, method: str, path: str, body: bytes | None = None,
+                headers: dict[str, str] | None = None) -> tuple[int, str, bytes]:  # fmt: skip
+        """``(status, content type, body)`` of one request; errors as the class docstring says."""
+        import http.client
+        import time
+
+        where = f"{self.url}{path}"
+        resent, backoff = 0, 0.05
+        deadline = time.monotonic() + self.patience.connect_timeout_s
+        while True:
+            try:
+                conn = self._connection()
+                conn.request(method, self.prefix + path, body=body, headers=headers or {})
+                resp = conn.getresponse()
+                data = resp.read()
+                self.reached = True
+                if resp.getheader("Connection", "").lower() == "close":
+                    self._drop()
+                return resp.status, resp.getheader("Content-Type", "") or "", data
+            except TimeoutError:
+                self._drop()
+                resent += 1
+                if resent > self.patience.retries:
+                    raise TimeoutError(
+                        f"eval.backend={self.backend}: {where} sent no reply within "
+                        f"{self.patience.reply_timeout_s:g} s (eval.server_timeout_s), {resent} attempt(s)"
+                    ) from None
+            except (OSError, http.client.HTTPException) as err:
+                self._drop()
+                if self.reached:  # a dropped connection: sent again while retries last
+                    resent += 1
+                    if resent > self.patience.retries:
+                        raise ConnectionError(
+                            f"eval.backend={self.backend}: {where} dropped the connection ({err}) "
+                            f"{resent} time(s)"
+                        ) from None
+                if time.monotonic() + backoff > deadline:
+                    raise ConnectionError(
+                        f"eval.backend={self.backend}: cannot reach {where} ({err}) within "
+                        f"{self.patience.connect_timeout_s:g} s"
+                    ) from None
+                time.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+
+    def json(self, method: str, path: str, payload: Any = None, field: str = "reply") -> Any:
+        """A JSON request and its JSON answer; an error status raises with the server's message."""
+        import json
+
+        body = None if payload is None else json.dumps(payload).encode()
+        headers = {"Content-Type": "application/json"} if body is not None else {}
+        status, ctype, data = self.request(method, path, body, headers)
+        return self.answer(path, status, data, field)
+
+    def answer(self, path: str, status: int, data: bytes, field: str = "reply", decode: Any = None) -> Any:
+        """The decoded body of a 2xx reply (``decode``: bytes -> object, JSON by default), else a
+        :class:`BackendError` naming the status and the server's own message."""
+        import json
+
+        where = f"{path} {field}"
+        if not 200 <= status < 300:
+            raise BackendError(self.backend, self.url, f"{path}: HTTP {status}: {error_message(data)}")
+        try:
+            return (decode or json.loads)(data)
+        except Exception as err:  # noqa: BLE001 - any decoder's error is a malformed body
+            raise BackendError(self.backend, self.url, f"{where}: not a valid body ({err})") from None
+
+    def close(self) -> None:
+        with self._lock:
+            conns, self._open = self._open, []
+        for conn in conns:
+            conn.close()
+        self._local = __import__("threading").local()
+
+
+def error_message(data: bytes) -> str:
+    """The message of an error body: FastAPI's ``detail``, an ``error`` string or OpenAI's
+    ``error.message``; else the body's first 300 characters."""
+    import json
+
+    try:
+        body = json.loads(data)
+    except ValueError:
+        return data[:300].decode(errors="replace")
+    if isinstance(body, dict):
+        for key in ("detail", "error", "message"):
+            v = body.get(key)
+            if isinstance(v, dict):
+                v = v.get("message", v)
+            if v:
+                return str(v)
+    return str(body)[:300]
+
+
+def png_bytes(frame: np.ndarray) -> bytes:
+    """A uint8 [H, W, 3] frame as PNG (lossless)."""
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(np.ascontiguousarray(frame, np.uint8)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def png_base64(frame: np.ndarray) -> str:
+    import base64
+
+    return base64.b64encode(png_bytes(frame)).decode("ascii")

@@ -39,6 +39,7 @@ import torch
 from diffusers import Cosmos3OmniPipeline
 from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import _EMBODIMENT_TO_DOMAIN_ID
 
+from wamkit.actions.cosmos3 import action_prompt, side_by_side
 from wamkit.config import ConfigError
 from wamkit.constants import ACTION, ACTION_IS_PAD, IDLE_FRAMES, TASK, future_image_key, image_key
 from wamkit.device import to_device
@@ -49,7 +50,7 @@ from wamkit.models.cosmos3.fast_policy import FastPolicy
 from wamkit.models.cosmos3.inference import Cosmos3Inference
 from wamkit.models.cosmos3.latents import LATENTS, LatentCache
 from wamkit.models.cosmos3.packing import PackedLayout, RequestSegments, install_processor, pack
-from wamkit.models.cosmos3.recipe import action_prompt, train_sigmas
+from wamkit.models.cosmos3.recipe import train_sigmas
 from wamkit.models.cosmos3.towers import param_role, train_flops
 
 NUM_TRAIN_TIMESTEPS = 1000  # the model's timestep = sigma * 1000 (then x timestep_scale inside)
@@ -236,8 +237,7 @@ class Cosmos3Adapter(Cosmos3Inference):
         missing = [k for k in keys if k not in batch]
         if missing:
             raise ValueError(f"batch lacks {', '.join(missing)} (cameras {list(self.io.cameras)})")
-        cams = [_np_images(batch[k]) for k in keys]
-        return list(np.concatenate(cams, axis=2))
+        return list(side_by_side([_np_images(batch[k]) for k in keys]))
 
     def _encode(self, clips: list[list[np.ndarray]], device: torch.device | None = None) -> torch.Tensor:
         """Clips (per sample, a list of uint8 frames) -> cropped normalised latents [B, C, T, h, w] fp32,

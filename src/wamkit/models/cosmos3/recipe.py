@@ -26,49 +26,14 @@ from typing import Any
 
 import numpy as np
 import torch
-from diffusers import Cosmos3OmniPipeline, UniPCMultistepScheduler
+from diffusers import UniPCMultistepScheduler
 
+from wamkit.actions.cosmos3 import LIBERO_VIEW_DESCRIPTION, action_prompt  # noqa: F401  (the recipe's caption)
 from wamkit.device import to_device
 
-# cosmos' LIBERO dataset describes its concat_view layout (image left, wrist camera right) this way.
-LIBERO_VIEW_DESCRIPTION = (
-    "The left half shows the third-person view; the right half shows the wrist-mounted camera."
-)
 WAVER_MODE_S = 1.29  # the "waver" training-time distribution's mode parameter
 # Keys of a diffusers scheduler config that select a non-native (approximating) sigma schedule.
 _NON_NATIVE_KEYS = ("use_karras_sigmas", "use_exponential_sigmas", "use_beta_sigmas")
-
-
-def action_prompt(
-    description: str,
-    *,
-    view_point: str | None,
-    view_description: str,
-    num_frames: int,
-    fps: float,
-    height: int,
-    width: int,
-    idle_frames: int | None,
-    chunk: int,
-) -> str:
-    """The JSON caption cosmos trains on, as the string that gets tokenised.
-
-    ``height`` x ``width``: the action canvas (after padding); ``num_frames``: the clip length
-    (chunk + 1). ``idle_frames=None`` leaves the ``idle_frame`` field out (cosmos does the same when a
-    sample has no idle count); ``view_description=""`` leaves the framing as diffusers writes it.
-    """
-    base = json.loads(
-        Cosmos3OmniPipeline._build_action_json_prompt(
-            description, view_point=view_point, num_frames=num_frames, fps=fps, height=height, width=width
-        )
-    )
-    framing = base.get("cinematography", {}).get("framing")
-    if framing and view_description:
-        sep = " " if framing.endswith(".") else ". "
-        base["cinematography"]["framing"] = framing + sep + view_description.rstrip()
-    if idle_frames is not None:
-        base["actions"][0]["idle_frame"] = f"{int(idle_frames)} out of {int(chunk)}."
-    return json.dumps(base)
 
 
 def shift_sigmas(t: torch.Tensor, shift: float) -> torch.Tensor:
