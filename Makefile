@@ -5,7 +5,7 @@ STAMP := $(VENV)/.wamkit-setup
 export MUJOCO_GL ?= egl
 export PYOPENGL_PLATFORM ?= egl
 
-.PHONY: setup setup-libero test test-slow lint demo clean
+.PHONY: setup setup-libero setup-engines test test-slow lint demo clean
 
 $(STAMP): pyproject.toml scripts/setup.sh
 	bash scripts/setup.sh
@@ -16,13 +16,17 @@ setup: $(STAMP)
 setup-libero: $(STAMP)
 	bash scripts/setup_libero.sh
 
+# SGLang's and vLLM-Omni's request/response code for the evaluator's backend tests (.engines/)
+setup-engines: $(STAMP)
+	bash scripts/setup_engines.sh
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests
 	$(VENV)/bin/ruff format --check src tests
 
 # Fast suite (under ~15 minutes on 2 cores). Slow tests run with `make test-slow`. The numerically
 # sensitive tests run a second time under the generic CPU kernels and one thread (tests/conftest.py).
-test: lint setup-libero
+test: lint setup-libero setup-engines
 	$(PY) -m pytest -m "not slow" -q
 	ATEN_CPU_CAPABILITY=default OMP_NUM_THREADS=1 $(PY) -m pytest -m "numerics and not slow" -q -p no:cacheprovider
 
@@ -33,4 +37,4 @@ demo: $(STAMP)
 	$(VENV)/bin/wamkit demo
 
 clean:
-	rm -rf $(VENV) .pytest_cache runs
+	rm -rf $(VENV) .pytest_cache runs .engines
