@@ -201,7 +201,8 @@ class EvalConfig:
     # pipeline stages (docs/eval.md); empty: start a local server from serve_dir
     server_url: str | list[str] = ""
     serve_dir: str = ""
-    # the engine behind server_url (wamkit.eval.backends; docs/eval.md): wamkit | openpi
+    # the engine behind server_url (wamkit.eval.backends; docs/eval.md): wamkit | openpi | sglang |
+    # vllm_omni | cosmos_http
     backend: str = "wamkit"
     backend_options: dict[str, Any] = field(default_factory=dict)  # per backend (docs/eval.md)
     trials: int = 0  # per task; 0: the suite's protocol (LIBERO 50, MetaWorld 10)
