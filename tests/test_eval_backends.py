@@ -76,6 +76,9 @@ def test_openpi_backend_evaluates_a_server_that_says_nothing(served, wamkit_run,
     server = plan(tmp_path)["server"]
     assert server["backend"] == "openpi" and server["identity"] is None
     assert server["unidentified"] == UNIDENTIFIED
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["plan"]["server"]["unidentified"] == UNIDENTIFIED
+    assert f"server: {UNIDENTIFIED}" in (tmp_path / "results.md").read_text()
     # --resume through another backend is another evaluation: refused, naming what changed (one
     # episode taken out of the journal, so that there is something to resume)
     journal = tmp_path / "episodes.jsonl"

@@ -115,6 +115,9 @@ def markdown_table(summary: dict[str, Any]) -> str:
     tp = summary.get("throughput")
     if tp:
         lines += ["", throughput_line(tp)]
+    server = (summary.get("plan") or {}).get("server") or {}
+    if server.get("unidentified"):  # a foreign server that names nothing: say so beside the numbers
+        lines += ["", f"server: {server['unidentified']}"]
     return "\n".join(lines) + "\n"
 
 
