@@ -241,6 +241,8 @@ class SGLangHandler(_Handler):
             return self.send_json(400, {"detail": str(exc)})
         self.engine.requests.append(sp)
         self.stall()
+        if self.engine.state.get("fail_when", lambda: False)():
+            self.engine.fault = "http"
         if self.engine.fault == "http":
             return self.send_json(400, {"detail": "Cosmos3 action batch size exceeds --batching-max-size"})
         images = sp.image_path if isinstance(sp.image_path, list) else [sp.image_path]

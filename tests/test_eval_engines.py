@@ -333,3 +333,23 @@ def test_an_evaluation_against_each_engine_and_resume_against_another_model(engi
     with es.serve(engine, **_engine_state(engine, "Cosmos3-Nano-libero")) as same:  # same model, new URL
         run_eval(eval_config(same.url, tmp_path, *opts), resume=True, progress=False)
     assert results(tmp_path) == first
+
+
+def test_a_run_stopped_by_an_engine_error_loses_nothing_and_resumes(metaworld_dir, tmp_path):
+    """The engine starts refusing mid-run: the run stops naming it, the episodes journaled stay, and
+    --resume against a healthy engine gives the undisturbed run's episodes, none twice."""
+    opts = ["eval.backend=sglang", f"eval.backend_options={{serving_dir: {metaworld_dir}}}", "eval.trials=4"]
+    with es.serve("sglang") as srv:
+        run_eval(eval_config(srv.url, tmp_path / "whole", *opts), progress=False)
+    journal = tmp_path / "cut" / "episodes.jsonl"
+    # the engine fails from the moment two episodes are journaled on
+    failing = es.serve(
+        "sglang", fail_when=lambda: journal.is_file() and len(journal.read_text().splitlines()) >= 2
+    )
+    with failing as srv, pytest.raises(BackendError, match=rf"eval.backend=sglang at {srv.url}: .*HTTP 400"):
+        run_eval(eval_config(srv.url, tmp_path / "cut", *opts), progress=False)
+    cut = results(tmp_path / "cut")
+    assert 0 < len(cut) < 4
+    with es.serve("sglang") as srv:
+        run_eval(eval_config(srv.url, tmp_path / "cut", *opts), resume=True, progress=False)
+    assert results(tmp_path / "cut") == results(tmp_path / "whole")
