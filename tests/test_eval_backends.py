@@ -54,7 +54,10 @@ def plan(out):
 
 
 def test_an_unknown_backend_is_refused_naming_the_registered_ones(tmp_path):
-    with pytest.raises(ConfigError, match=r"eval.backend='sglangg'; expected one of cosmos_http, openpi, sglang, vllm_omni, wamkit"):
+    with pytest.raises(
+        ConfigError,
+        match=r"eval.backend='sglangg'; expected one of cosmos_http, openpi, sglang, vllm_omni, wamkit",
+    ):
         run_eval(eval_config("ws://127.0.0.1:1", tmp_path, "eval.backend=sglangg"), progress=False)
 
 
