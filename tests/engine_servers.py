@@ -166,7 +166,8 @@ class Engine:
 
     def __init__(self, handler: type, **state: Any):
         self.requests: list[Any] = []
-        self.fault: str | None = None  # "http" | "width" | "slow" | "malformed" | "drop"
+        # "http" | "width" | "nan" | "garbage" | "slow" | "malformed" | "reorder" | "drop"
+        self.fault: str | None = None
         self.state = state
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self.httpd.daemon_threads = True
@@ -197,6 +198,8 @@ class _Handler(BaseHTTPRequestHandler):
         return self.rfile.read(int(self.headers.get("Content-Length") or 0))
 
     def send(self, status: int, data: bytes, ctype: str = "application/json") -> None:
+        if self.engine.fault == "garbage" and status == 200 and self.command == "POST":
+            data = b"\x00 not a body \xff"
         if self.engine.fault == "drop":
             self.close_connection = True
             self.connection.shutdown(2)
@@ -206,6 +209,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
+        if self.engine.state.get("close_idle"):  # as a keep-alive timeout does: closed, without a word
+            self.close_connection = True
 
     def send_json(self, status: int, obj: Any) -> None:
         self.send(status, json.dumps(obj).encode())
@@ -251,11 +256,15 @@ class SGLangHandler(_Handler):
         actions = np.stack(
             [toy_actions(np.asarray(im), p, sp.num_frames - 1, dim) for im, p in zip(images, prompts)]
         )
+        if self.engine.fault == "nan":
+            actions[..., 0] = np.nan
         out = {"actions": actions, "action_mode": sp.action_mode, "raw_action_dim": sp.raw_action_dim}
         wants_msgpack = "msgpack" in ctype or "msgpack" in self.headers.get("Accept", "").lower()
         reply = sg.protocol.action_generation_response(out, args, preserve_numpy=wants_msgpack)
         if self.engine.fault == "malformed":
             reply["data"] = reply["data"][:1]
+        if self.engine.fault == "reorder":  # results in another order, each naming its input
+            reply["data"] = reply["data"][::-1]
         if wants_msgpack:
             self.send(200, sg.protocol.pack_msgpack(reply), "application/msgpack")
         else:
@@ -291,7 +300,11 @@ class VllmOmniHandler(_Handler):
                 return self.send_json(404, {"detail": "Video not found"})
             if job["ready_at"] > time.monotonic():  # still running: as the store says meanwhile
                 return self.send_json(200, vo.videos.VideoResponse(**{**job["ref"], "status": "in_progress"}).model_dump(mode="json"))  # fmt: skip
-            return self.send_json(200, job["done"].model_dump(mode="json"))
+            done = job["done"].model_dump(mode="json")
+            if done["status"] == "failed":  # api_server.py:2835-2843: the job, at the failure's status
+                done["error"]["code"] = 500
+                return self.send_json(500, done)
+            return self.send_json(200, done)
         self.send_json(404, {"detail": "Not Found"})
 
     def do_DELETE(self) -> None:  # noqa: N802
@@ -323,6 +336,8 @@ class VllmOmniHandler(_Handler):
             task = json.loads(request.prompt)["actions"][0]["description"]
             dim = int(extra["raw_action_dim"]) + (1 if self.engine.fault == "width" else 0)
             a = toy_actions(image, task.rstrip("."), int(extra["action_chunk_size"]), dim)
+            if self.engine.fault == "nan":
+                a[..., 0] = np.nan
             action = vo.videos.VideoAction(data=a[None].tolist(), shape=[1, *a.shape], dtype="torch.float32",
                                            raw_action_dim=dim, action_mode=extra.get("action_mode"))  # fmt: skip
             done = vo.videos.VideoResponse(**{**ref, "status": "completed", "progress": 100}, action=action)
@@ -361,7 +376,10 @@ class CosmosHttpHandler(_Handler):
         for item in items:
             image = np.asarray(Image.open(io.BytesIO(base64.b64decode(item["image"]))).convert("RGB"))
             dim = int(info["raw_action_dim"]) + (1 if self.engine.fault == "width" else 0)
-            out.append(toy_actions(image, item["prompt"], int(info["action_chunk_size"]), dim).tolist())
+            a = toy_actions(image, item["prompt"], int(info["action_chunk_size"]), dim)
+            if self.engine.fault == "nan":
+                a[..., 0] = np.nan
+            out.append(a.tolist())
         self.send_json(200, {"actions": out, "latency_ms": {"total": 1.0, "inference": 0.5}})
 
 

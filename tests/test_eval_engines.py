@@ -215,12 +215,26 @@ def test_a_stage_goes_as_the_engine_takes_it_and_comes_back_decoded(engine, libe
             np.testing.assert_array_equal(actions, np.stack([expected(policy.client, o) for o in obs]))
             sizes = {"sglang": [2, 2, 1], "vllm_omni": [1] * 5, "cosmos_http": [5]}[engine]
             assert [_size(r) for r in srv.requests] == sizes
+            canvas = policy.client.canvas(policy.client.frame(obs[0]))  # what the engine resized to
+            assert {_canvas(r) for r in srv.requests} == {canvas if engine != "cosmos_http" else (32, 64)}
             assert policy.identity["backend"] == engine
             assert policy.identity["client_stats_sha256"] == policy.client.spec.stats_hash()
         finally:
             policy.close()
         if engine == "vllm_omni":
             assert len(srv.state["deleted"]) == 5 and not srv.state["jobs"]  # every finished job deleted
+
+
+def _canvas(request) -> tuple[int, int]:
+    """The (height, width) an engine was asked for: the canvas (SGLang, vLLM-Omni), or the frame's
+    size that cosmos-framework places itself."""
+    if isinstance(request, list):
+        im = es.Image.open(es.io.BytesIO(es.base64.b64decode(request[0]["image"])))
+        assert request[0]["image_size"] == im.height
+        return im.height, im.width
+    if isinstance(request, tuple):
+        return request[0].height, request[0].width
+    return request.height, request.width
 
 
 def _size(request) -> int:
@@ -253,6 +267,8 @@ def test_cosmos_http_takes_the_servers_word_on_the_normalisation(libero_dir):
             r"eval.backend={e} at {url}: .*(batching-max-size|engine died|CUDA out of memory)",
         ),
         ("width", BackendError, r"eval.backend={e} at {url}: .*action width 11, expected 10"),
+        ("nan", BackendError, r"eval.backend={e} at {url}: .*holds NaN or infinite values"),
+        ("garbage", BackendError, r"eval.backend={e} at {url}: .*not a valid body"),
         ("slow", TimeoutError, r"eval.backend={e}.*eval.server_timeout_s"),
     ],
 )
@@ -287,6 +303,25 @@ def test_a_malformed_answer_names_the_field(libero_dir):
         srv.fault = "malformed"
         with pytest.raises(BackendError, match=r"data: expected a list of 2 results, got 1"):
             policy(libero_obs(2))
+        policy.close()
+
+
+def test_results_in_another_order_come_back_in_input_order(libero_dir):
+    with es.serve("sglang") as srv:
+        policy = backends.connect("sglang", target(srv.url, libero_dir), Patience())
+        srv.fault = "reorder"
+        obs = libero_obs(3)
+        np.testing.assert_array_equal(policy(obs)[0], np.stack([expected(policy.client, o) for o in obs]))
+        policy.close()
+
+
+def test_a_server_that_closed_an_idle_connection_costs_no_retry(libero_dir):
+    """A kept-alive connection the server closed meanwhile is reopened without using a retry (with
+    several servers a request has none)."""
+    with es.serve("sglang", close_idle=True) as srv:
+        policy = backends.connect("sglang", target(srv.url, libero_dir), Patience(retries=0))
+        for _ in range(3):  # each request finds the connection of the one before closed
+            assert policy(libero_obs(1))[0].shape == (1, 16, 7)
         policy.close()
 
 

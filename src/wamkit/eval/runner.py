@@ -168,7 +168,9 @@ def run_eval(
             with reach_servers(ecfg, cfg.serve) as urls:
                 # fail fast (no server, cameras the env does not render, servers serving different
                 # models, another model than the journal's) before workers start
-                identity = same_model(urls, [_probe(make_policy, url, env_cfg) for url in urls])
+                identity = same_model(
+                    urls, [_probe(make_policy, url, env_cfg, ecfg.server_timeout_s) for url in urls]
+                )
                 server = {**server_location(ecfg), "identity": identity}
                 if identity is None:
                     server["unidentified"] = UNIDENTIFIED
@@ -231,9 +233,10 @@ def _open_workers(
     return start_env_workers(cfg, host_factory)
 
 
-def _probe(make_policy, url: str, env_cfg: EnvConfig) -> dict[str, Any] | None:
-    """Connect once (checks the server's inputs against the env) and return what it says it serves."""
-    probe = make_policy(url, env_cfg, Patience())
+def _probe(make_policy, url: str, env_cfg: EnvConfig, reply_s: float) -> dict[str, Any] | None:
+    """Connect once (checks the server's inputs against the env) and return what it says it serves;
+    a server that connects but answers nothing within ``reply_s`` (eval.server_timeout_s) fails here."""
+    probe = make_policy(url, env_cfg, Patience(reply_timeout_s=reply_s))
     try:
         if hasattr(probe, "identity"):  # a backend's own reading of what its server says
             return probe.identity

@@ -66,7 +66,8 @@ class HttpEndpoint:
     concurrent requests gets one connection each). A server not yet reached is retried with backoff
     for ``patience.connect_timeout_s``; a request whose connection dropped, or whose reply did not come
     within ``patience.reply_timeout_s``, is sent again on a fresh connection ``patience.retries`` times
-    (inference requests are idempotent). An HTTP error status is the server's answer: a
+    (inference requests are idempotent); a kept-alive connection the server closed while idle is
+    reopened once without counting. An HTTP error status is the server's answer: a
     :class:`BackendError` with the server's message, not retried.
     """
 
@@ -86,23 +87,38 @@ class HttpEndpoint:
         self._local = threading.local()
         self._lock, self._open = threading.Lock(), []  # every thread's connection, for close()
 
-    def _connection(self):
+    def _connection(self, connect_s: float):
+        """This thread's connection, opened now (within ``connect_s``) if it has none; then the socket
+        waits ``patience.reply_timeout_s`` for each reply. ``(connection, reused)``."""
         import http.client
 
         conn = getattr(self._local, "conn", None)
-        if conn is None:
-            timeout = self.patience.reply_timeout_s or None
-            kind = http.client.HTTPSConnection if self.https else http.client.HTTPConnection
-            conn = self._local.conn = kind(self.host, self.port, timeout=timeout)
-            with self._lock:
-                self._open.append(conn)
-        return conn
+        if conn is not None:
+            return conn, True
+        kind = http.client.HTTPSConnection if self.https else http.client.HTTPConnection
+        conn = kind(self.host, self.port, timeout=max(connect_s, 0.01))
+        try:
+            conn.connect()
+        except TimeoutError as err:  # a connect that hangs is a server not reached, not a silent one
+            conn.close()
+            raise ConnectionError(f"connect timed out ({err})") from None
+        except BaseException:
+            conn.close()
+            raise
+        conn.sock.settimeout(self.patience.reply_timeout_s or None)
+        self._local.conn = conn
+        with self._lock:
+            self._open.append(conn)
+        return conn, False
 
     def _drop(self) -> None:
         conn = getattr(self._local, "conn", None)
         self._local.conn = None
         if conn is not None:
             conn.close()
+            with self._lock:
+                if conn in self._open:
+                    self._open.remove(conn)
 
     def request(self, method: str, path: str, body: bytes | None = None,
                 headers: dict[str, str] | None = None) -> tuple[int, str, bytes]:  # fmt: skip
@@ -111,11 +127,12 @@ class HttpEndpoint:
         import time
 
         where = f"{self.url}{path}"
-        resent, backoff = 0, 0.05
+        resent, backoff, stale_free = 0, 0.05, True
         deadline = time.monotonic() + self.patience.connect_timeout_s
         while True:
+            reused = False
             try:
-                conn = self._connection()
+                conn, reused = self._connection(max(deadline - time.monotonic(), 0.0))
                 conn.request(method, self.prefix + path, body=body, headers=headers or {})
                 resp = conn.getresponse()
                 data = resp.read()
@@ -123,7 +140,7 @@ class HttpEndpoint:
                 if resp.getheader("Connection", "").lower() == "close":
                     self._drop()
                 return resp.status, resp.getheader("Content-Type", "") or "", data
-            except TimeoutError:
+            except TimeoutError:  # connected, and no reply within patience.reply_timeout_s
                 self._drop()
                 resent += 1
                 if resent > self.patience.retries:
@@ -133,6 +150,9 @@ class HttpEndpoint:
                     ) from None
             except (OSError, http.client.HTTPException) as err:
                 self._drop()
+                if reused and stale_free:  # a kept-alive connection the server had closed meanwhile
+                    stale_free = False
+                    continue
                 if self.reached:  # a dropped connection: sent again while retries last
                     resent += 1
                     if resent > self.patience.retries:
@@ -140,6 +160,7 @@ class HttpEndpoint:
                             f"eval.backend={self.backend}: {where} dropped the connection ({err}) "
                             f"{resent} time(s)"
                         ) from None
+                    deadline = time.monotonic() + self.patience.connect_timeout_s  # to reconnect
                 if time.monotonic() + backoff > deadline:
                     raise ConnectionError(
                         f"eval.backend={self.backend}: cannot reach {where} ({err}) within "

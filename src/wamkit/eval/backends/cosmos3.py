@@ -80,7 +80,7 @@ class Cosmos3Client:
         if steps is not None:
             options["num_inference_steps"] = int(steps)
         if target.suite is not None:
-            check_spec_fits(spec.summary(), target.suite, target.url)
+            check_spec_fits(spec.summary(), target.suite, target.url, target.look)
         return cls(backend, target.url, src, spec, options)
 
     # -- observations -> what the engine takes ------------------------------------------------------

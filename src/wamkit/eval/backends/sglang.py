@@ -17,12 +17,14 @@ msgpack-numpy, ``protocol.py:30-75``)::
 writes the caption itself (``pipelines_core/stages/model_specific_stages/cosmos3_action.py:125-161``,
 from ``prompt``, ``action_view_point``, ``fps`` and the canvas). It answers
 ``data[i].action.values`` [H, raw_action_dim] (``protocol.py:489-564``), normalised unless the server
-was started with the action statistics (``action_stats_path``, ``cosmos3_action.py:201-212``): say so
-with ``eval.backend_options.server_has_stats=true``. An error is HTTP 400 ``{"detail": ...}``.
+was started with the action statistics (``action_stats_path``, read at
+``pipelines_core/stages/model_specific_stages/cosmos3.py:2541-2556``): say so with
+``eval.backend_options.server_has_stats=true`` (the request then names the run's normalisation). A request its code refuses is HTTP 400 ``{"detail": ...}``; a model error a plain-text 500.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -36,9 +38,15 @@ NAME = "sglang"
 GENERATIONS = "/v1/actions/generations"
 METADATA = "/v1/actions/metadata"
 MSGPACK = "application/msgpack"
+log = logging.getLogger(__name__)
 
 
-def request(client: Cosmos3Client, obs_list: list[dict[str, Any]], seed: int | None = None) -> dict[str, Any]:
+# the spec's normalisations by SGLang's names (cosmos3_action.py:183-198), for a server with the stats
+NORMALIZATIONS = {"quantile": "quantile", "mean_std": "meanstd", "min_max": "minmax"}
+
+
+def request(client: Cosmos3Client, obs_list: list[dict[str, Any]], seed: int | None = None,
+            server_has_stats: bool = False) -> dict[str, Any]:  # fmt: skip
     """One batched policy request for ``obs_list``."""
     frames = [client.frame(o) for o in obs_list]
     h, w = client.canvas(frames[0])
@@ -50,11 +58,13 @@ def request(client: Cosmos3Client, obs_list: list[dict[str, Any]], seed: int | N
         "num_inference_steps": client.steps,
         "height": h,
         "width": w,
-        "fps": int(round(float(client.options["fps"]))),
+        "fps": int(client.options["fps"]),  # an integer: SGLang reads int(fps) (checked at connect)
         "action_view_point": client.options["view_point"],
     }
     if seed is not None:
         params["seed"] = int(seed)
+    if server_has_stats:
+        params["action_normalization"] = NORMALIZATIONS[client.spec.normalization]
     return {
         "input": {"prompt": [client.task(o) for o in obs_list], "image": frames},
         "parameters": params,
@@ -92,11 +102,28 @@ class SGLangPolicy:
         self.max_batch = max(1, int(caps.get("max_batch_size") or 1))
         self.normalized = not bool(target.options.get("server_has_stats", False))
         self.seed = target.options.get("seed")
+        fps = float(self.client.options["fps"])
+        if fps != int(fps):
+            raise BackendError(
+                NAME, self.url, f"model.json fps {fps:g}: SGLang takes whole frames per second"
+            )
+        if not self.normalized and self.client.spec.normalization not in NORMALIZATIONS:
+            raise BackendError(
+                NAME, self.url,
+                f"server_has_stats=true, but the run's normalisation {self.client.spec.normalization!r} is "
+                f"not one SGLang undoes ({', '.join(NORMALIZATIONS)})",
+            )  # fmt: skip
+        if self.client.options["view_description"]:
+            log.warning(
+                "eval.backend=sglang: SGLang writes the caption itself, without the view description this "
+                "model was trained with (%r): its captions differ from training's (docs/eval.md)",
+                self.client.options["view_description"][:60],
+            )
         said = {k: self.metadata[k] for k in ("model", "model_path", "policy_family") if self.metadata.get(k)}
         self.identity = self.client.identity(said)
 
     def _call(self, obs_list: list[dict[str, Any]]) -> np.ndarray:
-        body = packb(request(self.client, obs_list, self.seed))
+        body = packb(request(self.client, obs_list, self.seed, not self.normalized))
         status, _, data = self.http.request(
             "POST", GENERATIONS, body, {"Content-Type": MSGPACK, "Accept": MSGPACK}
         )
@@ -109,7 +136,7 @@ class SGLangPolicy:
         parts = [
             self._call(obs_list[i : i + self.max_batch]) for i in range(0, len(obs_list), self.max_batch)
         ]
-        return np.concatenate(parts), time.perf_counter() - t0, min(len(obs_list), self.max_batch)
+        return np.concatenate(parts), time.perf_counter() - t0, len(obs_list)
 
     def close(self) -> None:
         self.http.close()

@@ -3,7 +3,8 @@
 vLLM-Omni's action mode is a video job (``entrypoints/openai/api_server.py:2632-2680``): ``POST /v1/videos``
 with a multipart form (``entrypoints/openai/video/generation/helpers.py:852-977``), answered with the
 job (``VideoResponse``, ``protocol/videos.py:372-430``), then ``GET /v1/videos/{id}`` until its
-``status`` is ``completed`` (or ``failed``, with ``error.message``); the actions are in ``action.data``
+``status`` is ``completed`` (a failed job is its record at an HTTP error status, with ``error.message``,
+``api_server.py:2833-2843``); the actions are in ``action.data``
 (``VideoAction``, ``protocol/videos.py:332-340``), in the model's normalised space. The form::
 
     prompt       the caption, written by the client as training wrote it (the server only re-stamps
