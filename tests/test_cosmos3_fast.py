@@ -210,3 +210,25 @@ def test_fast_options_are_checked():
     ):
         with pytest.raises(ConfigError, match=f"model.options.{key}"):
             build_model(ModelConfig(name="cosmos3", preset="tiny", options=opts), IO)
+
+
+def test_the_compiled_step_gives_the_eager_fast_paths_actions(adapter):
+    """step_graph="compile" (the serving default on CUDA), compiled by inductor on the CPU here: the
+    batch padded to its bucket, the text masked in flex attention, the step one compiled graph. Its
+    actions and latents are the eager fast path's within fp32 rounding (inductor reorders the sums)."""
+    batch = make_batch(TASKS, seed=11)
+    before = adapter.fast.step_graph
+    eager = adapter.predict(batch, seed=2, return_latents=True)
+    adapter.fast.step_graph, adapter.fast.compile_on_cpu = "compile", True
+    try:
+        torch._dynamo.reset()
+        compiled = adapter.predict(batch, seed=2, return_latents=True)
+        (step,) = adapter.fast._steps.values()
+        assert step.mode == "compile" and step.lat_v.shape[0] == 4  # 3 requests in the bucket of 4
+        again = adapter.predict(batch, seed=2, return_latents=True)  # the same compiled graph, again
+    finally:
+        adapter.fast.step_graph, adapter.fast.compile_on_cpu = before, False
+        adapter.fast.clear()
+    for key in ("actions", "latents"):
+        assert_rounding_close(compiled[key], eager[key], length=LENGTH)
+        np.testing.assert_array_equal(again[key], compiled[key])

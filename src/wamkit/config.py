@@ -161,7 +161,9 @@ class TrainConfig:
             raise ConfigError("train.precision=bf16 needs a CUDA device; use train.precision=fp32 on the CPU")
 
 
-ServePrecision = Literal["auto", "fp32", "bf16"]
+ServePrecision = Literal["auto", "fp32", "bf16", "fp8"]
+ServeWarm = Literal["auto", "all", "none"]
+SERVE_WARM: tuple[str, ...] = get_args(ServeWarm)
 SERVE_PRECISIONS: tuple[str, ...] = get_args(ServePrecision)
 ServeFrontEnd = Literal["process", "thread"]
 SERVE_FRONT_ENDS: tuple[str, ...] = get_args(ServeFrontEnd)
@@ -186,10 +188,17 @@ class ServeConfig:
     # beside the model's (one process); "process", a process of its own, so that the loop's work never
     # holds the interpreter lock the model's host thread needs (docs/serve.md: no gain measured yet)
     front_end: ServeFrontEnd = "thread"
+    # run every batch bucket once before answering (``/healthz`` says "warming" meanwhile): auto = when
+    # the model captures or compiles its steps (Cosmos3 on CUDA), all, none
+    warm: ServeWarm = "auto"
+    # where compiled steps are kept between starts (wamkit.models.compile_cache); "" = not kept
+    compile_cache: str = "~/.cache/wamkit/compile"
 
     def __post_init__(self) -> None:
-        if self.precision == "bf16" and self.device == "cpu":
-            raise ConfigError("serve.precision=bf16 needs a CUDA device; use auto or fp32 on the CPU")
+        if self.precision in ("bf16", "fp8") and self.device == "cpu":
+            raise ConfigError(
+                f"serve.precision={self.precision} needs a CUDA device; use auto or fp32 on the CPU"
+            )
 
 
 @dataclass

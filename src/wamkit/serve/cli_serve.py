@@ -20,6 +20,7 @@ import logging
 from wamkit.config import (
     SERVE_FRONT_ENDS,
     SERVE_PRECISIONS,
+    SERVE_WARM,
     ConfigError,
     RunConfig,
     load_config,
@@ -41,6 +42,8 @@ FLAGS = {
     "max_message_mb": "max_message_mb",
     "precision": "precision",
     "front_end": "front_end",
+    "warm": "warm",
+    "compile_cache": "compile_cache",
 }
 
 
@@ -74,6 +77,20 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--warm",
+        choices=SERVE_WARM,
+        help="run every batch bucket once before answering: auto = when the model compiles or captures "
+        "its steps (default: serve.warm)",
+    )
+    parser.add_argument(
+        "--compile-cache", help="where compiled steps are kept ('' = nowhere; serve.compile_cache)"
+    )
+    parser.add_argument(
+        "--warm-only",
+        action="store_true",
+        help="run every batch bucket once (filling the compile cache, serve.compile_cache) and exit",
+    )
     add_model_arguments(parser)
     parser.add_argument("--host", help="interface to bind (default: serve.host)")
     parser.add_argument("--port", type=int, help="TCP port; 0 picks a free one (default: serve.port)")
@@ -153,10 +170,20 @@ def main(args: argparse.Namespace) -> int:
         ident["autocast"],
     )
     s = cfg.serve
+    sizes = policy.warm_sizes(s.max_batch, "all" if args.warm_only and s.warm == "auto" else s.warm)
+    if args.warm_only:  # fill the compile cache for a later start (a job script's step before eval)
+        out = policy.warm(sizes, s.compile_cache, lambda done, total, n, sec: log.info(
+            "warmed batch %d (%d/%d) in %.1f s", n, done, total, sec))  # fmt: skip
+        log.info(
+            "warm-only: %d buckets %s; compile cache %s %s", len(sizes), sizes, out["cache"], out["cache_dir"]
+        )
+        return 0
     run_server(
         policy,
         s.host,
         s.port,
+        warm=sizes,
+        compile_cache=s.compile_cache,
         max_batch=s.max_batch,
         max_wait_ms=s.max_wait_ms,
         max_message_mb=s.max_message_mb,

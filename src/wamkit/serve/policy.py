@@ -45,7 +45,7 @@ import numpy as np
 import torch
 
 from wamkit.actions.spec import PreprocessSpec
-from wamkit.config import SERVE_PRECISIONS, ConfigError
+from wamkit.config import SERVE_PRECISIONS, SERVE_WARM, ConfigError
 from wamkit.constants import OBS_STATE, TASK, image_key
 from wamkit.models.base import weights_sha256
 
@@ -56,6 +56,8 @@ OPENPI_STATE_KEY = "observation/state"
 PROMPT = "prompt"
 CONTROL_KEYS = ("mode", "seed")
 FD_ACTIONS = "actions"
+# warm-up's instruction: a LIBERO-length task, so that its caption falls in the text bucket of most
+WARM_TASK = "put the black bowl on the plate and close the top drawer of the cabinet"
 
 
 class RequestError(ValueError):
@@ -106,6 +108,15 @@ def _autocast(adapter: Any, precision: str) -> tuple[torch.dtype | None, str]:
     if params is None:
         return None, "cpu"
     device = params.device.type
+    if precision == "fp8":
+        from wamkit.models.fp8 import unsupported
+
+        why = unsupported(params.device)
+        if not why and not hasattr(adapter, "use_fp8"):
+            why = f"model {adapter.name!r} has no FP8 path (cosmos3 has)"
+        if why:
+            raise ConfigError(f"serve.precision=fp8: {why}; use auto, bf16 or fp32")
+        return torch.bfloat16, device  # what does not run in FP8 runs under bf16 autocast
     if precision == "bf16" and device != "cuda":
         raise ConfigError(
             f"serve.precision=bf16 needs the model on a CUDA device; it is on {device} (use auto or fp32)"
@@ -145,7 +156,11 @@ class ServedPolicy:
         spec.check_model(self.io, where=f"preprocessing spec of {source or adapter.name}")
         self.env_action_dim = spec.env_action_dim
         self.autocast, self._device_type = _autocast(adapter, precision)
+        self.precision = precision
         self._identity: dict[str, Any] | None = None
+        if precision == "fp8":  # the identity names the weights as trained, before they are quantized
+            self.identity()
+            adapter.use_fp8()
 
     def identity(self) -> dict[str, Any]:
         """What is served, for clients that must not mix two models' results (computed once)."""
@@ -163,7 +178,11 @@ class ServedPolicy:
                     "env_action_dim": spec.env_action_dim,
                     "raw": self.raw_actions,
                 },
-                "autocast": "bf16" if self.autocast is not None else "off",
+                "autocast": "fp8"
+                if self.precision == "fp8"
+                else "bf16"
+                if self.autocast is not None
+                else "off",
             }
         return self._identity
 
@@ -371,6 +390,59 @@ class ServedPolicy:
             replies.append(reply)
             start += r.n
         return replies
+
+    # -- warm-up: every batch bucket run once before the first request ------------------------------
+    def warm_sizes(self, max_batch: int, warm: str = "auto") -> list[int]:
+        """The batch sizes ``serve.warm`` runs at start: one per bucket up to ``max_batch`` (powers of two,
+        then ``max_batch``) for ``all``, and for ``auto`` when the model captures or compiles its steps
+        (``warm_wanted()``); none for ``none``."""
+        if warm not in SERVE_WARM:
+            raise ConfigError(f"serve.warm: expected one of {', '.join(SERVE_WARM)}, got {warm!r}")
+        wanted = getattr(self.adapter, "warm_wanted", lambda: False)()
+        if warm == "none" or (warm == "auto" and not wanted):
+            return []
+        sizes = [1 << i for i in range(max(max_batch, 1).bit_length()) if 1 << i < max_batch]
+        return [*sizes, max_batch]
+
+    def warm(self, sizes: list[int], cache_dir: str = "", progress: Any = None) -> dict[str, Any]:
+        """Run one policy request of each size in ``sizes`` (model space, through :meth:`run`), with the
+        compile cache of ``cache_dir`` (``serve.compile_cache``; "" for none) loaded before and written
+        after. ``progress(done, total, size, seconds)`` after each. Returns what happened, for the log."""
+        import time
+
+        cache = self.compile_cache(cache_dir)
+        if cache is not None:
+            cache.load()
+        seconds = []
+        for i, n in enumerate(sizes):
+            t0 = time.perf_counter()
+            self.run([self.prepare(self.warm_request(n))])
+            seconds.append(time.perf_counter() - t0)
+            if progress is not None:
+                progress(i + 1, len(sizes), n, seconds[-1])
+        if cache is not None and sizes:
+            cache.save(sizes)
+        return {"sizes": list(sizes), "seconds": seconds, "cache": cache.loaded if cache else "off",
+                "cache_dir": str(cache.dir) if cache else ""}  # fmt: skip
+
+    def compile_cache(self, cache_dir: str) -> Any:
+        """The :class:`~wamkit.models.compile_cache.CompileCache` of this model on its device, or None
+        when it compiles nothing (or ``cache_dir`` is "")."""
+        from wamkit.models.compile_cache import CompileCache, environment
+
+        fields = getattr(self.adapter, "compile_fields", lambda: None)()
+        if not fields or not cache_dir:
+            return None
+        device = next(self.adapter.module.parameters()).device
+        return CompileCache(cache_dir, self.adapter.name, {**fields, **environment(device)})
+
+    def warm_request(self, n: int) -> dict[str, Any]:
+        """A batched request of ``n`` blank observations (black frames, zero state) and one task."""
+        s = self.spec.image_size
+        obs: dict[str, Any] = {image_key(c): np.zeros((n, s, s, 3), np.uint8) for c in self.io.cameras}
+        obs[OBS_STATE] = np.zeros((n, self.io.state_dim), np.float32)
+        obs[PROMPT] = [WARM_TASK] * n
+        return obs
 
     def compute(self) -> contextlib.AbstractContextManager:
         """The context of a model call: bf16 autocast when ``serve.precision`` resolved to it."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import threading
 import time
@@ -71,6 +72,9 @@ class PolicyServer:
         self.max_bytes = int(max_message_mb * 2**20)
         self.max_in_flight = max_in_flight
         self.metrics = ServerMetrics()
+        # (done, total) while the model warms its batch buckets (run_server's ``warm``): /healthz
+        # answers 503 "warming done/total" until it is None
+        self.warming: tuple[int, int] | None = None
         self._in_flight: dict[ServerConnection, int] = {}  # requests submitted and not yet answered
         # per connection: the batcher's call count when its last reply came, the group a batch may wait
         # for it in (None: never; only one unbatched, unseeded observation, openpi's synchronous client,
@@ -113,6 +117,11 @@ class PolicyServer:
     def _http(self, connection: ServerConnection, request: Any):
         path = request.path.split("?", 1)[0]
         if path == "/healthz":
+            warming = self.warming
+            if warming is not None:
+                return connection.respond(
+                    HTTPStatus.SERVICE_UNAVAILABLE, f"warming {warming[0]}/{warming[1]}\n"
+                )
             return connection.respond(HTTPStatus.OK, "OK\n")
         if path == "/metrics":
             response = connection.respond(HTTPStatus.OK, self.metrics.render())
@@ -327,6 +336,8 @@ def run_server(
     port: int = 8000,
     started: Any = None,
     front_end: str = "thread",
+    warm: tuple[int, ...] | list[int] = (),
+    compile_cache: str = "",
     **kwargs: Any,
 ) -> None:
     """Serve in the foreground until interrupted (Ctrl-C). The model runs on this (the main) thread: a
@@ -340,18 +351,53 @@ def run_server(
     pickle instead (3 MB for 32 LIBERO observations). On the H200 machine the two measured the same
     within the host's drift (docs/serve.md).
     """
+    warm_up = functools.partial(_warm, policy, list(warm), compile_cache)
     if front_end == "thread":
-        _run_threaded(policy, host, port, started, **kwargs)
+        _run_threaded(policy, host, port, started, warm_up, **kwargs)
     elif front_end == "process":
-        _run_with_front_end(policy, host, port, started, **kwargs)
+        _run_with_front_end(policy, host, port, started, warm_up, **kwargs)
     else:
         raise ValueError(f"serve.front_end: {front_end!r}; expected one of {SERVE_FRONT_ENDS}")
 
 
-def _run_threaded(policy: ServedPolicy, host: str, port: int, started: Any, **kwargs: Any) -> None:
+def _warm(policy: ServedPolicy, sizes: list[int], cache_dir: str, server: PolicyServer | None = None) -> None:
+    """Run each batch size of ``sizes`` once (``serve.warm``), saying so in the log and, with a
+    ``server``, in its ``/healthz``."""
+    if not sizes:
+        return
+    log.info("warming %d batch buckets %s before answering", len(sizes), sizes)
+    t0 = time.perf_counter()
+
+    def progress(done: int, total: int, n: int, seconds: float) -> None:
+        if server is not None:
+            server.warming = (done, total)
+        log.info("warmed batch %d (%d/%d) in %.1f s", n, done, total, seconds)
+
+    if server is not None:
+        server.warming = (0, len(sizes))
+    try:
+        out = policy.warm(sizes, cache_dir, progress)
+    finally:
+        if server is not None:
+            server.warming = None
+    log.info("warm in %.1f s (compile cache: %s)", time.perf_counter() - t0, out["cache"])
+
+
+def _log_failure(future: Any) -> None:
+    err = future.exception()
+    if err is not None:  # the server stays up: each request will report what the model cannot do
+        log.error("warm-up failed: %s: %s", type(err).__name__, err)
+
+
+def _run_threaded(
+    policy: ServedPolicy, host: str, port: int, started: Any, warm_up: Any, **kwargs: Any
+) -> None:
     executor = CallerThreadExecutor()
-    handle = ServerHandle(PolicyServer(policy, host, port, model_executor=executor, **kwargs), started)
+    server = PolicyServer(policy, host, port, model_executor=executor, **kwargs)
+    handle = ServerHandle(server, started)
     handle.start()
+    # first in the model thread's queue: requests that come meanwhile wait behind it
+    executor.submit(warm_up, server).add_done_callback(_log_failure)
     try:
         executor.run()  # until the loop stops the batcher, which shuts the executor down
     except KeyboardInterrupt:  # run() has failed what it was running and what was queued
@@ -365,8 +411,12 @@ def _run_threaded(policy: ServedPolicy, host: str, port: int, started: Any, **kw
         raise RuntimeError("the server's event loop did not stop within 30 s of the model's last call")
 
 
-def _run_with_front_end(policy: ServedPolicy, host: str, port: int, started: Any, **kwargs: Any) -> None:
+def _run_with_front_end(
+    policy: ServedPolicy, host: str, port: int, started: Any, warm_up: Any, **kwargs: Any
+) -> None:
     import multiprocessing as mp
+
+    warm_up()  # before the front end listens: its /healthz cannot see this process's progress
 
     ctx = mp.get_context("spawn")  # a fresh interpreter: no copy of the model, no CUDA state
     calls, theirs = ctx.Pipe()

@@ -46,7 +46,7 @@ from wamkit.device import to_device
 from wamkit.models.base import LATENT_CACHE_OPTION, ActivationShape, ModelIO, ParamGroup, weights_sha256
 from wamkit.models.cosmos3 import latents
 from wamkit.models.cosmos3.encoding import Canvas, ClipEncoder
-from wamkit.models.cosmos3.fast_policy import FastPolicy
+from wamkit.models.cosmos3.fast_policy import TEXT_BUCKET, FastPolicy
 from wamkit.models.cosmos3.inference import Cosmos3Inference
 from wamkit.models.cosmos3.latents import LATENTS, LatentCache
 from wamkit.models.cosmos3.packing import PackedLayout, RequestSegments, install_processor, pack
@@ -139,6 +139,44 @@ class Cosmos3Adapter(Cosmos3Inference):
             "pretrained": self.pretrained,
             "options": options,
             "io": self.io.to_dict(),
+        }
+
+    # -- serving: what warm-up compiles, and what its compiled code depends on --------------------------
+    def warm_wanted(self) -> bool:
+        """Does a server gain from running every batch bucket once before it answers? Yes when the
+        fast path captures or compiles its steps (CUDA): a bucket's first request would wait for it."""
+        return bool(self.options["fast_inference"]) and self.fast.usable() and self.fast.mode() != "none"
+
+    def use_fp8(self) -> int:
+        """Serve with the generation tower's linear layers in FP8 (``serve.precision=fp8``,
+        :mod:`wamkit.models.fp8`): per layer its q/k/v/out projections and MLP. The understanding
+        tower runs once per prompt (its keys/values are cached), so FP8 would save little there and
+        cost accuracy in every cached prompt; the heads and the patch projections stay too (small, at
+        the edges). Returns how many layers were quantized."""
+        from wamkit.models.fp8 import quantize_linears
+
+        gen_parts = ("self_attn.add_q_proj", "self_attn.add_k_proj", "self_attn.add_v_proj", "self_attn.to_add_out",
+                     "mlp_moe_gen.")  # fmt: skip
+        n = quantize_linears(self.module.layers, lambda name, m: name.split(".", 1)[1].startswith(gen_parts))
+        self.fp8 = True
+        self.fast.clear()  # captured steps hold the old weights
+        return n
+
+    def compile_fields(self) -> dict[str, Any] | None:
+        """The model's part of the compile cache's key (wamkit.models.compile_cache), or None when
+        nothing is compiled: the transformer's architecture, dtype and the step's settings."""
+        if not self.warm_wanted() or self.fast.mode() != "compile":
+            return None
+        return {
+            "model": self.name,
+            "transformer": dict(self.module.config),
+            "dtype": str(self.dtype),
+            "fp8": bool(getattr(self, "fp8", False)),
+            "io": self.io.to_dict(),
+            "step_graph": "compile",
+            "attention": self.fast.attention,
+            "text_bucket": TEXT_BUCKET,
+            "resolution_tier": self.options["resolution_tier"],
         }
 
     # -- protocol: built on the meta device (wamkit.models.weights) ------------------------------------

@@ -31,8 +31,9 @@ from wamkit.models.cosmos3.fast import StepContext, TextKV, build_context, encod
 from wamkit.models.cosmos3.packing import RequestSegments
 from wamkit.models.cosmos3.towers import param_role
 
-STEP_GRAPHS = ("none", "cuda_graph", "compile")
+STEP_GRAPHS = ("auto", "none", "cuda_graph", "compile")
 TEXT_BUCKET = 32  # captured steps pad the text to a multiple of this: few buckets, little waste
+RECOMPILE_LIMIT = 64  # compiled step shapes kept (batch buckets x text buckets)
 
 Velocity = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
@@ -94,6 +95,9 @@ class _StaticStep:
         self.lat_a = torch.zeros(lat_a_shape, device=dev)
         self.t = torch.full((1,), 500.0, device=dev)
         if mode == "compile":
+            # each bucket (batch, text length) is another shape of the one step function: one graph
+            # each, past dynamo's default limit of 8 per function (beyond which it would run eagerly)
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
             for t in (*self.ctx.tensors(), self.lat_v, self.lat_a, self.t):
                 torch._dynamo.mark_static_address(t)  # the same buffers every call: no input copies
             self.fn = torch.compile(
@@ -154,9 +158,19 @@ class FastPolicy:
         # pad to buckets on static buffers even without a graph (the tests check the captured path's
         # padding and masking this way on the CPU)
         self.bucketed = False
+        # run step_graph="compile" on the CPU too (without CUDA graphs): the CPU check of the compiled step
+        self.compile_on_cpu = False
         # auto: compiled steps mask the text padding inside a flex-attention kernel (grouped-query, no
         # expanded text copies), the others use SDPA; "sdpa" / "flex" force one (benchmarks, CPU checks)
         self.attention = "auto"
+
+    def mode(self) -> str:
+        """The step this policy runs on its module's device: ``auto`` is ``compile`` on CUDA; on the CPU
+        every mode runs eagerly (unless :attr:`compile_on_cpu`)."""
+        mode = "compile" if self.step_graph == "auto" else self.step_graph
+        if self.module.proj_in.weight.device.type == "cuda":
+            return mode
+        return "compile" if mode == "compile" and self.compile_on_cpu else "none"
 
     def usable(self) -> bool:
         """False for an FSDP2-sharded module: the fast step calls the layers' submodules directly,
@@ -208,7 +222,7 @@ class FastPolicy:
         p = self.module.config.latent_patch_size
         frame_tokens = -(-h // p) * -(-w // p)
         args = (t_lat, frame_tokens, vision_cond, action_cond, domain_id)
-        mode = self.step_graph if self.module.proj_in.weight.device.type == "cuda" else "none"
+        mode = self.mode()
         if mode == "none" and not self.bucketed:
             ctx = build_context(self.module, texts, gen_pos, *args)
             return functools.partial(gen_step, self.module, ctx)

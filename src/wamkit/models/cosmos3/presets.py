@@ -108,10 +108,11 @@ OPTIONS: dict[str, Any] = {
     # prompts whose per-layer text keys/values the fast path keeps (LRU; Nano bf16: ~19 MB per prompt)
     "text_cache_size": 128,
     # the fast path's denoising step on CUDA: "none" (eager), "cuda_graph" (captured once per batch
-    # bucket), "compile" (torch.compile, mode reduce-overhead: the fastest, but minutes of compiling per
-    # bucket); ignored on CPU. cuda_graph: 0.52 s per Nano prediction at batch 1 on an H200, against
-    # 0.90 s eager (docs/benchmarks.md)
-    "step_graph": "cuda_graph",
+    # bucket), "compile" (torch.compile, mode reduce-overhead: the fastest; minutes of compiling per
+    # bucket on a first start, from the compile cache after: wamkit.models.compile_cache), "auto"
+    # (compile); ignored on CPU. Nano on an H200, batch 1: 0.90 s eager, 0.44 s cuda_graph, 0.28 s
+    # compile per prediction (docs/benchmarks.md)
+    "step_graph": "auto",
     # training: a folder written by `wamkit cache-latents` for this run's data and settings; sft_loss
     # then reads each clip's VAE latents from it instead of encoding them ("": encode on every step).
     # Not saved with the model (models/cosmos3/latents.py)
@@ -124,7 +125,7 @@ _CHOICES = {
     "reinit_action_heads": ("auto", True, False),
     "dtype": ("auto", "float32", "bfloat16"),
     "attention": ATTENTION_MODES,
-    "step_graph": ("none", "cuda_graph", "compile"),
+    "step_graph": ("auto", "none", "cuda_graph", "compile"),
 }
 
 
