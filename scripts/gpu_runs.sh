@@ -36,6 +36,15 @@
 #   bash scripts/gpu_runs.sh sft-full      # core: full-size Cosmos3-Nano SFT placed by its memory plan on one
 #                                          GPU (the plan printed, the transformer step beside the trainer
 #                                          step with accumulation, EMA and offload), and the nano_l8 rows (1 GPU)
+#   bash scripts/gpu_runs.sh serve32-smoke # core: the compiled, FP8 and warm-start paths on the tiny preset
+#                                          (a check that they run, 2 minutes)
+#   bash scripts/gpu_runs.sh serve32-bf16  # core: Nano stock against fast+compile at batch 1, 8, 32
+#   bash scripts/gpu_runs.sh serve32-fp8   # core: Nano fast+compile bf16 against FP8 at batch 1, 8, 32
+#                                          (after serve32-bf16 on a warm machine: its bf16 compiles are
+#                                          inductor cache hits)
+#   bash scripts/gpu_runs.sh serve32-accuracy  # core: FP8 against bf16 and bf16 against fp32, 64 requests
+#   bash scripts/gpu_runs.sh serve32-cold serve32-warm  # core: a Nano server's start to its first answer
+#                                          at buckets 1-8, cold, then (a later call) from the compile cache
 #
 # LIBERO-10 (docs/benchmarks.md, "LIBERO on the GPU machine"): three carries to one warm machine, then
 # the runs (each group one call; LIBERO_CONFIG_PATH and PYTHONPATH as in the libero section below):
@@ -213,6 +222,31 @@ case "$group" in
     # sampler; the image has pytest)
     run gpu_tests 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_cosmos3_flex.py tests/test_cosmos3_prep.py \
       tests/test_cosmos3_sampler.py
+    ;;
+  serve32-smoke)
+    run smoke_bench 200 $W bench cosmos3 --preset tiny --steps 4 --batches 1,4 \
+      --paths stock,fast+compile,fast+compile+fp8 --json "$OUT/smoke_bench.json"
+    run smoke_accuracy 150 $W bench cosmos3 --preset tiny --steps 4 --accuracy 8 --json "$OUT/smoke_accuracy.json"
+    run smoke_start 200 $W bench serve-start --model cosmos3 --preset tiny --max-batch 4 --json "$OUT/smoke_start.json"
+    ;;
+  serve32-bf16)
+    run cosmos3_compile 580 $W bench cosmos3 --preset nano --steps 30 --batches 1,8,32 --repeats 2 \
+      --paths stock,fast+compile --json "$OUT/cosmos3_compile.json"
+    ;;
+  serve32-fp8)
+    run cosmos3_fp8 580 $W bench cosmos3 --preset nano --steps 30 --batches 1,8,32 --repeats 2 \
+      --paths fast+compile,fast+compile+fp8 --profile --profile-rows 14 --json "$OUT/cosmos3_fp8.json"
+    ;;
+  serve32-accuracy)
+    run cosmos3_accuracy 580 $W bench cosmos3 --preset nano --steps 30 --accuracy 64 --json "$OUT/cosmos3_accuracy.json"
+    ;;
+  serve32-cold)
+    run serve_start_cold 590 $W bench serve-start --model cosmos3 --preset nano --max-batch 8 --runs cold \
+      --keep /tmp/serve_start --json "$OUT/serve_start_cold.json"
+    ;;
+  serve32-warm)
+    run serve_start_warm 590 $W bench serve-start --model cosmos3 --preset nano --max-batch 8 --runs warm \
+      --keep /tmp/serve_start --json "$OUT/serve_start_warm.json"
     ;;
   serve)
     # Cosmos3-Nano served against in-process (two 15B models built, the served one hashes 30 GB)

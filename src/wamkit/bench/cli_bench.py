@@ -12,6 +12,7 @@ BENCHES = {
     "model": "forward+backward samples/s and policy obs/s",
     "train": "training samples/s and MFU",
     "serve": "served obs/s and latency against in-process calls",
+    "serve-start": "a server's start to its first answer at every warmed bucket, cold and from the compile cache",
     "eval": "evaluator env-steps/s: serial, lock-step, pipelined, against the bound",
     "soak": "a long evaluation: memory, descriptors and threads of every process, start against end",
     "cosmos3": "Cosmos3 policy inference, stock and fast paths side by side (obs/s, s/prediction, memory)",

@@ -46,7 +46,8 @@ TASKS = [
     "put the black bowl in the bottom drawer of the cabinet and close it",
     "pick up the book and place it in the back compartment of the caddy",
 ]
-PATHS = ("stock", "fast", "fast+cuda_graph", "fast+compile", "fast+compile_sdpa")
+PATHS = ("stock", "fast", "fast+cuda_graph", "fast+compile", "fast+compile_sdpa", "fast+compile+fp8")
+FP8 = "fast+compile+fp8"  # the generation tower's linears in FP8 (serve.precision=fp8): run after the others
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -85,6 +86,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sft-preset", default="nano_l8", help="preset of the SFT benchmark")
     parser.add_argument("--sft-batch", type=int, default=8)
     parser.add_argument("--sft-steps", type=int, default=4)
+    parser.add_argument(
+        "--accuracy",
+        type=int,
+        default=0,
+        metavar="N",
+        help="instead of the timed rows: N LIBERO-shaped requests predicted in fp32 (eager fast path), "
+        "bf16 (fast+compile, the weights cast) and FP8 (fast+compile+fp8); the action and future-latent "
+        "differences between them",
+    )
     parser.add_argument("--json", help="write every row here")
 
 
@@ -117,7 +127,9 @@ def make_batch(io, b: int, seed: int = 0) -> dict[str, Any]:
 
 
 def _use_path(ad, path: str, stock_attention: str) -> None:
-    """Point the adapter at one path (the same weights and caches)."""
+    """Point the adapter at one path (the same weights and caches; FP8 quantizes them, for good)."""
+    if path == FP8 and not getattr(ad, "fp8", False):
+        ad.use_fp8()
     ad.options["fast_inference"] = path != "stock"
     graph = path.split("+")[1] if "+" in path else "none"
     # fast+compile masks the text padding in a flex-attention kernel; fast+compile_sdpa keeps the
@@ -225,10 +237,67 @@ def build(args, device: torch.device):
     return build_model(ModelConfig(name="cosmos3", preset=args.preset, options=opts), io, device=device)
 
 
+def _diff(a: np.ndarray, b: np.ndarray) -> dict[str, float]:
+    d = np.abs(a.astype(np.float64) - b.astype(np.float64))
+    return {"max": float(d.max()), "mean": float(d.mean())}
+
+
+@torch.no_grad()
+def accuracy(args, device: torch.device) -> dict[str, Any]:
+    """FP8 against bf16, and bf16 against fp32 (the yardstick of what rounding alone does), over
+    ``args.accuracy`` LIBERO-shaped requests: the same weights (built in fp32, then cast to bf16, then
+    the generation tower quantized), the same seeds. Actions in the model's normalised space; latents:
+    the generated future frames."""
+    from wamkit.models.cosmos3.components import _cast
+
+    n, per = args.accuracy, 32
+    ad = build(argparse.Namespace(**{**vars(args), "dtype": "float32"}), device)
+    ad.options["num_inference_steps"] = args.steps
+    batches = [make_batch(ad.io, min(per, n - i), seed=100 + i) for i in range(0, n, per)]
+
+    def run(path: str) -> tuple[np.ndarray, np.ndarray]:
+        _use_path(ad, path, args.stock_attention)
+        t0 = time.perf_counter()
+        outs = [ad.predict(b, seed=i, return_latents=True) for i, b in enumerate(batches)]
+        print(f"  {path} ({ad.dtype}): {n} requests in {time.perf_counter() - t0:.0f} s", flush=True)
+        return (
+            np.concatenate([o["actions"] for o in outs]),
+            np.concatenate([o["latents"][:, :, 1:] for o in outs]),
+        )
+
+    fp32 = run("fast")
+    _cast(ad.module, torch.bfloat16)
+    ad.fast.clear()
+    bf16 = run("fast+compile")
+    fp8 = run(FP8)
+    out = {"requests": n, "steps": args.steps}
+    print(
+        f"{'pair':<14} {'max|da|':>9} {'mean|da|':>9} {'max|dz|':>9} {'mean|dz|':>9}   (normalised actions a, future latents z)"
+    )
+    for name, (x, y) in {
+        "bf16 vs fp32": (bf16, fp32),
+        "fp8 vs bf16": (fp8, bf16),
+        "fp8 vs fp32": (fp8, fp32),
+    }.items():
+        da, dz = _diff(x[0], y[0]), _diff(x[1], y[1])
+        out[name] = {"actions": da, "latents": dz}
+        print(
+            f"{name:<14} {da['max']:>9.2e} {da['mean']:>9.2e} {dz['max']:>9.2e} {dz['mean']:>9.2e}",
+            flush=True,
+        )
+    return out
+
+
 def main(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     if args.threads > 0:
         torch.set_num_threads(args.threads)
+    if args.accuracy:
+        results = accuracy(args, device)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=1)
+        return 0
     paths = _paths(args, device)
     batches = [int(b) for b in args.batches.split(",") if b]
     start = time.perf_counter()
@@ -253,22 +322,24 @@ def main(args: argparse.Namespace) -> int:
         f"{'peak GiB':>8}  {'vs stock':>8}  {'max|da|':>9}  {'prep ms':>8}"
     )
     rows: list[Row] = []
-    for b in batches:
-        batch = make_batch(ad.io, b)
-        stock_row, stock_actions = None, None
-        for path in paths:
-            _use_path(ad, path, args.stock_attention)
-            row, actions = measure(ad, path, batch, args, device)
-            if path == "stock":
-                stock_row, stock_actions = row, actions
-            elif stock_row is not None:
-                row.vs_stock = row.obs_per_s / stock_row.obs_per_s
-                row.max_action_diff = float(np.abs(actions - stock_actions).max())
-            rows.append(row)
-            _print_row(row)
+    stock: dict[int, tuple[Row, np.ndarray]] = {}
+    # the FP8 rows last, every batch: quantizing the weights cannot be undone
+    for group in ([p for p in paths if p != FP8], [p for p in paths if p == FP8]):
+        for b in batches:
+            batch = make_batch(ad.io, b)
+            for path in group:
+                _use_path(ad, path, args.stock_attention)
+                row, actions = measure(ad, path, batch, args, device)
+                if path == "stock":
+                    stock[b] = (row, actions)
+                elif b in stock:
+                    row.vs_stock = row.obs_per_s / stock[b][0].obs_per_s
+                    row.max_action_diff = float(np.abs(actions - stock[b][1]).max())
+                rows.append(row)
+                _print_row(row)
     if args.profile:
         pb = args.profile_batch or max(batches)
-        for path in paths:
+        for path in sorted(paths, key=lambda p: p == FP8):
             _use_path(ad, path, args.stock_attention)
             print(f"\nprofile: {path}, batch {pb}, one denoising step")
             print(profile_step(ad, make_batch(ad.io, pb), args.profile_rows, device), flush=True)
