@@ -43,8 +43,8 @@
 #                                          (after serve32-bf16 on a warm machine: its bf16 compiles are
 #                                          inductor cache hits)
 #   bash scripts/gpu_runs.sh serve32-accuracy  # core: FP8 against bf16 and bf16 against fp32, 64 requests
-#   bash scripts/gpu_runs.sh serve32-cold serve32-warm  # core: a Nano server's start to its first answer
-#                                          at buckets 1-8, cold, then (a later call) from the compile cache
+#   bash scripts/gpu_runs.sh serve32-start # core: a Nano server's start to its first answer at buckets 1-2
+#                                          (START_BATCH), cold, then from the compile cache
 #
 # LIBERO-10 (docs/benchmarks.md, "LIBERO on the GPU machine"): three carries to one warm machine, then
 # the runs (each group one call; LIBERO_CONFIG_PATH and PYTHONPATH as in the libero section below):
@@ -240,13 +240,10 @@ case "$group" in
   serve32-accuracy)
     run cosmos3_accuracy 580 $W bench cosmos3 --preset nano --steps 30 --accuracy 64 --json "$OUT/cosmos3_accuracy.json"
     ;;
-  serve32-cold)
-    run serve_start_cold 590 $W bench serve-start --model cosmos3 --preset nano --max-batch 8 --runs cold \
-      --keep /tmp/serve_start --json "$OUT/serve_start_cold.json"
-    ;;
-  serve32-warm)
-    run serve_start_warm 590 $W bench serve-start --model cosmos3 --preset nano --max-batch 8 --runs warm \
-      --keep /tmp/serve_start --json "$OUT/serve_start_warm.json"
+  serve32-start)
+    run serve_start 580 $W bench serve-start --model cosmos3 --preset nano --max-batch ${START_BATCH:-2} \
+      --keep /tmp/serve_start --json "$OUT/serve_start.json"
+    cp /tmp/serve_start/*.log "$OUT/" 2>/dev/null
     ;;
   serve)
     # Cosmos3-Nano served against in-process (two 15B models built, the served one hashes 30 GB)

@@ -387,7 +387,9 @@ def test_precision_resolves_per_device_and_enters_the_identity(tmp_path):
         ValueError, match=r"serve.precision=bf16 needs the model on a CUDA device; it is on cpu"
     ):
         load_served(tmp_path / "export", "cpu", precision="bf16")
-    with pytest.raises(ValueError, match=r"serve.precision: expected one of auto, fp32, bf16, fp8, got 'half'"):
+    with pytest.raises(
+        ValueError, match=r"serve.precision: expected one of auto, fp32, bf16, fp8, got 'half'"
+    ):
         random_init("tiny", "small", device="cpu", precision="half")
     with pytest.raises(ValueError, match=r"serve.precision=bf16 needs a CUDA device"):
         load_config(None, ["serve.precision=bf16", "serve.device=cpu"])

@@ -145,3 +145,22 @@ def test_warming_runs_the_model_at_each_size(tmp_path):
     req = policy.warm_request(3)
     assert req["observation.state"].shape == (3, policy.io.state_dim)
     assert all(np.asarray(req[k]).dtype == np.uint8 for k in req if k.startswith("observation.images."))
+
+
+KEY_OF_TINY = """
+from wamkit.serve.loading import random_init
+p = random_init("cosmos3", "tiny", {"step_graph": "compile"}, "cpu")
+p.adapter.fast.compile_on_cpu = True  # as on CUDA, where the step compiles
+print(p.compile_cache("/nonexistent").key)
+"""
+
+
+def test_the_same_model_has_the_same_key_in_every_process():
+    """A key that differed between processes (a set's order, an address) would never hit."""
+    keys = {
+        subprocess.run(
+            [sys.executable, "-c", KEY_OF_TINY], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        for _ in range(2)
+    }
+    assert len(keys) == 1 and len(next(iter(keys))) == 64

@@ -169,7 +169,9 @@ class Cosmos3Adapter(Cosmos3Inference):
             return None
         return {
             "model": self.name,
-            "transformer": dict(self.module.config),
+            # the architecture (diffusers' private keys left out: `_use_default_values` is a set, listed
+            # in another order by every process)
+            "transformer": {k: v for k, v in self.module.config.items() if not k.startswith("_")},
             "dtype": str(self.dtype),
             "fp8": bool(getattr(self, "fp8", False)),
             "io": self.io.to_dict(),
