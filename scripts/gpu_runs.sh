@@ -234,7 +234,7 @@ case "$group" in
       --paths stock,fast+compile --json "$OUT/cosmos3_compile.json"
     ;;
   serve32-fp8)
-    run cosmos3_fp8 580 $W bench cosmos3 --preset nano --steps 30 --batches 1,8,32 --repeats 2 \
+    run cosmos3_fp8 580 $W bench cosmos3 --preset nano --steps 30 --batches ${BATCHES:-1,8,32} --repeats 2 \
       --paths fast+compile,fast+compile+fp8 --profile --profile-rows 14 --json "$OUT/cosmos3_fp8.json"
     ;;
   serve32-accuracy)

@@ -110,7 +110,12 @@ class CompileCache:
             log.warning("compile cache: %s is corrupt (%s); compiling again and rewriting it", self.dir, err)
             return False
         self.loaded = "hit"
-        n = sum(len(v) for v in vars(info).values() if isinstance(v, list)) if info is not None else 0
+        n = 0
+        for v in vars(info).values() if info is not None else ():
+            if isinstance(v, dict):
+                n += sum(len(x) for x in v.values() if isinstance(x, list | tuple))
+            elif isinstance(v, list | tuple):
+                n += len(v)
         log.info("compile cache: loaded %d artifacts (%d bytes) from %s", n, len(data), self.dir)
         return True
 
