@@ -1,0 +1,66 @@
+"""FP8 linear layers (serve.precision=fp8): e4m3 weights per output row, activations per row, one
+torch._scaled_mm. Checked on the CPU (torch's CPU _scaled_mm), against the bf16 layer they replace."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from wamkit.config import ModelConfig
+from wamkit.models import build_model
+from wamkit.models.cosmos3 import DEFAULT_IO
+from wamkit.models.fp8 import E4M3, Fp8Linear, quantize_linears, unsupported
+
+
+def _cpu_fp8_or_skip():
+    try:
+        a = torch.ones(16, 16).to(E4M3)
+        torch._scaled_mm(
+            a, a.t(), scale_a=torch.ones(16, 1), scale_b=torch.ones(1, 16), out_dtype=torch.bfloat16
+        )
+    except (RuntimeError, NotImplementedError) as err:
+        pytest.skip(f"this torch build has no CPU FP8 matmul ({err})")
+
+
+def test_an_fp8_layer_is_within_e4m3_rounding_of_the_layer_it_replaces():
+    """e4m3 keeps 3 mantissa bits: each operand's rounding error is uniform within 2^-4 of its value
+    (rms 2^-3 / sqrt(12) = 3.6%), so the product's relative rms error is about 5% for random data;
+    the bound 8% fails a wrong scale (100%+) and 0.5% fails a layer that was not quantized."""
+    _cpu_fp8_or_skip()
+    g = torch.Generator().manual_seed(0)
+    lin = nn.Linear(256, 128, bias=True).to(torch.bfloat16)
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(128, 256, generator=g) * 0.05)
+        lin.bias.copy_(torch.randn(128, generator=g))
+    x = torch.randn(3, 7, 256, generator=g).to(torch.bfloat16)
+    want = lin(x).float()
+    got = Fp8Linear(lin)(x)
+    assert got.shape == (3, 7, 128) and got.dtype == torch.bfloat16
+    err = ((got.float() - want).norm() / (want - lin.bias.float()).norm()).item()
+    assert 0.005 < err < 0.08, err
+
+
+def test_the_generation_towers_linears_are_quantized_and_the_rest_kept():
+    _cpu_fp8_or_skip()
+    ad = build_model(
+        ModelConfig(name="cosmos3", preset="tiny", options={"num_inference_steps": 2}), DEFAULT_IO
+    )
+    und_before = ad.module.layers[0].self_attn.to_q
+    n = ad.use_fp8()
+    layer = ad.module.layers[0]
+    per_layer = 4 + 3  # q, k, v, out; the MLP's gate, up, down
+    assert n == per_layer * len(ad.module.layers)
+    assert isinstance(layer.self_attn.add_q_proj, Fp8Linear) and isinstance(
+        layer.mlp_moe_gen.down_proj, Fp8Linear
+    )
+    assert layer.self_attn.to_q is und_before and not isinstance(ad.module.proj_in, Fp8Linear)
+    assert ad.compile_fields() is None  # on the CPU nothing is compiled; on CUDA the key says fp8
+
+
+def test_fp8_is_refused_without_fp8_tensor_cores():
+    assert "compute capability >= 8.9" in unsupported(torch.device("cpu"))
+    a = nn.Linear(32, 32)
+    assert (
+        quantize_linears(nn.Sequential(a, nn.Linear(30, 32)), lambda name, m: True) == 1
+    )  # 30: not a multiple of 16
