@@ -212,6 +212,16 @@ def test_fast_options_are_checked():
             build_model(ModelConfig(name="cosmos3", preset="tiny", options=opts), IO)
 
 
+def _compiled_attention() -> str:
+    """The attention a compiled CPU step can use here: flex (the GPU default), where inductor's CPU
+    flex template builds (AVX2, not under ATEN_CPU_CAPABILITY=default: torch's own check), else SDPA."""
+    try:
+        from torch._inductor.kernel.flex.flex_cpu import check_cpu_supported
+    except ImportError:
+        return "sdpa"
+    return "flex" if check_cpu_supported() else "sdpa"
+
+
 def test_the_compiled_step_gives_the_eager_fast_paths_actions(adapter):
     """step_graph="compile" (the serving default on CUDA), compiled by inductor on the CPU here: the
     batch padded to its bucket, the text masked in flex attention, the step one compiled graph. Its
@@ -220,6 +230,7 @@ def test_the_compiled_step_gives_the_eager_fast_paths_actions(adapter):
     before = adapter.fast.step_graph
     eager = adapter.predict(batch, seed=2, return_latents=True)
     adapter.fast.step_graph, adapter.fast.compile_on_cpu = "compile", True
+    adapter.fast.attention = _compiled_attention()
     try:
         torch._dynamo.reset()
         compiled = adapter.predict(batch, seed=2, return_latents=True)
@@ -227,8 +238,32 @@ def test_the_compiled_step_gives_the_eager_fast_paths_actions(adapter):
         assert step.mode == "compile" and step.lat_v.shape[0] == 4  # 3 requests in the bucket of 4
         again = adapter.predict(batch, seed=2, return_latents=True)  # the same compiled graph, again
     finally:
-        adapter.fast.step_graph, adapter.fast.compile_on_cpu = before, False
+        adapter.fast.step_graph, adapter.fast.compile_on_cpu, adapter.fast.attention = before, False, "auto"
         adapter.fast.clear()
     for key in ("actions", "latents"):
         assert_rounding_close(compiled[key], eager[key], length=LENGTH)
         np.testing.assert_array_equal(again[key], compiled[key])
+
+
+def test_compiled_layers_give_the_eager_actions_with_one_graph_for_every_layer(adapter):
+    """step_graph="compile_layers": the generation half of one decoder layer compiled (on the CPU here;
+    on a GPU the step around it is captured as a CUDA graph). The layers share the compiled code, so a
+    bucket traces one layer, not the whole step: one graph however many layers the model has."""
+    from wamkit.models.cosmos3 import fast_policy
+
+    batch = make_batch(TASKS, seed=12)
+    before = adapter.fast.step_graph
+    eager = adapter.predict(batch, seed=4, return_latents=True)
+    adapter.fast.step_graph, adapter.fast.compile_on_cpu = "compile_layers", True
+    adapter.fast.attention = _compiled_attention()
+    try:
+        torch._dynamo.reset()
+        fast_policy._COMPILED_LAYER = None
+        got = adapter.predict(batch, seed=4, return_latents=True)
+        entries = torch._dynamo.eval_frame._debug_get_cache_entry_list(fast_policy._gen_layer.__code__)
+        assert len(adapter.module.layers) > 1 and len(entries) == 1
+    finally:
+        adapter.fast.step_graph, adapter.fast.compile_on_cpu, adapter.fast.attention = before, False, "auto"
+        adapter.fast.clear()
+    for key in ("actions", "latents"):
+        assert_rounding_close(got[key], eager[key], length=LENGTH)

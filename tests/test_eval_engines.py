@@ -388,3 +388,20 @@ def test_a_run_stopped_by_an_engine_error_loses_nothing_and_resumes(metaworld_di
     with es.serve("sglang") as srv:
         run_eval(eval_config(srv.url, tmp_path / "cut", *opts), resume=True, progress=False)
     assert results(tmp_path / "cut") == results(tmp_path / "whole")
+
+
+def test_several_engine_servers_serve_one_evaluation(metaworld_dir, tmp_path):
+    """Two SGLang servers share the stages (each serves whole pipeline stages); two that name other
+    models are refused before any episode runs."""
+    opts = ["eval.backend=sglang", f"eval.backend_options={{serving_dir: {metaworld_dir}}}", "eval.trials=4"]
+    with es.serve("sglang") as a, es.serve("sglang") as b:
+        run_eval(eval_config([a.url, b.url], tmp_path / "two", *opts), progress=False)
+        assert a.requests and b.requests  # both served
+    with es.serve("sglang") as one:
+        run_eval(eval_config(one.url, tmp_path / "one", *opts), progress=False)
+    assert results(tmp_path / "two") == results(tmp_path / "one")
+    other = es.serve("sglang", model="Cosmos3-Nano-bridge")
+    with es.serve("sglang") as a, other as b, pytest.raises(ConfigError, match="serves another model"):
+        run_eval(eval_config([a.url, b.url], tmp_path / "mixed", *opts), progress=False)
+    journal = tmp_path / "mixed" / "episodes.jsonl"
+    assert not journal.exists() or not journal.read_text().strip()  # refused before any episode ran

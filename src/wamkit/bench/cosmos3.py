@@ -46,7 +46,8 @@ TASKS = [
     "put the black bowl in the bottom drawer of the cabinet and close it",
     "pick up the book and place it in the back compartment of the caddy",
 ]
-PATHS = ("stock", "fast", "fast+cuda_graph", "fast+compile", "fast+compile_sdpa", "fast+compile+fp8")
+PATHS = ("stock", "fast", "fast+cuda_graph", "fast+compile", "fast+compile_sdpa", "fast+compile_layers",
+         "fast+compile+fp8")  # fmt: skip
 FP8 = "fast+compile+fp8"  # the generation tower's linears in FP8 (serve.precision=fp8): run after the others
 
 

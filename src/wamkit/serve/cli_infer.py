@@ -26,7 +26,13 @@ def main(args: argparse.Namespace) -> int:
     if not files:
         print(f"wamkit infer: no files match {args.input!r}")
         return 2
-    policy = build_policy(args, resolve_config(args))
+    cfg = resolve_config(args)
+    policy = build_policy(args, cfg)
+    # a compiled step (Cosmos3 on CUDA) comes from the compile cache when a start before made it, and
+    # what this run compiles is kept for the next (docs/serve.md, "Warm start")
+    cache = policy.compile_cache(cfg.serve.compile_cache)
+    if cache is not None:
+        cache.load()
     out, failed, done, names = Path(args.output), [], 0, {}
     for path in files:
         try:
@@ -42,6 +48,8 @@ def main(args: argparse.Namespace) -> int:
                 print(f"  {path.name}: fields recorded but not used: {', '.join(sample['unused'])}")
         except SampleError as err:
             failed.append(str(err))
+    if cache is not None and done:
+        cache.save()
     print(f"wamkit infer: {done} sample(s) written to {out}, {len(failed)} invalid")
     for line in failed:
         print(f"  invalid: {line}")

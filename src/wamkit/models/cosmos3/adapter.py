@@ -165,7 +165,7 @@ class Cosmos3Adapter(Cosmos3Inference):
     def compile_fields(self) -> dict[str, Any] | None:
         """The model's part of the compile cache's key (wamkit.models.compile_cache), or None when
         nothing is compiled: the transformer's architecture, dtype and the step's settings."""
-        if not self.warm_wanted() or self.fast.mode() != "compile":
+        if not self.warm_wanted() or self.fast.mode() not in ("compile", "compile_layers"):
             return None
         return {
             "model": self.name,
@@ -175,7 +175,7 @@ class Cosmos3Adapter(Cosmos3Inference):
             "dtype": str(self.dtype),
             "fp8": bool(getattr(self, "fp8", False)),
             "io": self.io.to_dict(),
-            "step_graph": "compile",
+            "step_graph": self.fast.mode(),
             "attention": self.fast.attention,
             "text_bucket": TEXT_BUCKET,
             "resolution_tier": self.options["resolution_tier"],

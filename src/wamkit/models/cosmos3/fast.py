@@ -277,9 +277,15 @@ def _gen_layer(layer, gen: torch.Tensor, text_k, text_v, ctx: StepContext) -> to
 
 
 def gen_step(
-    module: torch.nn.Module, ctx: StepContext, lat_v: torch.Tensor, lat_a: torch.Tensor, t: torch.Tensor
+    module: torch.nn.Module,
+    ctx: StepContext,
+    lat_v: torch.Tensor,
+    lat_a: torch.Tensor,
+    t: torch.Tensor,
+    layer_fn=None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Velocities of one denoising step for B requests.
+    """Velocities of one denoising step for B requests (``layer_fn``: what runs each layer's
+    generation half, :func:`_gen_layer` or a compiled copy of it).
 
     lat_v: vision latents [B, C, T, h, w]; lat_a: actions [B, A, action_dim]; t: [1] float, the
     timestep in the model's 0..1000 scale. Returns fp32 ``(v_v [B, C, T, h, w], v_a [B, A, D])``, zero
@@ -293,8 +299,9 @@ def gen_step(
     x_a = lat_a.to(dt) @ ctx.action_w_in + ctx.action_b_in + module.action_modality_embed
     x_a = torch.where(ctx.noisy_action, x_a + temb, x_a)
     gen, n_v = torch.cat([x_v, x_a], dim=1), x_v.shape[1]
+    run_layer = layer_fn or _gen_layer
     for layer, text_k, text_v in zip(module.layers, ctx.text_k, ctx.text_v):
-        gen = _gen_layer(layer, gen, text_k, text_v, ctx)
+        gen = run_layer(layer, gen, text_k, text_v, ctx)
     gen = module.norm_moe_gen(gen)
     v_v = unpatchify(module.proj_out(gen[:, :n_v]), t_lat, h, w, p)
     v_a = gen[:, n_v:] @ ctx.action_w_out + ctx.action_b_out

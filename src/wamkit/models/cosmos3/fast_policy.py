@@ -27,11 +27,11 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from wamkit.device import to_device
-from wamkit.models.cosmos3.fast import StepContext, TextKV, build_context, encode_text, gen_step
+from wamkit.models.cosmos3.fast import StepContext, TextKV, _gen_layer, build_context, encode_text, gen_step
 from wamkit.models.cosmos3.packing import RequestSegments
 from wamkit.models.cosmos3.towers import param_role
 
-STEP_GRAPHS = ("auto", "none", "cuda_graph", "compile")
+STEP_GRAPHS = ("auto", "none", "cuda_graph", "compile", "compile_layers")
 TEXT_BUCKET = 32  # captured steps pad the text to a multiple of this: few buckets, little waste
 RECOMPILE_LIMIT = 64  # compiled step shapes kept (batch buckets x text buckets)
 
@@ -103,20 +103,28 @@ class _StaticStep:
             self.fn = torch.compile(
                 functools.partial(gen_step, module), mode="reduce-overhead", dynamic=False, fullgraph=True
             )
+        elif mode == "compile_layers":
+            # one decoder layer's generation half compiled (the layers share its code and shapes: one
+            # graph per bucket, 1/36 of the whole step's tracing), the step around it captured as a
+            # CUDA graph on the GPU (run eagerly around the compiled layers on the CPU)
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+            self.layer_fn = compiled_layer()
+            if dev.type == "cuda":
+                self.graph, self.out = self._capture(pool, self.layer_fn)
         elif mode == "cuda_graph":
             self.graph, self.out = self._capture(pool)
 
-    def _capture(self, pool):
+    def _capture(self, pool, layer_fn=None):
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):  # warm-up outside the graph (cuBLAS handles, kernel choice)
-            for _ in range(2):
-                gen_step(self.module, self.ctx, self.lat_v, self.lat_a, self.t)
+        with torch.cuda.stream(stream):  # warm-up outside the graph (cuBLAS handles, kernel choice,
+            for _ in range(2):  # and the compiled layer's compile)
+                gen_step(self.module, self.ctx, self.lat_v, self.lat_a, self.t, layer_fn)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         # thread_local: a server's other threads may use CUDA while this one captures
         with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
-            out = gen_step(self.module, self.ctx, self.lat_v, self.lat_a, self.t)
+            out = gen_step(self.module, self.ctx, self.lat_v, self.lat_a, self.t, layer_fn)
         return graph, out
 
     def load(self, ctx: StepContext) -> None:
@@ -131,12 +139,26 @@ class _StaticStep:
         if self.mode == "compile":
             torch.compiler.cudagraph_mark_step_begin()
             out = self.fn(self.ctx, self.lat_v, self.lat_a, self.t)
-        elif self.mode == "cuda_graph":
+        elif self.mode == "cuda_graph" or (self.mode == "compile_layers" and hasattr(self, "graph")):
             self.graph.replay()
             out = self.out
+        elif self.mode == "compile_layers":
+            out = gen_step(self.module, self.ctx, self.lat_v, self.lat_a, self.t, self.layer_fn)
         else:
             out = gen_step(self.module, self.ctx, self.lat_v, self.lat_a, self.t)
         return out[0][:n].clone(), out[1][:n].clone()
+
+
+_COMPILED_LAYER = None
+
+
+def compiled_layer():
+    """The compiled generation half of a decoder layer, one function for every layer and bucket
+    (dynamo inlines the layer module, so its weights are inputs and the code is shared)."""
+    global _COMPILED_LAYER
+    if _COMPILED_LAYER is None:
+        _COMPILED_LAYER = torch.compile(_gen_layer, dynamic=False, fullgraph=True)
+    return _COMPILED_LAYER
 
 
 def _clone(v):
@@ -170,7 +192,7 @@ class FastPolicy:
         mode = "compile" if self.step_graph == "auto" else self.step_graph
         if self.module.proj_in.weight.device.type == "cuda":
             return mode
-        return "compile" if mode == "compile" and self.compile_on_cpu else "none"
+        return mode if mode in ("compile", "compile_layers") and self.compile_on_cpu else "none"
 
     def usable(self) -> bool:
         """False for an FSDP2-sharded module: the fast step calls the layers' submodules directly,
@@ -229,7 +251,8 @@ class FastPolicy:
         n, nb = len(texts), batch_bucket(len(texts))
         texts, gen_pos = texts + [texts[-1]] * (nb - n), gen_pos + [gen_pos[-1]] * (nb - n)
         u = -(-max(t.length for t in texts) // TEXT_BUCKET) * TEXT_BUCKET
-        attention = self.attention if self.attention != "auto" else "flex" if mode == "compile" else "sdpa"
+        compiled = mode in ("compile", "compile_layers")
+        attention = self.attention if self.attention != "auto" else "flex" if compiled else "sdpa"
         ctx = build_context(
             self.module, texts, gen_pos, *args, text_length=u, masked=True, attention=attention
         )

@@ -110,8 +110,9 @@ OPTIONS: dict[str, Any] = {
     # the fast path's denoising step on CUDA: "none" (eager), "cuda_graph" (captured once per batch
     # bucket), "compile" (torch.compile, mode reduce-overhead: the fastest; minutes of compiling per
     # bucket on a first start, from the compile cache after: wamkit.models.compile_cache), "auto"
-    # (compile); ignored on CPU. Nano on an H200, batch 1: 0.90 s eager, 0.44 s cuda_graph, 0.28 s
-    # compile per prediction (docs/benchmarks.md)
+    # (compile), "compile_layers" (one decoder layer compiled, the step captured as a CUDA graph: 1/36 of
+    # the tracing per bucket; not yet measured on a GPU); ignored on CPU. Nano on an H200, batch 1:
+    # 0.90 s eager, 0.44 s cuda_graph, 0.28 s compile per prediction (docs/benchmarks.md)
     "step_graph": "auto",
     # training: a folder written by `wamkit cache-latents` for this run's data and settings; sft_loss
     # then reads each clip's VAE latents from it instead of encoding them ("": encode on every step).
@@ -125,7 +126,7 @@ _CHOICES = {
     "reinit_action_heads": ("auto", True, False),
     "dtype": ("auto", "float32", "bfloat16"),
     "attention": ATTENTION_MODES,
-    "step_graph": ("auto", "none", "cuda_graph", "compile"),
+    "step_graph": ("auto", "none", "cuda_graph", "compile", "compile_layers"),
 }
 
 
