@@ -12,7 +12,8 @@ websocket path:
 
 Replies on one connection come back in request order. A client may send several requests before
 reading (up to ``max_in_flight``); they are batched with everyone else's. Plain HTTP: ``GET /healthz``
-answers 200, ``GET /metrics`` the Prometheus text.
+answers 200 (503 ``warming i/n`` while :func:`run_server` warms the batch buckets, ``serve.warm``),
+``GET /metrics`` the Prometheus text.
 
 Use :func:`start_server_in_thread` (tests, the evaluator) or :func:`run_server` (the CLI).
 """
