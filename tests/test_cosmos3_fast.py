@@ -6,6 +6,8 @@ the actions and the future latents of ``Cosmos3OmniTransformer.forward`` over pa
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 import torch
@@ -222,24 +224,35 @@ def _compiled_attention() -> str:
     return "flex" if check_cpu_supported() else "sdpa"
 
 
+@contextlib.contextmanager
+def compiled_on_cpu(adapter, mode: str):
+    """The adapter's fast step in ``mode`` (compile | compile_layers), compiled by inductor on the CPU,
+    from a fresh dynamo cache; put back as it was afterwards."""
+    from wamkit.models.cosmos3 import fast_policy
+
+    before = adapter.fast.step_graph
+    adapter.fast.step_graph, adapter.fast.compile_on_cpu = mode, True
+    adapter.fast.attention = _compiled_attention()
+    torch._dynamo.reset()
+    fast_policy._COMPILED_LAYER = None
+    try:
+        yield
+    finally:
+        adapter.fast.step_graph, adapter.fast.compile_on_cpu, adapter.fast.attention = before, False, "auto"
+        adapter.fast.clear()
+
+
 def test_the_compiled_step_gives_the_eager_fast_paths_actions(adapter):
     """step_graph="compile" (the serving default on CUDA), compiled by inductor on the CPU here: the
     batch padded to its bucket, the text masked in flex attention, the step one compiled graph. Its
     actions and latents are the eager fast path's within fp32 rounding (inductor reorders the sums)."""
     batch = make_batch(TASKS, seed=11)
-    before = adapter.fast.step_graph
     eager = adapter.predict(batch, seed=2, return_latents=True)
-    adapter.fast.step_graph, adapter.fast.compile_on_cpu = "compile", True
-    adapter.fast.attention = _compiled_attention()
-    try:
-        torch._dynamo.reset()
+    with compiled_on_cpu(adapter, "compile"):
         compiled = adapter.predict(batch, seed=2, return_latents=True)
         (step,) = adapter.fast._steps.values()
         assert step.mode == "compile" and step.lat_v.shape[0] == 4  # 3 requests in the bucket of 4
         again = adapter.predict(batch, seed=2, return_latents=True)  # the same compiled graph, again
-    finally:
-        adapter.fast.step_graph, adapter.fast.compile_on_cpu, adapter.fast.attention = before, False, "auto"
-        adapter.fast.clear()
     for key in ("actions", "latents"):
         assert_rounding_close(compiled[key], eager[key], length=LENGTH)
         np.testing.assert_array_equal(again[key], compiled[key])
@@ -252,18 +265,10 @@ def test_compiled_layers_give_the_eager_actions_with_one_graph_for_every_layer(a
     from wamkit.models.cosmos3 import fast_policy
 
     batch = make_batch(TASKS, seed=12)
-    before = adapter.fast.step_graph
     eager = adapter.predict(batch, seed=4, return_latents=True)
-    adapter.fast.step_graph, adapter.fast.compile_on_cpu = "compile_layers", True
-    adapter.fast.attention = _compiled_attention()
-    try:
-        torch._dynamo.reset()
-        fast_policy._COMPILED_LAYER = None
+    with compiled_on_cpu(adapter, "compile_layers"):
         got = adapter.predict(batch, seed=4, return_latents=True)
         entries = torch._dynamo.eval_frame._debug_get_cache_entry_list(fast_policy._gen_layer.__code__)
         assert len(adapter.module.layers) > 1 and len(entries) == 1
-    finally:
-        adapter.fast.step_graph, adapter.fast.compile_on_cpu, adapter.fast.attention = before, False, "auto"
-        adapter.fast.clear()
     for key in ("actions", "latents"):
         assert_rounding_close(got[key], eager[key], length=LENGTH)
