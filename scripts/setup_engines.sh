@@ -15,7 +15,9 @@ for entry in "${PINS[@]}"; do
   out="$DEST/${name}-${version}"
   if [ -f "$out/.unpacked" ]; then continue; fi
   echo "setup_engines: $pin (request/response code only)"
-  "$PY" -m pip download --quiet --no-deps --only-binary=:all: --dest "$DEST/wheels" "$pin"
+  # only their Python files are used: one fixed wheel, whatever the host's Python and platform
+  "$PY" -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.11 --implementation cp \
+    --platform manylinux_2_34_x86_64 --platform any --dest "$DEST/wheels" "$pin"
   wheel=$(ls "$DEST/wheels/${name//-/_}-${version}-"*.whl | head -1)
   rm -rf "$out"
   "$PY" - "$wheel" "$out" "$keep" <<'PYEOF'

@@ -165,12 +165,28 @@ def test_openpi_replies_built_with_openpi_clients_packer_are_read(tmp_path):
     ],
     ids=["no actions", "wrong shape", "nan"],
 )
-def test_a_wrong_reply_names_the_backend_the_url_and_the_field(reply, match):
+@pytest.mark.parametrize("backend", ["openpi", "wamkit"])
+def test_a_wrong_reply_names_the_backend_the_url_and_the_field(reply, match, backend):
+    """Every backend checks its replies alike (wamkit's own sends a batch axis: a [5, 4] reply to one
+    observation is one chunk of 5 steps to it too)."""
     with fake_openpi(reply) as url:
-        policy = backends.connect("openpi", Target(url, ("corner",)), Patience())
-        with pytest.raises(BackendError, match=rf"eval.backend=openpi at {url}: {match}"):
+        policy = backends.connect(backend, Target(url, ("corner",)), Patience())
+        with pytest.raises(BackendError, match=rf"eval.backend={backend} at {url}: {match}"):
             policy([OBS])
         policy.close()
+
+
+def test_the_note_of_a_server_that_names_nothing_is_not_part_of_its_location():
+    """A plan written before the note existed resumes against the same server; another URL is still
+    another server."""
+    from wamkit.eval.journal import server_diff
+
+    old = {"url": "ws://127.0.0.1:8000", "backend": "openpi", "identity": None}
+    new = {**old, "unidentified": UNIDENTIFIED}
+    assert server_diff(old, new) == []
+    assert server_diff(new, {**new, "url": "ws://127.0.0.1:8001"}) == [
+        "url: 'ws://127.0.0.1:8000' -> 'ws://127.0.0.1:8001'"
+    ]
 
 
 def test_an_action_of_another_width_than_the_env_takes_is_refused():

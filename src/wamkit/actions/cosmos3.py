@@ -80,12 +80,3 @@ def action_canvas(frame_hw: tuple[int, int], tier: int) -> tuple[int, int]:
         int(frame_hw[0]), int(frame_hw[1]), _ACTION_RESOLUTION_BINS[str(tier)]
     )
     return int(h), int(w)
-
-
-def domain_id(domain_name: str) -> int:
-    """diffusers' action-head row of ``domain_name`` (its embodiment table)."""
-    from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import _EMBODIMENT_TO_DOMAIN_ID
-
-    if domain_name not in _EMBODIMENT_TO_DOMAIN_ID:
-        raise ValueError(f"domain_name {domain_name!r}; expected one of {sorted(_EMBODIMENT_TO_DOMAIN_ID)}")
-    return int(_EMBODIMENT_TO_DOMAIN_ID[domain_name])

@@ -129,7 +129,7 @@ def make_batch(io, b: int, seed: int = 0) -> dict[str, Any]:
 
 def _use_path(ad, path: str, stock_attention: str) -> None:
     """Point the adapter at one path (the same weights and caches; FP8 quantizes them, for good)."""
-    if path == FP8 and not getattr(ad, "fp8", False):
+    if path == FP8 and not ad.fp8:
         ad.use_fp8()
     ad.options["fast_inference"] = path != "stock"
     graph = path.split("+")[1] if "+" in path else "none"
@@ -142,16 +142,18 @@ def _use_path(ad, path: str, stock_attention: str) -> None:
     ad.processor.mode = stock_attention
 
 
-def _step_flops(ad, path: str, b: int) -> float:
-    """Transformer FLOPs of one step for B nominal requests: the fast path runs no text tokens."""
+def request_flops(ad) -> tuple[float, float]:
+    """Transformer FLOPs of one step of one nominal request: ``(understanding, generation)``. Counted
+    before FP8 swaps the linear layers the count walks (they do the same matmuls)."""
     from wamkit.models.cosmos3.towers import forward_flops
 
-    # counted once per model, before FP8 swaps the linear layers the count walks (the same matmuls)
-    cache = ad.__dict__.setdefault("_bench_flops", {})
-    if "per_request" not in cache:
-        lay = ad.nominal_layout()
-        cache["per_request"] = forward_flops(ad.module, lay.und_len, lay.sequence_length - lay.und_len)
-    und, gen = cache["per_request"]
+    lay = ad.nominal_layout()
+    return forward_flops(ad.module, lay.und_len, lay.sequence_length - lay.und_len)
+
+
+def _step_flops(per_request: tuple[float, float], path: str, b: int) -> float:
+    """Transformer FLOPs of one step for B nominal requests: the fast path runs no text tokens."""
+    und, gen = per_request
     return b * (gen if path != "stock" else und + gen)
 
 
@@ -180,7 +182,7 @@ def step_seconds(ad, batch: dict, device: torch.device, calls: int = 5) -> float
     return float(np.median([timed(lambda: velocity(lat_v, lat_a, t), device) for _ in range(calls)]))
 
 
-def measure(ad, path: str, batch: dict, args, device: torch.device) -> tuple[Row, np.ndarray]:
+def measure(ad, path: str, batch: dict, args, device: torch.device, per_request) -> tuple[Row, np.ndarray]:
     """One row: a warm-up prediction (kernels, caches, graph capture), the timed ones, the step alone."""
     b = len(batch["task"])
     _predict(ad, batch, 2)
@@ -190,7 +192,7 @@ def measure(ad, path: str, batch: dict, args, device: torch.device) -> tuple[Row
     full = timed(lambda: out.update(_predict(ad, batch, args.steps)), device, args.repeats)
     peak = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None
     step_s = step_seconds(ad, batch, device)
-    flops = _step_flops(ad, path, b)
+    flops = _step_flops(per_request, path, b)
     row = Row(path, b, full, b / full, step_s * 1e3, flops / step_s / 1e12, peak)
     row.prepare_ms = prepare_seconds(ad, batch, device) * 1e3
     return row, out["actions"]
@@ -328,7 +330,7 @@ def main(args: argparse.Namespace) -> int:
     )
     rows: list[Row] = []
     stock: dict[int, tuple[Row, np.ndarray]] = {}
-    _step_flops(ad, "fast", 1)  # counted on the unquantized layers
+    per_request = request_flops(ad)
     # the FP8 rows last, every batch, and each group profiled before the next: quantizing the weights
     # cannot be undone
     for group in ([p for p in paths if p != FP8], [p for p in paths if p == FP8]):
@@ -336,7 +338,7 @@ def main(args: argparse.Namespace) -> int:
             batch = make_batch(ad.io, b)
             for path in group:
                 _use_path(ad, path, args.stock_attention)
-                row, actions = measure(ad, path, batch, args, device)
+                row, actions = measure(ad, path, batch, args, device, per_request)
                 if path == "stock":
                     stock[b] = (row, actions)
                 elif b in stock:

@@ -257,6 +257,12 @@ class FittedPolicy:
         self.cameras = [image_key(c) for c in env_cfg.cameras]
         self.action_dim = suite_info(env_cfg.suite).action_dim
 
+    @property
+    def identity(self) -> dict[str, Any] | None:
+        from wamkit.eval.remote import served_identity
+
+        return served_identity(self.client.metadata or {})
+
     def __call__(self, obs_list: list[dict[str, Any]]) -> tuple[np.ndarray, float, int]:
         from wamkit.eval.remote import reply_timing
 

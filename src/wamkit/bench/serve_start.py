@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from wamkit.eval.server_proc import free_port
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="cosmos3", help="registered model (default: cosmos3)")
@@ -48,14 +50,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", help="write the figures here")
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _request(meta: dict[str, Any], n: int) -> dict[str, Any]:
     inp = meta["inputs"]
     s = int(inp["image_size"])
@@ -68,7 +62,7 @@ def _request(meta: dict[str, Any], n: int) -> dict[str, Any]:
 def start_once(args, root: Path, run: str, sizes: list[int]) -> dict[str, Any]:
     from wamkit.serve.client import PolicyClient
 
-    port = _free_port()
+    port = free_port("127.0.0.1")
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(root / f"inductor_{run}")}
     cmd = [sys.executable, "-m", "wamkit", "serve", "--random-init", "--model", args.model, "--preset", args.preset,
            "--device", args.device, "--precision", args.precision, "--max-batch", str(args.max_batch),
@@ -111,14 +105,22 @@ def start_once(args, root: Path, run: str, sizes: list[int]) -> dict[str, Any]:
         except subprocess.TimeoutExpired:
             proc.kill()
     text = log_path.read_text()
-    cache = "hit" if "compile cache: loaded" in text else "missing" if "no entry" in text else "?"
+    # what wamkit.models.compile_cache logged; "off" when nothing is compiled (or serve.compile_cache="")
+    said = {
+        "compile cache: loaded": "hit",
+        "no entry": "missing",
+        "is stale": "stale",
+        "is corrupt": "corrupt",
+    }
+    cache = next((v for k, v in said.items() if k in text), "off")
     return {"run": run, "ready_s": ready, "answered_s": answered, "first_answer_s": first,
             "warming_seen": warming_seen, "compile_cache": cache}  # fmt: skip
 
 
 def main(args: argparse.Namespace) -> int:
-    sizes = [1 << i for i in range(max(args.max_batch, 1).bit_length()) if 1 << i < args.max_batch]
-    sizes.append(args.max_batch)
+    from wamkit.serve.policy import bucket_sizes
+
+    sizes = bucket_sizes(args.max_batch)
     root = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="wamkit_serve_start_"))
     root.mkdir(parents=True, exist_ok=True)
     print(f"{args.model}/{args.preset}: buckets {sizes}; logs and compile cache in {root}", flush=True)

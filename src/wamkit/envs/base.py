@@ -94,19 +94,23 @@ def episode_seed(seed_rule: str, base_seed: int, trial: int) -> int:
     raise ConfigError(f"env.seed_rule: {seed_rule!r} is not one of {SEED_RULES} (resolve 'auto' first)")
 
 
-def stack_versions() -> dict[str, str | None]:
-    """Installed versions of the simulator stack (None: not installed) and the GL backend: a change of
-    any of them can change what an episode looks like (see the drift pins)."""
+def installed_versions(names) -> dict[str, str | None]:
+    """The installed version of each distribution in ``names`` (None: not installed)."""
     from importlib import metadata
 
     out: dict[str, str | None] = {}
-    for name in STACK:
+    for name in names:
         try:
             out[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             out[name] = None
-    out["MUJOCO_GL"] = os.environ.get("MUJOCO_GL")
     return out
+
+
+def stack_versions() -> dict[str, str | None]:
+    """Installed versions of the simulator stack (None: not installed) and the GL backend: a change of
+    any of them can change what an episode looks like (see the drift pins)."""
+    return {**installed_versions(STACK), "MUJOCO_GL": os.environ.get("MUJOCO_GL")}
 
 
 @runtime_checkable

@@ -139,6 +139,9 @@ def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+NOT_LOCATION = ("identity", "unidentified")
+
+
 def server_diff(old: dict[str, Any] | None, new: dict[str, Any]) -> list[str]:
     """``"field: old -> new"`` for what differs between two plan ``server`` entries: their identities
     where both have one, else their locations (``url`` / ``serve_dir``)."""
@@ -147,9 +150,9 @@ def server_diff(old: dict[str, Any] | None, new: dict[str, Any]) -> list[str]:
     if old.get("identity") and new.get("identity"):
         a = ADDED_IDENTITY_KEYS | _flat(old["identity"])
         b = ADDED_IDENTITY_KEYS | _flat(new["identity"])
-    else:
-        a = {k: v for k, v in old.items() if k != "identity"}
-        b = {k: v for k, v in new.items() if k != "identity"}
+    else:  # the location; the identity and the note that there is none are not part of it
+        a = {k: v for k, v in old.items() if k not in NOT_LOCATION}
+        b = {k: v for k, v in new.items() if k not in NOT_LOCATION}
     return [f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
 
 

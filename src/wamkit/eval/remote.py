@@ -34,7 +34,8 @@ from typing import Any
 import numpy as np
 
 from wamkit.config import ConfigError
-from wamkit.constants import OBS_STATE, TASK, image_key
+from wamkit.constants import OBS_STATE, PROMPT, TASK, image_key
+from wamkit.eval.backends.base import BackendError, check_actions
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,7 @@ class RemotePolicy:
         patience: Patience | None = None,
     ):
         patience = patience or Patience()
+        self.url, self.dim = url, (suite.action_dim if suite is not None else None)
         self.client = patience.client(url)
         self.reply_timeout_s = patience.reply_timeout_s
         meta = getattr(self.client, "metadata", None) or {}
@@ -140,7 +142,7 @@ class RemotePolicy:
     def request(self, obs_list: list[dict[str, Any]]) -> dict[str, Any]:
         req: dict[str, Any] = {k: np.stack([o[k] for o in obs_list]) for k in self.image_keys}
         req[OBS_STATE] = np.stack([np.asarray(o[OBS_STATE], np.float32) for o in obs_list])
-        req["prompt"] = [str(o[TASK]) for o in obs_list]
+        req[PROMPT] = [str(o[TASK]) for o in obs_list]
         return req
 
     def __call__(self, obs_list: list[dict[str, Any]]) -> tuple[np.ndarray, float, int]:
@@ -149,9 +151,13 @@ class RemotePolicy:
         reply = self.client.infer(req, timeout_s=self.reply_timeout_s)
         rtt = time.perf_counter() - t0
         if "actions" not in reply:
-            raise RuntimeError(f"server reply lacks 'actions' (keys: {sorted(reply)})")
+            raise BackendError("wamkit", self.url, f"reply lacks 'actions' (keys: {sorted(reply)})")
         infer_s, call = reply_timing(reply, rtt, len(obs_list))
-        return np.asarray(reply["actions"], np.float32), infer_s, call
+        return (
+            check_actions("wamkit", self.url, reply["actions"], len(obs_list), self.dim, "actions"),
+            infer_s,
+            call,
+        )
 
     def close(self) -> None:
         self.client.close()

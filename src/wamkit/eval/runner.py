@@ -39,7 +39,7 @@ from wamkit.eval.episodes import plan_episodes, plan_record
 from wamkit.eval.executors import Executor, make_executor
 from wamkit.eval.journal import Journal, episode_key
 from wamkit.eval.memory import check_env_memory
-from wamkit.eval.remote import Patience, served_identity
+from wamkit.eval.remote import Patience
 from wamkit.eval.report import write_reports
 from wamkit.eval.scheduler import Pipeline, layout, server_idle
 from wamkit.eval.servers import ServerPool, same_model
@@ -135,8 +135,8 @@ def run_eval(
 ) -> dict[str, Any]:
     """Evaluate ``cfg.env`` against the server of ``cfg.eval``; return the summary (also on disk).
 
-    ``policy_factory(url, env_cfg, patience)`` makes one connection to one server (default
-    the backend of ``eval.backend``, :mod:`wamkit.eval.backends`);
+    ``policy_factory(url, env_cfg, patience)`` makes one connection to one server, with the interface of
+    :mod:`wamkit.eval.backends.base` (default the backend of ``eval.backend``);
     ``on_pipeline`` sees the pipeline once it runs (tests use it to kill workers). ``prebuild`` resets
     every env once on every task before the clock starts, so the measured wall time holds no simulator
     construction (the benchmark uses it; results do not change). ``host_factory`` replaces the env
@@ -238,9 +238,7 @@ def _probe(make_policy, url: str, env_cfg: EnvConfig, reply_s: float) -> dict[st
     a server that connects but answers nothing within ``reply_s`` (eval.server_timeout_s) fails here."""
     probe = make_policy(url, env_cfg, Patience(reply_timeout_s=reply_s))
     try:
-        if hasattr(probe, "identity"):  # a backend's own reading of what its server says
-            return probe.identity
-        return served_identity(getattr(probe, "metadata", None) or {})  # a test's policy_factory
+        return probe.identity  # the connection's own reading of what its server says
     finally:
         close = getattr(probe, "close", None)
         if close is not None:

@@ -25,21 +25,13 @@ import platform
 from pathlib import Path
 from typing import Any
 
+from wamkit.envs.base import installed_versions
 from wamkit.files import atomic_write_bytes, atomic_write_json, read_json
 
 log = logging.getLogger(__name__)
 
 FORMAT = "wamkit-compile-cache/1"
 ARTIFACTS, MANIFEST = "artifacts.bin", "manifest.json"
-
-
-def _version(module: str) -> str | None:
-    try:
-        from importlib.metadata import version
-
-        return version(module)
-    except Exception:  # noqa: BLE001 - not installed
-        return None
 
 
 def environment(device: Any) -> dict[str, Any]:
@@ -51,8 +43,7 @@ def environment(device: Any) -> dict[str, Any]:
     dev = torch.device(device)
     out: dict[str, Any] = {
         "torch": torch.__version__,
-        "triton": _version("triton"),
-        "diffusers": _version("diffusers"),
+        **installed_versions(("triton", "diffusers")),
         "wamkit": __version__,
         "python": platform.python_version(),
         "device": dev.type,

@@ -28,7 +28,7 @@ from wamkit.config import (
 )
 from wamkit.serve.loading import load_served, random_init
 from wamkit.serve.policy import ServedPolicy
-from wamkit.serve.server import run_server
+from wamkit.serve.server import run_server, warm_buckets
 
 log = logging.getLogger(__name__)
 
@@ -172,8 +172,7 @@ def main(args: argparse.Namespace) -> int:
     s = cfg.serve
     sizes = policy.warm_sizes(s.max_batch, "all" if args.warm_only and s.warm == "auto" else s.warm)
     if args.warm_only:  # fill the compile cache for a later start (a job script's step before eval)
-        out = policy.warm(sizes, s.compile_cache, lambda done, total, n, sec: log.info(
-            "warmed batch %d (%d/%d) in %.1f s", n, done, total, sec))  # fmt: skip
+        out = warm_buckets(policy, sizes, s.compile_cache) or {"cache": "off", "cache_dir": ""}
         log.info(
             "warm-only: %d buckets %s; compile cache %s %s", len(sizes), sizes, out["cache"], out["cache_dir"]
         )

@@ -46,14 +46,11 @@ import torch
 
 from wamkit.actions.spec import PreprocessSpec
 from wamkit.config import SERVE_PRECISIONS, SERVE_WARM, ConfigError
-from wamkit.constants import OBS_STATE, TASK, image_key
+from wamkit.constants import OBS_STATE, OPENPI_IMAGE_KEYS, OPENPI_STATE_KEY, PROMPT, TASK, image_key
 from wamkit.models.base import weights_sha256
 
 MODES = ("policy", "inverse_dynamics", "forward_dynamics")
 GOAL_IMAGE = "goal_image"  # inverse dynamics: f"{GOAL_IMAGE}.{cam}" per camera; bare: the first camera
-OPENPI_IMAGE_KEYS = ("observation/image", "observation/wrist_image")  # -> the model's cameras in order
-OPENPI_STATE_KEY = "observation/state"
-PROMPT = "prompt"
 CONTROL_KEYS = ("mode", "seed")
 FD_ACTIONS = "actions"
 # warm-up's instruction: a LIBERO-length task, so that its caption falls in the text bucket of most
@@ -134,6 +131,11 @@ class _ModelName:
 
     def predict(self, *args: Any, **kwargs: Any) -> Any:
         raise RuntimeError(f"{self.name}: a front-end view of a policy has no model to run")
+
+
+def bucket_sizes(max_batch: int) -> list[int]:
+    """One batch size per bucket up to ``max_batch``: the powers of two below it, then itself."""
+    return [1 << i for i in range(max(max_batch, 1).bit_length()) if 1 << i < max_batch] + [max_batch]
 
 
 class ServedPolicy:
@@ -401,8 +403,7 @@ class ServedPolicy:
         wanted = getattr(self.adapter, "warm_wanted", lambda: False)()
         if warm == "none" or (warm == "auto" and not wanted):
             return []
-        sizes = [1 << i for i in range(max(max_batch, 1).bit_length()) if 1 << i < max_batch]
-        return [*sizes, max_batch]
+        return bucket_sizes(max_batch)
 
     def warm(self, sizes: list[int], cache_dir: str = "", progress: Any = None) -> dict[str, Any]:
         """Run one policy request of each size in ``sizes`` (model space, through :meth:`run`), with the

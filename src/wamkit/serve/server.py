@@ -94,9 +94,10 @@ class PolicyServer:
             self._any_returning,
             executor=model_executor,
         )
-        self.metadata = policy.metadata(max_batch=max_batch, max_message_bytes=self.max_bytes)
-        if empty_metadata:  # as openpi's own servers and cosmos-framework's RoboLab server send
-            self.metadata = {}
+        # empty: as openpi's own servers and cosmos-framework's RoboLab server send
+        self.metadata = (
+            {} if empty_metadata else policy.metadata(max_batch=max_batch, max_message_bytes=self.max_bytes)
+        )
         self._packed_metadata = packb(self.metadata)
 
     def _any_idle(self) -> bool:
@@ -352,7 +353,7 @@ def run_server(
     pickle instead (3 MB for 32 LIBERO observations). On the H200 machine the two measured the same
     within the host's drift (docs/serve.md).
     """
-    warm_up = functools.partial(_warm, policy, list(warm), compile_cache)
+    warm_up = functools.partial(warm_buckets, policy, list(warm), compile_cache)
     if front_end == "thread":
         _run_threaded(policy, host, port, started, warm_up, **kwargs)
     elif front_end == "process":
@@ -361,11 +362,13 @@ def run_server(
         raise ValueError(f"serve.front_end: {front_end!r}; expected one of {SERVE_FRONT_ENDS}")
 
 
-def _warm(policy: ServedPolicy, sizes: list[int], cache_dir: str, server: PolicyServer | None = None) -> None:
+def warm_buckets(
+    policy: ServedPolicy, sizes: list[int], cache_dir: str, server: PolicyServer | None = None
+) -> dict[str, Any] | None:
     """Run each batch size of ``sizes`` once (``serve.warm``), saying so in the log and, with a
-    ``server``, in its ``/healthz``."""
+    ``server``, in its ``/healthz``; what :meth:`ServedPolicy.warm` returns (None for no sizes)."""
     if not sizes:
-        return
+        return None
     log.info("warming %d batch buckets %s before answering", len(sizes), sizes)
     t0 = time.perf_counter()
 
@@ -382,6 +385,7 @@ def _warm(policy: ServedPolicy, sizes: list[int], cache_dir: str, server: Policy
         if server is not None:
             server.warming = None
     log.info("warm in %.1f s (compile cache: %s)", time.perf_counter() - t0, out["cache"])
+    return out
 
 
 def _log_failure(future: Any) -> None:

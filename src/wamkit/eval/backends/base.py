@@ -14,6 +14,13 @@ with one the run stops; either way every episode already journaled stays.
 
 from __future__ import annotations
 
+import base64
+import http.client
+import io
+import json
+import threading
+import time
+import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,8 +79,6 @@ class HttpEndpoint:
     """
 
     def __init__(self, backend: str, url: str, patience: Any):
-        import urllib.parse
-
         parts = urllib.parse.urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise BackendError(backend, url, "eval.server_url: expected http://host:port[/prefix]")
@@ -82,16 +87,12 @@ class HttpEndpoint:
         self.host, self.port = parts.hostname, parts.port or (443 if self.https else 80)
         self.prefix = parts.path.rstrip("/")
         self.reached = False
-        import threading
-
         self._local = threading.local()
         self._lock, self._open = threading.Lock(), []  # every thread's connection, for close()
 
     def _connection(self, connect_s: float):
         """This thread's connection, opened now (within ``connect_s``) if it has none; then the socket
         waits ``patience.reply_timeout_s`` for each reply. ``(connection, reused)``."""
-        import http.client
-
         conn = getattr(self._local, "conn", None)
         if conn is not None:
             return conn, True
@@ -123,9 +124,6 @@ class HttpEndpoint:
     def request(self, method: str, path: str, body: bytes | None = None,
                 headers: dict[str, str] | None = None) -> tuple[int, str, bytes]:  # fmt: skip
         """``(status, content type, body)`` of one request; errors as the class docstring says."""
-        import http.client
-        import time
-
         where = f"{self.url}{path}"
         resent, backoff, stale_free = 0, 0.05, True
         deadline = time.monotonic() + self.patience.connect_timeout_s
@@ -171,18 +169,14 @@ class HttpEndpoint:
 
     def json(self, method: str, path: str, payload: Any = None, field: str = "reply") -> Any:
         """A JSON request and its JSON answer; an error status raises with the server's message."""
-        import json
-
         body = None if payload is None else json.dumps(payload).encode()
         headers = {"Content-Type": "application/json"} if body is not None else {}
-        status, ctype, data = self.request(method, path, body, headers)
+        status, _, data = self.request(method, path, body, headers)
         return self.answer(path, status, data, field)
 
     def answer(self, path: str, status: int, data: bytes, field: str = "reply", decode: Any = None) -> Any:
         """The decoded body of a 2xx reply (``decode``: bytes -> object, JSON by default), else a
         :class:`BackendError` naming the status and the server's own message."""
-        import json
-
         where = f"{path} {field}"
         if not 200 <= status < 300:
             raise BackendError(self.backend, self.url, f"{path}: HTTP {status}: {error_message(data)}")
@@ -196,14 +190,12 @@ class HttpEndpoint:
             conns, self._open = self._open, []
         for conn in conns:
             conn.close()
-        self._local = __import__("threading").local()
+        self._local = threading.local()
 
 
 def error_message(data: bytes) -> str:
     """The message of an error body: FastAPI's ``detail``, an ``error`` string or OpenAI's
     ``error.message``; else the body's first 300 characters."""
-    import json
-
     try:
         body = json.loads(data)
     except ValueError:
@@ -220,8 +212,6 @@ def error_message(data: bytes) -> str:
 
 def png_bytes(frame: np.ndarray) -> bytes:
     """A uint8 [H, W, 3] frame as PNG (lossless)."""
-    import io
-
     from PIL import Image
 
     buf = io.BytesIO()
@@ -230,6 +220,4 @@ def png_bytes(frame: np.ndarray) -> bytes:
 
 
 def png_base64(frame: np.ndarray) -> str:
-    import base64
-
     return base64.b64encode(png_bytes(frame)).decode("ascii")

@@ -25,22 +25,20 @@ from typing import Any
 
 import numpy as np
 
-from wamkit.constants import OBS_STATE, TASK, image_key
+from wamkit.constants import OBS_STATE, OPENPI_IMAGE_KEYS, OPENPI_STATE_KEY, PROMPT, TASK, image_key
 from wamkit.eval.backends.base import BackendError, check_actions
-from wamkit.eval.remote import reply_timing
+from wamkit.eval.remote import reply_timing, served_identity
 
 NAME = "openpi"
-IMAGE_KEYS = ("observation/image", "observation/wrist_image")
-STATE_KEY = "observation/state"
 REPLY_KEYS = ("actions", "action")
 MAX_CONNECTIONS = 8
 
 
 def request(obs: dict[str, Any], cameras: tuple[str, ...]) -> dict[str, Any]:
     """One observation in openpi's LIBERO keys."""
-    req = {key: np.asarray(obs[image_key(cam)]) for key, cam in zip(IMAGE_KEYS, cameras)}
-    req[STATE_KEY] = np.asarray(obs[OBS_STATE], np.float32)
-    req["prompt"] = str(obs[TASK])
+    req = {key: np.asarray(obs[image_key(cam)]) for key, cam in zip(OPENPI_IMAGE_KEYS, cameras)}
+    req[OPENPI_STATE_KEY] = np.asarray(obs[OBS_STATE], np.float32)
+    req[PROMPT] = str(obs[TASK])
     return req
 
 
@@ -112,11 +110,9 @@ class OpenPIPolicy:
 def _identity(metadata: dict[str, Any]) -> dict[str, Any] | None:
     """What an OpenPI server says it serves: wamkit's identity when it is wamkit's, else the metadata
     itself when it says anything (openpi sends {} by default: nothing can be told)."""
-    ident = metadata.get("identity")
-    if isinstance(ident, dict) and ident:
-        return dict(ident)
-    if not metadata:
-        return None
+    ident = served_identity(metadata)
+    if ident is not None or not metadata:
+        return ident
     # as plan.json can hold it: arrays or bytes a server may send are written as their repr
     return {"backend": NAME, "metadata": json.loads(json.dumps(metadata, default=repr))}
 

@@ -32,7 +32,7 @@ import numpy as np
 
 from wamkit.eval.backends.base import BackendError, HttpEndpoint
 from wamkit.eval.backends.cosmos3 import Cosmos3Client
-from wamkit.serve.codec import CodecError, packb, unpackb
+from wamkit.serve.codec import packb, unpackb
 
 NAME = "sglang"
 GENERATIONS = "/v1/actions/generations"
@@ -127,7 +127,7 @@ class SGLangPolicy:
         status, _, data = self.http.request(
             "POST", GENERATIONS, body, {"Content-Type": MSGPACK, "Accept": MSGPACK}
         )
-        reply = self.http.answer(GENERATIONS, status, data, decode=_unpack)
+        reply = self.http.answer(GENERATIONS, status, data, decode=unpackb)
         values = actions_of(reply, len(obs_list), NAME, self.url)
         return self.client.decode(values, len(obs_list), "data[].action.values", self.normalized)
 
@@ -140,15 +140,6 @@ class SGLangPolicy:
 
     def close(self) -> None:
         self.http.close()
-
-
-def _unpack(data: bytes) -> Any:
-    try:
-        return unpackb(data)
-    except CodecError:
-        raise
-    except Exception as err:  # noqa: BLE001
-        raise ValueError(f"not msgpack ({err})") from None
 
 
 def connect(target: Any, patience: Any) -> SGLangPolicy:

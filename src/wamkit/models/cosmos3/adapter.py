@@ -101,6 +101,7 @@ class Cosmos3Adapter(Cosmos3Inference):
         # idle_frame at inference: 0 as cosmos' LIBERO server; None leaves the field out (the prompt
         # diffusers' pipeline builds)
         self.inference_idle_frames: int | None = 0
+        self.fp8 = False  # use_fp8(): the generation tower's linear layers quantized (serving only)
         self._warned_idle = False
         for name, p in transformer.named_parameters():
             p.requires_grad_(param_role(name) != "frozen")
@@ -173,7 +174,7 @@ class Cosmos3Adapter(Cosmos3Inference):
             # in another order by every process)
             "transformer": {k: v for k, v in self.module.config.items() if not k.startswith("_")},
             "dtype": str(self.dtype),
-            "fp8": bool(getattr(self, "fp8", False)),
+            "fp8": self.fp8,
             "io": self.io.to_dict(),
             "step_graph": self.fast.mode(),
             "attention": self.fast.attention,

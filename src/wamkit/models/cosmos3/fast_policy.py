@@ -88,7 +88,8 @@ def weights_stamp(module: torch.nn.Module) -> tuple:
 
 class _StaticStep:
     """The step of one bucket on static buffers: a private copy of the context and the latent inputs.
-    ``mode``: "cuda_graph" (captured), "compile", or "none" (run eagerly: the CPU check of the rest)."""
+    ``mode``: "cuda_graph" (captured), "compile", "compile_layers" (a compiled layer inside a captured
+    step), or "none" (run eagerly: the CPU check of the rest). On the CPU nothing is captured."""
 
     def __init__(self, module, ctx: StepContext, lat_v_shape, lat_a_shape, mode: str, pool) -> None:
         self.module, self.mode = module, mode
@@ -97,10 +98,12 @@ class _StaticStep:
         self.lat_v = torch.zeros(lat_v_shape, device=dev)
         self.lat_a = torch.zeros(lat_a_shape, device=dev)
         self.t = torch.full((1,), 500.0, device=dev)
-        if mode == "compile":
-            # each bucket (batch, text length) is another shape of the one step function: one graph
+        self.layer_fn, self.graph, self.out = None, None, None
+        if mode in ("compile", "compile_layers"):
+            # each bucket (batch, text length) is another shape of the one compiled function: one graph
             # each, past dynamo's default limit of 8 per function (beyond which it would run eagerly)
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+        if mode == "compile":
             for t in (*self.ctx.tensors(), self.lat_v, self.lat_a, self.t):
                 torch._dynamo.mark_static_address(t)  # the same buffers every call: no input copies
             self.fn = torch.compile(
@@ -108,26 +111,22 @@ class _StaticStep:
             )
         elif mode == "compile_layers":
             # one decoder layer's generation half compiled (the layers share its code and shapes: one
-            # graph per bucket, 1/36 of the whole step's tracing), the step around it captured as a
-            # CUDA graph on the GPU (run eagerly around the compiled layers on the CPU)
-            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+            # graph per bucket, 1/36 of the whole step's tracing), the step around it captured
             self.layer_fn = compiled_layer()
-            if dev.type == "cuda":
-                self.graph, self.out = self._capture(pool, self.layer_fn)
-        elif mode == "cuda_graph":
+        if mode in ("cuda_graph", "compile_layers") and dev.type == "cuda":
             self.graph, self.out = self._capture(pool)
 
-    def _capture(self, pool, layer_fn=None):
+    def _capture(self, pool):
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):  # warm-up outside the graph (cuBLAS handles, kernel choice,
             for _ in range(2):  # and the compiled layer's compile)
-                gen_step(self.module, self.ctx, self.lat_v, self.lat_a, self.t, layer_fn)
+                gen_step(self.module, self.ctx, self.lat_v, self.lat_a, self.t, self.layer_fn)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         # thread_local: a server's other threads may use CUDA while this one captures
         with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
-            out = gen_step(self.module, self.ctx, self.lat_v, self.lat_a, self.t, layer_fn)
+            out = gen_step(self.module, self.ctx, self.lat_v, self.lat_a, self.t, self.layer_fn)
         return graph, out
 
     def load(self, ctx: StepContext) -> None:
@@ -142,13 +141,11 @@ class _StaticStep:
         if self.mode == "compile":
             torch.compiler.cudagraph_mark_step_begin()
             out = self.fn(self.ctx, self.lat_v, self.lat_a, self.t)
-        elif self.mode == "cuda_graph" or (self.mode == "compile_layers" and hasattr(self, "graph")):
+        elif self.graph is not None:
             self.graph.replay()
             out = self.out
-        elif self.mode == "compile_layers":
-            out = gen_step(self.module, self.ctx, self.lat_v, self.lat_a, self.t, self.layer_fn)
         else:
-            out = gen_step(self.module, self.ctx, self.lat_v, self.lat_a, self.t)
+            out = gen_step(self.module, self.ctx, self.lat_v, self.lat_a, self.t, self.layer_fn)
         return out[0][:n].clone(), out[1][:n].clone()
 
 
