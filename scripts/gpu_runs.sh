@@ -45,8 +45,9 @@
 #   bash scripts/gpu_runs.sh serve32-accuracy  # core: FP8 against bf16 and bf16 against fp32, 64 requests
 #   bash scripts/gpu_runs.sh serve32-start # core: a Nano server's start to its first answer at buckets 1-2
 #                                          (START_BATCH), cold, then from the compile cache
-#   bash scripts/gpu_runs.sh serve32-layers  # core: step_graph=compile_layers against compile, and its
-#                                          server start cold and warm at every bucket to 32 (two calls' worth)
+#   bash scripts/gpu_runs.sh serve32-layers  # core: step_graph=compile_layers checked on tiny, and its
+#                                          Nano server started cold and warm at every bucket to 32
+#   bash scripts/gpu_runs.sh serve32-layers-speed  # core: compile_layers against compile at 1, 8, 32
 #
 # LIBERO-10 (docs/benchmarks.md, "LIBERO on the GPU machine"): three carries to one warm machine, then
 # the runs (each group one call; LIBERO_CONFIG_PATH and PYTHONPATH as in the libero section below):
@@ -243,13 +244,18 @@ case "$group" in
     run cosmos3_accuracy 580 $W bench cosmos3 --preset nano --steps 30 --accuracy 64 --json "$OUT/cosmos3_accuracy.json"
     ;;
   serve32-layers)
-    # the next measurement: one compiled decoder layer inside a captured step against the compiled
-    # step (speed at 1, 8, 32), then a server on it started cold and warm at every bucket to 32
-    run cosmos3_layers 400 $W bench cosmos3 --preset nano --steps 30 --batches 1,8,32 \
-      --paths fast+compile,fast+compile_layers --json "$OUT/cosmos3_layers.json"
-    run serve_start_layers 590 $W bench serve-start --model cosmos3 --preset nano --max-batch 32 \
+    # step_graph=compile_layers (one compiled decoder layer inside a captured step): a check on the tiny
+    # preset, then a Nano server on it started cold and warm at every bucket to 32 (one call)
+    run layers_smoke 150 $W bench cosmos3 --preset tiny --steps 4 --batches 1,4 \
+      --paths fast+compile,fast+compile_layers --json "$OUT/layers_smoke.json"
+    run serve_start_layers 430 $W bench serve-start --model cosmos3 --preset nano --max-batch 32 \
       --option step_graph=compile_layers --keep /tmp/serve_start_layers --json "$OUT/serve_start_layers.json"
     cp /tmp/serve_start_layers/*.log "$OUT/" 2>/dev/null
+    ;;
+  serve32-layers-speed)
+    # its speed against the compiled step at batch 1, 8 and 32
+    run cosmos3_layers 580 $W bench cosmos3 --preset nano --steps 30 --batches 1,8,32 --repeats 2 \
+      --paths fast+compile,fast+compile_layers --json "$OUT/cosmos3_layers.json"
     ;;
   serve32-start)
     run serve_start 580 $W bench serve-start --model cosmos3 --preset nano --max-batch ${START_BATCH:-2} \

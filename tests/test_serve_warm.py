@@ -164,3 +164,43 @@ def test_the_same_model_has_the_same_key_in_every_process():
         for _ in range(2)
     }
     assert len(keys) == 1 and len(next(iter(keys))) == 64
+
+
+def test_serve_start_bench_times_two_starts_and_says_where_the_time_went(tmp_path):
+    """``wamkit bench serve-start`` on the CPU: two real server processes, each asked once per bucket;
+    the build, hash and warm-up times come from the servers' own logs."""
+    out = subprocess.run(
+        [sys.executable, "-m", "wamkit", "bench", "serve-start", "--model", "delay", "--preset", "small",
+         "--device", "cpu", "--max-batch", "2", "--keep", str(tmp_path), "--json", str(tmp_path / "s.json")],
+        capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = json.loads((tmp_path / "s.json").read_text())["rows"]
+    assert [r["run"] for r in rows] == ["cold", "warm"]
+    for r in rows:
+        assert sorted(r["first_answer_s"]) == ["1", "2"] and r["compile_cache"] == "off"
+        assert r["ready_s"] <= r["answered_s"]
+        assert all(r[k] is not None and 0 <= r[k] <= r["ready_s"] for k in ("build_s", "hash_s", "warm_s"))
+    assert (tmp_path / "serve_cold.log").exists() and (tmp_path / "serve_warm.log").exists()
+
+
+def test_the_served_digest_hashes_every_tensor_whatever_the_threads():
+    """The identity's digest: per-tensor sha256s (computed here independently) in name order; the same
+    for one thread or several, and another for one changed element or one renamed tensor."""
+    import hashlib
+
+    from wamkit.models.base import weights_digest
+
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.LayerNorm(16), torch.nn.Linear(16, 4)).to(
+        torch.bfloat16
+    )
+    want = hashlib.sha256()
+    for name, t in sorted(m.state_dict().items()):
+        d = hashlib.sha256(t.contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
+        want.update(f"{name}|{t.dtype}|{list(t.shape)}|{d}\n".encode())
+    assert weights_digest(m, threads=1) == weights_digest(m, threads=4) == want.hexdigest()
+    with torch.no_grad():
+        m[2].weight[3, 1] += 1
+    assert weights_digest(m) != want.hexdigest()
+    assert weights_digest(None) == ""

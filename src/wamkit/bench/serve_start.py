@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -113,8 +114,14 @@ def start_once(args, root: Path, run: str, sizes: list[int]) -> dict[str, Any]:
         "is corrupt": "corrupt",
     }
     cache = next((v for k, v in said.items() if k in text), "off")
+    # where the start's time went, as the server logged it (wamkit.serve.cli_serve, wamkit.serve.server)
+    parts = {}
+    for key, pattern in (("build_s", r"built in ([0-9.]+) s"), ("hash_s", r"weights hashed in ([0-9.]+) s"),
+                         ("warm_s", r"warm in ([0-9.]+) s")):  # fmt: skip
+        m = re.search(pattern, text)
+        parts[key] = float(m.group(1)) if m else None
     return {"run": run, "ready_s": ready, "answered_s": answered, "first_answer_s": first,
-            "warming_seen": warming_seen, "compile_cache": cache}  # fmt: skip
+            "warming_seen": warming_seen, "compile_cache": cache, **parts}  # fmt: skip
 
 
 def main(args: argparse.Namespace) -> int:
@@ -125,7 +132,8 @@ def main(args: argparse.Namespace) -> int:
     root.mkdir(parents=True, exist_ok=True)
     print(f"{args.model}/{args.preset}: buckets {sizes}; logs and compile cache in {root}", flush=True)
     print(
-        f"{'start':<6} {'ready s':>8} {'all answered s':>15} {'compile cache':>14}  first answer per bucket (s)"
+        f"{'start':<6} {'ready s':>8} {'all answered s':>15} {'built s':>8} {'hashed s':>9} {'warmed s':>9} "
+        f"{'compile cache':>14}  first answer per bucket (s)"
     )
     rows = []
     try:
@@ -137,8 +145,12 @@ def main(args: argparse.Namespace) -> int:
             r = start_once(args, root, run, sizes)
             rows.append(r)
             per = "  ".join(f"{n}: {s:.2f}" for n, s in r["first_answer_s"].items())
+            took = "".join(
+                f" {'-' if r[k] is None else format(r[k], '.1f'):>{w}}"
+                for k, w in (("build_s", 8), ("hash_s", 9), ("warm_s", 9))
+            )
             print(
-                f"{run:<6} {r['ready_s']:>8.1f} {r['answered_s']:>15.1f} {r['compile_cache']:>14}  {per}",
+                f"{run:<6} {r['ready_s']:>8.1f} {r['answered_s']:>15.1f}{took} {r['compile_cache']:>14}  {per}",
                 flush=True,
             )
         print(

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import time
 
 from wamkit.config import (
     SERVE_FRONT_ENDS,
@@ -159,11 +160,16 @@ def build_policy(args: argparse.Namespace, cfg: RunConfig) -> ServedPolicy:
 
 def main(args: argparse.Namespace) -> int:
     cfg = resolve_config(args)
+    t0 = time.perf_counter()
     policy = build_policy(args, cfg)
+    t1 = time.perf_counter()
     ident = policy.identity()
     log.info(
-        "serving %s: weights sha256 %s, stats sha256 %s, actions %s, autocast %s",
+        "serving %s (built in %.1f s, weights hashed in %.1f s): weights sha256 %s, stats sha256 %s, "
+        "actions %s, autocast %s",
         ident["model"],
+        t1 - t0,
+        time.perf_counter() - t1,
         ident["weights_sha256"][:16],
         ident["stats_sha256"][:16],
         ident["action_transform"],

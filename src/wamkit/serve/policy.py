@@ -47,7 +47,7 @@ import torch
 from wamkit.actions.spec import PreprocessSpec
 from wamkit.config import SERVE_PRECISIONS, SERVE_WARM, ConfigError
 from wamkit.constants import OBS_STATE, OPENPI_IMAGE_KEYS, OPENPI_STATE_KEY, PROMPT, TASK, image_key
-from wamkit.models.base import weights_sha256
+from wamkit.models.base import weights_digest
 
 MODES = ("policy", "inverse_dynamics", "forward_dynamics")
 GOAL_IMAGE = "goal_image"  # inverse dynamics: f"{GOAL_IMAGE}.{cam}" per camera; bare: the first camera
@@ -170,7 +170,7 @@ class ServedPolicy:
             spec = self.spec
             self._identity = {
                 "model": self.adapter.name,
-                "weights_sha256": weights_sha256(getattr(self.adapter, "module", None)),
+                "weights_sha256": weights_digest(getattr(self.adapter, "module", None)),
                 "stats_sha256": spec.stats_hash(),
                 "action_transform": {
                     "representation": spec.representation,
