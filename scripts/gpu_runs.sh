@@ -48,6 +48,8 @@
 #   bash scripts/gpu_runs.sh serve32-layers  # core: step_graph=compile_layers checked on tiny, and its
 #                                          Nano server started cold and warm at every bucket to 32
 #   bash scripts/gpu_runs.sh serve32-layers-speed  # core: compile_layers against compile at 1, 8, 32
+#   bash scripts/gpu_runs.sh serve32-default  # core: the default step's server start (cold, warm) to 32,
+#                                          then Nano served against in-process at batch 8 and 32
 #
 # LIBERO-10 (docs/benchmarks.md, "LIBERO on the GPU machine"): three carries to one warm machine, then
 # the runs (each group one call; LIBERO_CONFIG_PATH and PYTHONPATH as in the libero section below):
@@ -256,6 +258,15 @@ case "$group" in
     # its speed against the compiled step at batch 1, 8 and 32
     run cosmos3_layers 580 $W bench cosmos3 --preset nano --steps 30 --batches 1,8,32 --repeats 2 \
       --paths fast+compile,fast+compile_layers --json "$OUT/cosmos3_layers.json"
+    ;;
+  serve32-default)
+    # the default path (step_graph=auto: compile_layers on CUDA): a Nano server started cold and warm at
+    # every bucket to 32, then served against in-process at batch 8 and 32 (dynamic batching included)
+    run serve_start_default 250 $W bench serve-start --model cosmos3 --preset nano --max-batch 32 \
+      --keep /tmp/serve_start_default --json "$OUT/serve_start_default.json"
+    cp /tmp/serve_start_default/*.log "$OUT/" 2>/dev/null
+    run serve_cosmos3 330 $W bench serve --model cosmos3 --preset nano --device cuda \
+      --batch 8,32 --concurrency 8,32 --max-batch 32 --seconds 20 --json "$OUT/serve_cosmos3.json"
     ;;
   serve32-start)
     run serve_start 580 $W bench serve-start --model cosmos3 --preset nano --max-batch ${START_BATCH:-2} \

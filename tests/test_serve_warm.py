@@ -204,3 +204,20 @@ def test_the_served_digest_hashes_every_tensor_whatever_the_threads():
         m[2].weight[3, 1] += 1
     assert weights_digest(m) != want.hexdigest()
     assert weights_digest(None) == ""
+
+
+def test_cosmos3_warms_in_two_denoising_steps_and_serves_with_its_own():
+    """Every denoising step runs the same compiled velocity, so a warm-up request needs two; requests
+    after it denoise in num_inference_steps again."""
+    policy = random_init("cosmos3", "tiny", {}, "cpu")
+    steps = policy.adapter.options["num_inference_steps"]
+    seen, run = [], policy.run
+
+    def counting(batch):
+        seen.append(policy.adapter.options["num_inference_steps"])
+        return run(batch)
+
+    policy.run = counting
+    policy.warm([1, 2])
+    policy.infer(policy.warm_request(1))
+    assert steps > 2 and seen == [2, 2, steps]
