@@ -243,7 +243,7 @@ def compiled_on_cpu(adapter, mode: str):
 
 
 def test_the_compiled_step_gives_the_eager_fast_paths_actions(adapter):
-    """step_graph="compile" (the serving default on CUDA), compiled by inductor on the CPU here: the
+    """step_graph="compile" (the whole step compiled), compiled by inductor on the CPU here: the
     batch padded to its bucket, the text masked in flex attention, the step one compiled graph. Its
     actions and latents are the eager fast path's within fp32 rounding (inductor reorders the sums)."""
     batch = make_batch(TASKS, seed=11)
@@ -259,7 +259,7 @@ def test_the_compiled_step_gives_the_eager_fast_paths_actions(adapter):
 
 
 def test_compiled_layers_give_the_eager_actions_with_one_graph_for_every_layer(adapter):
-    """step_graph="compile_layers": the generation half of one decoder layer compiled (on the CPU here;
+    """step_graph="compile_layers" (auto's mode on CUDA): the generation half of one decoder layer compiled (on the CPU here;
     on a GPU the step around it is captured as a CUDA graph). The layers share the compiled code, so a
     bucket traces one layer, not the whole step: one graph however many layers the model has."""
     from wamkit.models.cosmos3 import fast_policy

@@ -16,7 +16,7 @@
   kernels that take a mask lack grouped-query attention, so the captured SDPA step expands the text
   keys/values to every head and copies them at every step). ``"compile_layers"``: one decoder layer's
   generation half compiled (one graph serves every layer of a bucket) and the step around it captured
-  as a CUDA graph. ``"auto"`` is ``"compile"``. What compiling produced is kept between starts by the
+  as a CUDA graph. ``"auto"`` is ``"compile_layers"``. What compiling produced is kept between starts by the
   server (:mod:`wamkit.models.compile_cache`).
 """
 

@@ -108,11 +108,12 @@ OPTIONS: dict[str, Any] = {
     # prompts whose per-layer text keys/values the fast path keeps (LRU; Nano bf16: ~19 MB per prompt)
     "text_cache_size": 128,
     # the fast path's denoising step on CUDA: "none" (eager), "cuda_graph" (captured once per batch
-    # bucket), "compile" (torch.compile, mode reduce-overhead: the fastest; minutes of compiling per
-    # bucket on a first start, from the compile cache after: wamkit.models.compile_cache), "auto"
-    # (compile), "compile_layers" (one decoder layer compiled, the step captured as a CUDA graph: 1/36 of
-    # the tracing per bucket; not yet measured on a GPU); ignored on CPU. Nano on an H200, batch 1:
-    # 0.90 s eager, 0.44 s cuda_graph, 0.28 s compile per prediction (docs/benchmarks.md)
+    # bucket), "compile" (the whole step torch.compile'd, mode reduce-overhead: a minute of compiling per
+    # bucket on a first start), "compile_layers" (one decoder layer compiled, shared by all layers, the
+    # step captured around it as a CUDA graph: as fast as compile, compiled in seconds per bucket),
+    # "auto" (compile_layers); compiles are kept between starts (wamkit.models.compile_cache); ignored
+    # on CPU. Nano on an H200, batch 1: 0.90 s eager, 0.44 s cuda_graph, 0.29 s compile_layers per
+    # prediction; batch 32: 5.0 obs/s compiled (docs/benchmarks.md)
     "step_graph": "auto",
     # training: a folder written by `wamkit cache-latents` for this run's data and settings; sft_loss
     # then reads each clip's VAE latents from it instead of encoding them ("": encode on every step).
