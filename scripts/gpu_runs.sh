@@ -57,7 +57,7 @@
 #   carry .whl/sim .whl/serve .gl:                         source scripts/gpu_env.sh
 #   carry .libero_bundle/part-001 .libero_bundle/fingerprints.json:  bash scripts/gpu_runs.sh libero-install
 #   then: libero-render, libero-schedules, libero-500a, libero-500b (the 500 episodes in two calls),
-#   libero-cosmos3
+#   libero-cosmos3 (libero-cosmos3-16: 16 envs on the default step, one run per schedule)
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu_runs}
 mkdir -p "$OUT"
@@ -422,6 +422,15 @@ for k in ('time/step', 'time/save_s', 'time/save_write_s', 'time/save_wait_s'):
       --max-steps 160 --image-size 256 --render-quality "$QUALITY" --render-gpu "$RENDER_GPU" \
       --num-envs 8 --workers 8 --replan-interval 16 --model cosmos3 --preset nano --device cuda:0 \
       --fit-shapes --stages auto --out "$OUT/libero_cosmos3" --json "$OUT/libero_cosmos3.json"
+    ;;
+  libero-cosmos3-16)
+    # issue 32's end-to-end row: the Cosmos3-Nano-shaped server on its default step (compile_layers),
+    # 16 envs on tasks 4-7 x 4 trials (serial on trial 0 of each), 160 steps (every step costs the same
+    # with random weights), serial, lock-step and pipelined (auto P), one run each to fit one call
+    run libero_cosmos3_16 480 $W bench eval --suite libero_10 --tasks 4,5,6,7 --trials 4 --serial-trials 1 \
+      --max-steps 160 --image-size 256 --render-quality "$QUALITY" --render-gpu "$RENDER_GPU" \
+      --num-envs 16 --workers 16 --replan-interval 16 --model cosmos3 --preset nano --device cuda:0 \
+      --fit-shapes --stages auto --repeats 1 --out "$OUT/libero_cosmos3_16" --json "$OUT/libero_cosmos3_16.json"
     ;;
   *)
     echo "unknown group '$group' (inference | cosmos3-all | serve-sft | serve-tiny | gpu-tests | serve | eval-tiny1b | eval | eval-2gpu | eval-2servers | train-tiny-2gpu | sft-compile-l8 | sft-compile | sft-save | sft-full | sft-disk | cosmos3-eval | train-cosmos3 | libero-stash |" \
