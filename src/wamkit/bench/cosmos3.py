@@ -47,8 +47,11 @@ TASKS = [
     "pick up the book and place it in the back compartment of the caddy",
 ]
 PATHS = ("stock", "fast", "fast+cuda_graph", "fast+compile", "fast+compile_sdpa", "fast+compile_layers",
-         "fast+compile+fp8")  # fmt: skip
+         "fast+compile+fp8", "fast+compile+fp8_torchao")  # fmt: skip
 FP8 = "fast+compile+fp8"  # the generation tower's linears in FP8 (serve.precision=fp8): run after the others
+# the same layers through torchao's float8 recipe (the model rebuilt for it when FP8 ran before)
+FP8_TORCHAO = "fast+compile+fp8_torchao"
+FP8_BACKENDS = {FP8: "scaled_mm", FP8_TORCHAO: "torchao"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -129,10 +132,12 @@ def make_batch(io, b: int, seed: int = 0) -> dict[str, Any]:
 
 def _use_path(ad, path: str, stock_attention: str) -> None:
     """Point the adapter at one path (the same weights and caches; FP8 quantizes them, for good)."""
-    if path == FP8 and not ad.fp8:
-        ad.use_fp8()
+    if path in FP8_BACKENDS and not ad.fp8:
+        ad.use_fp8(FP8_BACKENDS[path])
     ad.options["fast_inference"] = path != "stock"
     graph = path.split("+")[1] if "+" in path else "none"
+    if path in FP8_BACKENDS:  # as served: the default step (one compiled layer, the step captured)
+        graph = "compile_layers"
     # fast+compile masks the text padding in a flex-attention kernel; fast+compile_sdpa keeps the
     # captured SDPA step (text keys/values expanded to every head), for comparison
     ad.fast.step_graph, ad.fast.attention = (
@@ -219,6 +224,13 @@ def _paths(args, device: torch.device) -> list[str]:
     unknown = [p for p in paths if p not in PATHS]
     if unknown:
         raise SystemExit(f"wamkit bench cosmos3: unknown path {unknown[0]!r}; expected {', '.join(PATHS)}")
+    fp8 = [p for p in paths if p in FP8_BACKENDS]
+    if fp8:
+        from wamkit.models.fp8 import unsupported
+
+        why = unsupported(device)
+        if why:
+            raise SystemExit(f"wamkit bench cosmos3: --paths {fp8[0]}: {why}")
     return paths
 
 
@@ -333,7 +345,16 @@ def main(args: argparse.Namespace) -> int:
     per_request = request_flops(ad)
     # the FP8 rows last, every batch, and each group profiled before the next: quantizing the weights
     # cannot be undone
-    for group in ([p for p in paths if p != FP8], [p for p in paths if p == FP8]):
+    for group in ([p for p in paths if p not in FP8_BACKENDS], [p for p in paths if p == FP8],
+                  [p for p in paths if p == FP8_TORCHAO]):  # fmt: skip
+        if not group:
+            continue
+        if group[0] == FP8_TORCHAO and ad.fp8:  # the same weights again, quantized the other way
+            del ad
+            gc.collect()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            ad = build(args, device)
         for b in batches:
             batch = make_batch(ad.io, b)
             for path in group:

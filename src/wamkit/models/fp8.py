@@ -7,10 +7,11 @@ scale vectors applied to the float32 accumulator, output bf16. Eagerly the activ
 are kernels of their own; inside a compiled step (Cosmos3's ``step_graph="compile"``) inductor fuses
 them into one reduction kernel beside the neighbouring norm, which is where FP8 pays.
 
-Why not torchao's float8 inference recipe: it does the same (``Float8DynamicActivationFloat8Weight``
-with ``PerRow`` granularity) through tensor subclasses, and each torchao release supports a narrow
-range of torch versions; ``torch._scaled_mm`` ships with torch itself, so users' own CUDA builds need
-nothing more.
+torchao's float8 inference recipe does the same (``Float8DynamicActivationFloat8WeightConfig`` with
+``PerRow`` granularity) through tensor subclasses; :func:`quantize_linears_torchao` applies it to the
+same layers, for ``wamkit bench cosmos3 --paths fast+compile+fp8_torchao`` to weigh the two. Serving
+uses ``torch._scaled_mm`` because it ships with torch itself, where each torchao release supports a
+narrow range of torch versions (0.18: torch 2.11 and newer).
 
 Needs a GPU with FP8 tensor cores (compute capability 8.9: Ada, Hopper, Blackwell);
 :func:`unsupported` says why not, for the error a user gets elsewhere.
@@ -86,3 +87,21 @@ def quantize_linears(root: nn.Module, keep=lambda name, m: True) -> int:
         parent = root.get_submodule(parent_name) if parent_name else root
         setattr(parent, child, Fp8Linear(m))
     return len(swaps)
+
+
+def quantize_linears_torchao(root: nn.Module, keep=lambda name, m: True) -> int:
+    """The same layers as :func:`quantize_linears` (``keep``, multiples of 16) through torchao's float8
+    inference recipe (dynamic per-row activations, per-row weights); returns how many. Raises
+    ``RuntimeError`` when torchao is not installed."""
+    try:
+        from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow, quantize_
+    except ImportError as err:
+        raise RuntimeError(f"FP8 through torchao needs the torchao package ({err})") from err
+    names = {
+        name
+        for name, m in root.named_modules()
+        if isinstance(m, nn.Linear) and m.in_features % 16 == 0 and m.out_features % 16 == 0 and keep(name, m)
+    }
+    config = Float8DynamicActivationFloat8WeightConfig(granularity=PerRow())
+    quantize_(root, config, filter_fn=lambda m, fqn: fqn in names)
+    return len(names)

@@ -162,17 +162,20 @@ class Cosmos3Adapter(Cosmos3Inference):
         finally:
             self.options["num_inference_steps"] = steps
 
-    def use_fp8(self) -> int:
+    def use_fp8(self, backend: str = "scaled_mm") -> int:
         """Serve with the generation tower's linear layers in FP8 (``serve.precision=fp8``,
         :mod:`wamkit.models.fp8`): per layer its q/k/v/out projections and MLP. The understanding
         tower runs once per prompt (its keys/values are cached), so FP8 would save little there and
         cost accuracy in every cached prompt; the heads and the patch projections stay too (small, at
-        the edges). Returns how many layers were quantized."""
-        from wamkit.models.fp8 import quantize_linears
+        the edges). ``backend``: ``scaled_mm`` (wamkit's ``Fp8Linear``, the serving one) or
+        ``torchao`` (its float8 recipe on the same layers, for the benchmark). Returns how many layers
+        were quantized."""
+        from wamkit.models.fp8 import quantize_linears, quantize_linears_torchao
 
         gen_parts = ("self_attn.add_q_proj", "self_attn.add_k_proj", "self_attn.add_v_proj", "self_attn.to_add_out",
                      "mlp_moe_gen.")  # fmt: skip
-        n = quantize_linears(self.module.layers, lambda name, m: name.split(".", 1)[1].startswith(gen_parts))
+        quantize = {"scaled_mm": quantize_linears, "torchao": quantize_linears_torchao}[backend]
+        n = quantize(self.module.layers, lambda name, m: name.split(".", 1)[1].startswith(gen_parts))
         self.fp8 = True
         self.fast.clear()  # captured steps hold the old weights
         return n
