@@ -67,3 +67,36 @@ def spec_of(stats, io, **data):
     from wamkit.train.data_setup import build_spec
 
     return build_spec(RunConfig(data=DataConfig(chunk=io.chunk, **data)), io, stats)
+
+
+@pytest.fixture(scope="session")
+def installed_wheel(tmp_path_factory) -> Path:
+    """wamkit as a user gets it: the wheel built from this checkout, installed into a fresh venv whose
+    only other packages are this interpreter's dependencies (a .pth line; this checkout's editable
+    install is not seen). Returns that venv's python, to run from outside the checkout."""
+    import subprocess
+    import sys
+    import sysconfig
+    import venv
+
+    root = tmp_path_factory.mktemp("wheel")
+    build = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(root), str(REPO)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert build.returncode == 0, build.stderr[-3000:]
+    (wheel,) = root.glob("wamkit-*.whl")
+    env_dir = root / "venv"
+    venv.EnvBuilder(with_pip=False).create(env_dir)
+    python = env_dir / "bin" / "python"
+    purelib = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    Path(purelib, "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    install = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "-q", "--target", purelib, str(wheel)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert install.returncode == 0, install.stderr[-3000:]
+    return python

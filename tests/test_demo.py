@@ -9,8 +9,6 @@ import sys
 
 import pytest
 
-from .conftest import REPO
-
 SMALL = [
     "env.tasks=reach-v3",
     "env.max_steps=100",
@@ -30,26 +28,18 @@ SMALL = [
 ]
 
 
-def _demo(out, *extra):
+def _demo(out, *extra, python=sys.executable):
+    """The demo with its default (packaged) preset, run from ``out``: with ``python`` the installed
+    wheel's (the first run below), outside the source checkout."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [
-        sys.executable,
-        "-m",
-        "wamkit",
-        "demo",
-        str(REPO / "configs" / "demo.yaml"),
-        *SMALL,
-        *extra,
-        "--out",
-        str(out),
-    ]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
+    cmd = [str(python), "-m", "wamkit", "demo", *SMALL, *extra, "--out", str(out)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env, cwd=out)
 
 
 @pytest.fixture(scope="module")
-def first_run(tmp_path_factory):
+def first_run(tmp_path_factory, installed_wheel):
     out = tmp_path_factory.mktemp("demo")
-    return out, _demo(out)
+    return out, _demo(out, python=installed_wheel)
 
 
 def test_demo_runs_every_stage_and_skips_finished_ones(first_run):

@@ -415,13 +415,37 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key.strip(), value
 
 
+# the presets shipped in the package (configs/ in a source checkout links here)
+PRESETS_DIR = Path(__file__).resolve().parent / "configs"
+
+
+def packaged_presets() -> list[str]:
+    return sorted(p.stem for p in PRESETS_DIR.glob("*.yaml"))
+
+
+def preset_path(path: str | Path) -> Path:
+    """A YAML preset: the file at ``path`` when there is one; else, for ``NAME``, ``NAME.yaml`` or
+    ``configs/NAME.yaml``, the preset of that name shipped in the package (so ``wamkit train
+    libero_10_cosmos3`` and the docs' ``configs/demo.yaml`` work outside a source checkout)."""
+    p = Path(path)
+    if p.is_file():
+        return p
+    if p.parent in (Path("."), Path("configs")):
+        packaged = PRESETS_DIR / f"{p.name.removesuffix('.yaml')}.yaml"
+        if packaged.is_file():
+            return packaged
+    raise ConfigError(
+        f"config file {p} does not exist, and '{p.stem}' is not a packaged preset "
+        f"(have: {', '.join(packaged_presets())})"
+    )
+
+
 def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] = (), cls: type = RunConfig):
-    """Read a YAML preset (optional), apply dotted overrides, validate, and return ``cls``."""
+    """Read a YAML preset (optional: a file, or a packaged preset's name), apply dotted overrides,
+    validate, and return ``cls``."""
     data: dict[str, Any] = {}
     if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"config file {path} does not exist")
+        path = preset_path(path)
         try:
             loaded = yaml.safe_load(path.read_text())
         except yaml.YAMLError as err:

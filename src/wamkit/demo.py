@@ -22,11 +22,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from wamkit.config import RunConfig, load_config, save_config
+from wamkit.config import PRESETS_DIR, RunConfig, load_config, save_config
 from wamkit.files import atomic_write_json
 
 log = logging.getLogger("wamkit.demo")
-DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "demo.yaml"
+DEFAULT_CONFIG = PRESETS_DIR / "demo.yaml"  # packaged (wamkit.config.preset_path)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -182,6 +182,9 @@ def _print_next_steps(cfg: RunConfig) -> None:
 
 def main(args: argparse.Namespace) -> int:
     out = Path(args.out)
-    cfg = demo_config(args.config, list(args.overrides), out)
+    config, overrides = args.config, list(args.overrides)
+    if config is not None and "=" in config:  # no preset, only overrides: the default preset
+        config, overrides = None, [config, *overrides]
+    cfg = demo_config(config, overrides, out)
     run_demo(cfg, out, fresh=args.fresh)
     return 0

@@ -8,7 +8,9 @@ from wamkit.config import ConfigError, load_config
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("config", nargs="?", help="YAML preset (configs/...); omit to use the defaults")
+    parser.add_argument(
+        "config", nargs="?", help="YAML preset: a file or a packaged preset's name; omit to use the defaults"
+    )
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. eval.trials=50 eval.num_envs=16")
     parser.add_argument(
         "--resume", action="store_true", help="run only the episodes missing from the journal"

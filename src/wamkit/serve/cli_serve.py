@@ -61,7 +61,7 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--option", action="append", default=[], metavar="KEY=VALUE", help="a model option (repeatable)"
     )
-    parser.add_argument("--config", help="YAML preset (configs/*.yaml)")
+    parser.add_argument("--config", help="YAML preset: a file or a packaged preset's name")
     parser.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="dotted config override"
     )

@@ -15,7 +15,11 @@ from wamkit.config import load_config
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("config", nargs="?", help="YAML preset (e.g. configs/demo.yaml); optional")
+    parser.add_argument(
+        "config",
+        nargs="?",
+        help="YAML preset: a file or a packaged preset's name (e.g. demo, libero_10_cosmos3); optional",
+    )
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.max_steps=10")
     parser.add_argument(
         "--resume",

@@ -1,0 +1,5 @@
+import sys
+
+from wamkit.cli import main
+
+sys.exit(main())

@@ -1,0 +1,448 @@
+"""``wamkit bench train``: training samples/s and MFU, the full trainer step against a bare
+forward+backward of the same model, measured side by side in one run.
+
+- *bare*: an unsharded copy of the model, ``sft_loss`` + ``backward`` only (autocast bf16 on GPU when
+  ``--precision bf16``): what the model alone costs.
+- *trainer*: the trainer's step: FSDP2 (``fully_shard`` per block + root, bf16 params / fp32 reduce),
+  gradient clipping, AdamW with the model's param groups.
+
+MFU = flops_per_sample x samples/s / peak; the peak is the H200's dense bf16 989 TFLOP/s (or
+``--peak-tflops``); on a CPU there is no agreed peak, so MFU is printed only with ``--peak-tflops``.
+Batches are synthetic (random images/states/actions of the model's ModelIO): the data pipeline has
+its own benchmark (``wamkit bench data``).
+
+``--processes 1,2`` measures scaling instead: the trainer step alone, once per process count, each
+under its own ``torchrun --standalone --nproc_per_node=N`` (fresh processes: no memory or compiled
+state carries from one count to the next; NCCL on GPUs, gloo on a CPU). samples/s counts every
+process's micro-batch; the scaling ratio is N-process samples/s / 1-process samples/s at the same
+micro-batch per process. ``--micro-batch 32,64`` runs each count at each micro-batch, and the N-process
+rows are also compared with the best 1-process row (a bigger micro-batch on one device is the
+alternative a second device must beat): every count runs at the first micro-batch, the others on one
+process only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from wamkit.bench.procs import kill_tree
+from wamkit.bench.timing import profile_table, timed
+from wamkit.models.base import compile_blocks
+from wamkit.models.synthetic import synthetic_batch
+
+H200_BF16_PEAK = 989e12
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="tiny", help="registered model name (default: tiny)")
+    parser.add_argument("--preset", default="small", help="the model's size preset (default: small)")
+    parser.add_argument(
+        "--micro-batch",
+        type=_int_list,
+        default=[8],
+        help="samples per step and process (default: 8); with --processes a list, e.g. 32,64: every "
+        "process count runs the first, 1 process also runs the others (the best 1-process row)",
+    )
+    parser.add_argument(
+        "--processes",
+        type=_int_list,
+        default=None,
+        help="scaling: the trainer step under torchrun with each process count, e.g. 1,2",
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=600.0, help="seconds per torchrun launch (--processes; default 600)"
+    )
+    # internal: a process launched by --processes writes its measurement here (rank 0) and exits
+    parser.add_argument("--worker-json", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--steps", type=int, default=10, help="timed steps per variant (default: 10)")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (default: 3)")
+    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
+    parser.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    parser.add_argument("--peak-tflops", type=float, default=0.0, help="device peak for MFU (GPU: 989)")
+    parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="model option")
+    parser.add_argument(
+        "--profile", type=int, default=0, metavar="N", help="print the N costliest ops of one trainer step"
+    )
+    parser.add_argument("--compile", action="store_true", help="torch.compile each block (train.compile)")
+    parser.add_argument(
+        "--reshard-after-forward",
+        type=_reshard_list,
+        default=["auto"],
+        metavar="MODES",
+        help="train.reshard_after_forward (auto, always, never); with --processes a list, e.g. auto,never: "
+        "every N-process row runs once per mode, the 1-process rows with the first",
+    )
+    parser.add_argument(
+        "--accumulation",
+        type=int,
+        default=1,
+        help="micro-batches per trainer step (gradient accumulation; default 1): the optimizer, EMA and "
+        "offload costs are spread over them as in a run of the recipe's global batch",
+    )
+    parser.add_argument("--ema", action="store_true", help="the trainer step updates an EMA (train.ema)")
+    parser.add_argument(
+        "--offload",
+        default="auto",
+        choices=("auto", "none", "ema", "optimizer"),
+        help="train.offload for the trainer step (default auto: the memory plan's choice)",
+    )
+    parser.add_argument(
+        "--latents",
+        action="store_true",
+        help="models that encode a video target (cosmos3): train from latents encoded once, as a "
+        "latent cache gives them (wamkit cache-latents), not through the VAE at every step",
+    )
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give positive integers, e.g. 1,2")
+    return values
+
+
+def _batch(adapter, micro_batch: int, device: torch.device, latents: bool) -> dict[str, Any]:
+    """The synthetic batch of one step; with ``latents``, its video targets encoded once (on ``device``)
+    and handed over as a latent cache's rows are, the future frames dropped."""
+    batch = synthetic_batch(adapter.io, micro_batch, len(adapter.future_frame_offsets), device)
+    if not latents:
+        return batch
+    encode = getattr(adapter, "encode_clips", None)
+    if encode is None:
+        raise SystemExit(f"--latents: model {adapter.name!r} has no video target to encode")
+    from wamkit.constants import future_image_key
+    from wamkit.models.cosmos3.latents import LATENTS
+
+    with torch.no_grad():
+        lat = encode(batch, device).to(device, torch.float32)
+    batch = {k: v for k, v in batch.items() if not k.startswith(future_image_key(""))}
+    batch[LATENTS] = lat
+    return batch
+
+
+def _measure_bare(cfg, device: torch.device, bf16: bool, args: argparse.Namespace, micro_batch: int):
+    """Seconds per bare forward+backward, FLOPs per sample, parameter count (the model is freed).
+
+    A model the trainer builds on the meta device (cosmos3) is built here straight on ``device`` in its
+    compute dtype, as serving builds it: a 15B model never passes through host memory."""
+    from wamkit.models import build_model
+    from wamkit.models.registry import builds_on_meta
+
+    torch.manual_seed(0)
+    if builds_on_meta(cfg.name) and device.type == "cuda":
+        bare = build_model(cfg, None, device=device)
+    else:
+        bare = build_model(cfg, None)
+        bare.module.to(device)
+    if args.compile:  # the same regional compilation as the trainer's, so the two rows compare
+        compile_blocks(bare)
+    batch = _batch(bare, micro_batch, device, args.latents)
+
+    def step():
+        with torch.autocast(device.type, torch.bfloat16, enabled=bf16):
+            bare.sft_loss(batch)["loss"].backward()
+        for p in bare.module.parameters():
+            p.grad = None
+
+    t = timed(step, device, args.steps, args.warmup)
+    n_params = sum(p.numel() for p in bare.module.parameters())
+    return t, bare.flops_per_sample(), n_params  # the model goes with this frame
+
+
+def _profile(step, device: torch.device, rows: int) -> None:
+    """One step under torch.profiler: the ``rows`` costliest ops by device time (CPU time on a CPU)."""
+    print(profile_table(step, device, rows))
+
+
+def _reshard_list(value: str) -> list[str]:
+    from wamkit.config import RESHARD_CHOICES
+
+    modes = list(dict.fromkeys(v.strip() for v in value.split(",")))
+    bad = [repr(m) for m in modes if m not in RESHARD_CHOICES]
+    if bad:
+        raise argparse.ArgumentTypeError(
+            f"{', '.join(bad)} in {value!r}: expected a comma list of {', '.join(RESHARD_CHOICES)}"
+        )
+    return modes
+
+
+def _run_config(args: argparse.Namespace, micro_batch: int, world: int, reshard: str):
+    """The trainer's settings this benchmark measures (what a run of them would hold)."""
+    from wamkit.config import RunConfig
+
+    cfg = RunConfig()
+    cfg.model = _model_config(args)
+    t = cfg.train
+    t.precision, t.micro_batch, t.compile, t.reshard_after_forward = (
+        args.precision,
+        micro_batch,
+        args.compile,
+        reshard,
+    )
+    t.global_batch = micro_batch * world * args.accumulation
+    t.ema, t.offload, t.device = args.ema, args.offload, args.device
+    return cfg
+
+
+def _trainer_step(cfg, device: torch.device, args: argparse.Namespace, micro_batch: int):
+    """The trainer's step on a synthetic batch, placed by its memory plan as ``wamkit train`` places it
+    (built on meta where the model can be, refused if it fits nowhere): ``(step_fn, parameters,
+    flops per sample, plan)``; one step is ``--accumulation`` micro-batches, then clipping, AdamW and
+    the EMA."""
+    from wamkit.models import build_model
+    from wamkit.models.registry import builds_on_meta
+    from wamkit.train.dist import init_distributed
+    from wamkit.train.optim import PowerEMA, build_optimizer
+    from wamkit.train.placement import place, plan_here
+
+    info = init_distributed(args.device)
+    run = _run_config(args, micro_batch, info.world_size, args.reshard_after_forward[0])
+    torch.manual_seed(0)
+    meta = builds_on_meta(cfg.name)
+    adapter = build_model(cfg, None, device="meta") if meta else build_model(cfg, None)
+    n_params, flops = sum(p.numel() for p in adapter.module.parameters()), adapter.flops_per_sample()
+    plan = plan_here(run, info, adapter)
+    placed = place(adapter, info, run, plan)
+    batch = _batch(adapter, micro_batch, device, args.latents)
+    root, trainable = placed.root, list(placed.trained.values())
+    host = device if plan.offload == "optimizer" else None
+    opt = build_optimizer(
+        placed.groups, 1e-4, 0.01, [0.9, 0.95], fused=device.type == "cuda", host_device=host
+    )
+    ema_host = device if plan.offload in ("ema", "optimizer") else None
+    ema = PowerEMA(placed.trained, 0.75, device=ema_host) if args.ema else None
+    accum, counter = args.accumulation, [0]
+
+    def step():
+        for micro in range(accum):
+            root.set_requires_gradient_sync(plan.grad_sync == "every" or micro == accum - 1)
+            (root(batch)["loss"] / accum).backward()
+        torch.nn.utils.clip_grad_norm_(trainable, 1.0, foreach=True)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if ema is not None:
+            ema.update(counter[0])
+        counter[0] += 1
+
+    return step, n_params, flops, plan
+
+
+def _model_config(args: argparse.Namespace):
+    from wamkit.config import ModelConfig, parse_override
+
+    options = dict(parse_override(o) for o in args.option)
+    return ModelConfig(name=args.model, preset=args.preset, options=options)
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.processes:
+        return _scaling(args)
+    if len(args.micro_batch) > 1:
+        raise SystemExit("wamkit bench train: a list of micro-batches needs --processes (e.g. --processes 1)")
+    if len(args.reshard_after_forward) > 1:
+        raise SystemExit("wamkit bench train: a list of --reshard-after-forward modes needs --processes")
+    if args.worker_json:
+        return _worker(args)
+    from wamkit.train.dist import init_distributed, shutdown
+
+    cfg, mb = _model_config(args), args.micro_batch[0]
+    info = init_distributed(args.device)
+    device, bf16 = info.device, args.precision == "bf16"
+    try:
+        t_bare, flops, n_params = _measure_bare(cfg, device, bf16, args, mb)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(device)
+        trainer_step, _, _, plan = _trainer_step(cfg, device, args, mb)
+        t_train = timed(trainer_step, device, args.steps, args.warmup) / args.accumulation
+        mem = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
+        host = _host_memory()
+        if args.profile:
+            _profile(trainer_step, device, args.profile)
+    finally:
+        shutdown(info)
+
+    peak = args.peak_tflops * 1e12 or (H200_BF16_PEAK if device.type == "cuda" and bf16 else 0.0)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    print(f"model {args.model}/{args.preset}: {n_params / 1e6:.1f}M parameters, {flops / 1e9:.2f} GFLOP/sample "
+          f"(fwd+bwd), micro-batch {mb}, {args.precision} on {name}"
+          + (", blocks compiled" if args.compile else ""))  # fmt: skip
+    print(f"{'variant':<34} {'s/step':>9} {'samples/s':>10} {'TFLOP/s':>8} {'MFU':>7}")
+    for label, t in (("bare forward+backward", t_bare), ("trainer step (FSDP2+clip+AdamW)", t_train)):
+        sps = mb / t
+        achieved = flops * sps
+        mfu = f"{100 * achieved / peak:6.1f}%" if peak else "    n/a"
+        print(f"{label:<34} {t:>9.4f} {sps:>10.1f} {achieved / 1e12:>8.2f} {mfu}")
+    print(f"trainer / bare samples/s: {t_bare / t_train:.2f}   peak device memory (trainer): {mem:.1f} GiB   "
+          f"host: peak RSS {host['peak_rss_gb']:.1f} GB, RssAnon now {host['rss_anon_gb']:.1f} GB")  # fmt: skip
+    print(f"trainer step: {args.accumulation} micro-batch(es) per optimizer step; memory plan: offload={plan.offload}, "
+          f"reshard_after_forward={plan.reshard}, planned device total {plan.device_total / 2**30:.1f} GiB")  # fmt: skip
+    return 0
+
+
+def _host_memory() -> dict[str, float]:
+    """Peak resident memory of this process (file-backed pages included) and its anonymous part now."""
+    import resource
+
+    from wamkit.train.placement import rss_anon_bytes
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+    return {"peak_rss_gb": peak / 1e9, "rss_anon_gb": rss_anon_bytes() / 1e9}
+
+
+# -- scaling over processes ------------------------------------------------------------------------
+def _worker(args: argparse.Namespace) -> int:
+    """One launch of ``--processes``: every rank times the trainer step; the slowest rank's time counts
+    (a step is over when every rank is done). Rank 0 writes the row to ``--worker-json``."""
+    from wamkit.train.dist import init_distributed, shutdown
+
+    info = init_distributed(args.device)
+    device, mb = info.device, args.micro_batch[0]
+    try:
+        step, n_params, flops, plan = _trainer_step(_model_config(args), device, args, mb)
+        t = timed(step, device, args.steps, args.warmup) / args.accumulation
+        mem = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
+        host = _host_memory()
+        worst = torch.tensor(
+            [t, mem, host["peak_rss_gb"], host["rss_anon_gb"]], dtype=torch.float64, device=device
+        )
+        dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+        t, mem, peak_rss, anon = worst.tolist()
+        name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+        row = dict(
+            processes=info.world_size, micro_batch=mb, s_step=t, samples_per_s=info.world_size * mb / t,
+            peak_gib=mem, params=n_params, flops_per_sample=flops, device=name,
+            peak_rss_gb=peak_rss, rss_anon_gb=anon, offload=plan.offload,
+        )  # fmt: skip
+        if info.is_main:
+            Path(args.worker_json).write_text(json.dumps(row))
+    finally:
+        shutdown(info)
+    # The row is written and the group destroyed; torchrun reads only the exit code. Leave without the
+    # interpreter's teardown, in which a thread of torch's distributed stack now and then aborted the
+    # process on this 2-core machine ("terminate called without an active exception", SIGABRT; seen
+    # once in six runs of tests/test_train_scaling.py under load), failing a finished measurement.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def _worker_argv(
+    args: argparse.Namespace, processes: int, micro_batch: int, reshard: str, out: Path
+) -> list[str]:
+    argv = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}",
+        "-m", "wamkit", "bench", "train", "--model", args.model, "--preset", args.preset,
+        "--micro-batch", str(micro_batch), "--steps", str(args.steps), "--warmup", str(args.warmup),
+        "--precision", args.precision, "--device", args.device, "--worker-json", str(out),
+        "--reshard-after-forward", reshard, "--accumulation", str(args.accumulation), "--offload", args.offload,
+    ]  # fmt: skip
+    if args.ema:
+        argv.append("--ema")
+    for opt in args.option:
+        argv += ["--option", opt]
+    return argv + (["--compile"] if args.compile else []) + (["--latents"] if args.latents else [])
+
+
+def _worker_env(processes: int) -> dict[str, str]:
+    env = dict(os.environ)
+    # On a CPU the processes share the cores: each gets cores / N threads, so the ratio measures
+    # splitting the work, not a change of thread count (torchrun would give 1 thread to N > 1 only).
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // processes)))
+    return env
+
+
+def _launch(args: argparse.Namespace, processes: int, micro_batch: int, reshard: str) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "row.json"
+        argv = _worker_argv(args, processes, micro_batch, reshard, out)
+        proc = subprocess.Popen(
+            argv, env=_worker_env(processes), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        try:
+            _, stderr = proc.communicate(timeout=args.timeout)
+        except BaseException as err:  # a timeout or ^C: no worker may keep its GPU
+            kill_tree(proc)
+            if isinstance(err, subprocess.TimeoutExpired):
+                raise SystemExit(
+                    f"wamkit bench train: {processes} process(es) took over {args.timeout:.0f} s"
+                ) from None
+            raise
+        if proc.returncode != 0 or not out.is_file():
+            sys.stderr.write(stderr[-4000:])
+            raise SystemExit(
+                f"wamkit bench train: {processes} process(es), micro-batch {micro_batch} failed "
+                f"(exit {proc.returncode}): {' '.join(argv)}"
+            )
+        row = json.loads(out.read_text())
+    if row["processes"] != processes:  # e.g. a launcher that did not start every rank
+        raise SystemExit(f"wamkit bench train: asked for {processes} processes, {row['processes']} ran")
+    return row
+
+
+def _scaling(args: argparse.Namespace) -> int:
+    if args.profile:
+        raise SystemExit("wamkit bench train: --profile measures one process; leave out --processes")
+    counts = sorted(set(args.processes))
+    if 1 not in counts:
+        counts = [1, *counts]  # the reference of every ratio
+    mb, *others = dict.fromkeys(args.micro_batch)  # in order, without repeats
+    modes = args.reshard_after_forward
+    if len(modes) > 1 and counts == [1]:
+        raise SystemExit(
+            "wamkit bench train: a list of --reshard-after-forward modes compares the N-process rows; "
+            "add a count above 1 to --processes (the 1-process reference rows run with the first mode)"
+        )
+    runs = [(1, mb, modes[0]), *((1, b, modes[0]) for b in others)]
+    runs += [(n, mb, m) for n in counts if n > 1 for m in modes]
+    rows = {}
+    for n, b, m in runs:
+        rows[n, b, m] = _launch(args, n, b, m)
+        print(
+            f"  measured {n} process(es) x micro-batch {b}, reshard after forward {m}: "
+            f"{rows[n, b, m]['samples_per_s']:.1f} samples/s",
+            flush=True,
+        )
+    _print_scaling(args, rows)
+    return 0
+
+
+def _print_scaling(args: argparse.Namespace, rows: dict) -> None:
+    first = next(iter(rows.values()))
+    peak = args.peak_tflops * 1e12 or (
+        H200_BF16_PEAK if first["device"] != "cpu" and args.precision == "bf16" else 0.0
+    )
+    best1 = max((r for (n, _, _), r in rows.items() if n == 1), key=lambda r: r["samples_per_s"])
+    first_mode = args.reshard_after_forward[0]
+    print(f"model {args.model}/{args.preset}: {first['params'] / 1e6:.1f}M parameters, "
+          f"{first['flops_per_sample'] / 1e9:.2f} GFLOP/sample (fwd+bwd), trainer step (FSDP2+clip+AdamW), "
+          f"{args.precision} on {first['device']}" + (", blocks compiled" if args.compile else ""))  # fmt: skip
+    print(f"{'processes':>9} {'micro-batch':>11} {'s/step':>9} {'samples/s':>10} {'per process':>11} "
+          f"{'MFU':>7} {'peak GiB':>8} {'RSS GB':>7} {'scaling':>8} {'vs best 1':>9}  reshard")  # fmt: skip
+    for (n, mb, mode), r in rows.items():
+        sps, one = r["samples_per_s"], rows[1, mb, first_mode]["samples_per_s"]
+        mfu = f"{100 * r['flops_per_sample'] * sps / n / peak:6.1f}%" if peak else "    n/a"
+        mem = f"{r['peak_gib']:>8.1f}" if r["peak_gib"] == r["peak_gib"] else "     n/a"  # NaN on a CPU
+        print(f"{n:>9} {mb:>11} {r['s_step']:>9.4f} {sps:>10.1f} {sps / n:>11.1f} {mfu} "
+              f"{mem} {r.get('peak_rss_gb', float('nan')):>7.1f} {sps / one:>7.2f}x "
+              f"{sps / best1['samples_per_s']:>8.2f}x  {mode}")  # fmt: skip
+    print(
+        f"scaling: N-process samples/s / 1-process samples/s at the same micro-batch per process; "
+        f"vs best 1: / the best 1-process row (micro-batch {best1['micro_batch']}, "
+        f"{best1['samples_per_s']:.1f} samples/s); reshard: train.reshard_after_forward (auto on one "
+        f"process keeps the weights gathered, as never does); RSS GB: the largest rank's peak resident "
+        f"host memory"
+    )

@@ -1,0 +1,87 @@
+"""The convention checker: does a LeRobot dataset agree with a simulated suite? (``wamkit check``)
+
+It sits above ``envs/`` and ``data/`` (it reads a dataset and builds an env) and reports, before anyone
+trains or evaluates, each mismatch with the setting that fixes it: state dimensions the data never
+covers where the env starts (an antipodal quaternion flip, another state source or quaternion order),
+the gripper's range and polarity, image orientation, fps, action dimension and range, render look;
+for datasets written by ``wamkit collect`` it also replays recorded actions open-loop.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from wamkit.check.checks import (
+    check_action,
+    check_fps,
+    check_gripper,
+    check_images,
+    check_render,
+    check_state,
+)
+from wamkit.check.probe import DataView, EnvProbe, env_config, probe_env, read_dataset
+from wamkit.check.replay import check_replay
+from wamkit.check.report import Finding, Report
+from wamkit.envs.base import EpisodeSpec, episode_seed
+
+__all__ = ["DataView", "EnvProbe", "Finding", "Report", "check_dataset", "plan_probe", "read_dataset"]
+
+
+def plan_probe(
+    data: DataView, suite: str, seed_rule: str, tasks: int = 2, trials: int = 2
+) -> list[EpisodeSpec]:
+    """The env episodes to compare with: the journal's (the same episodes) when there is one, else
+    trials 0.. of the dataset's first ``tasks`` tasks the suite knows (else the suite's first tasks)."""
+    from wamkit.envs.suites import backend
+
+    named = [
+        data.journal[ep]
+        for ep in data.episodes[: len(next(iter(data.first_frames.values()), []))]
+        if ep in data.journal
+    ]
+    if named:
+        return named[: tasks * trials]
+    by_text = {text: name for name, text in backend(suite).task_texts(suite).items()}
+    names = (
+        list(dict.fromkeys(by_text[t] for t in data.tasks if t in by_text))[:tasks]
+        or list(by_text.values())[:tasks]
+    )
+    return [EpisodeSpec(suite, n, t, episode_seed(seed_rule, 0, t)) for n in names for t in range(trials)]
+
+
+def _env_cameras(data: DataView, suite: str) -> list[str]:
+    from wamkit.envs.suites import backend
+
+    known = backend(suite).CAMERAS
+    return [c for c in data.cameras if c in known] or [next(iter(known))]
+
+
+def check_dataset(
+    root: str | Path, suite: str, env=None, tasks: int = 2, trials: int = 2, replay: int = 0
+) -> Report:
+    """Compare the dataset at ``root`` with ``suite``; ``env``: an env of that suite to reuse (built here
+    otherwise, at the dataset's image size and the suite's protocol look). ``replay``: episodes to play
+    back open-loop when the dataset has a collect journal."""
+    from wamkit.envs.suites import backend, make_env, resolve_env_config
+
+    data = read_dataset(root, suite)
+    size = next(iter(data.first_frames.values())).shape[1] if data.first_frames else 64
+    cfg = resolve_env_config(env_config(suite, _env_cameras(data, suite), size, "auto"))
+    own = env is None
+    env = make_env(cfg) if own else env
+    try:
+        specs = plan_probe(data, suite, cfg.seed_rule, tasks, trials)
+        probe = probe_env(env, specs, [c for c in cfg.cameras if c in data.first_frames])
+        report = Report(str(root), suite, probe.describe())
+        mod = backend(suite)
+        check_fps(data, probe, report)
+        check_action(data, probe, report, mod.ACTION_NAMES)
+        check_gripper(data, probe, report, mod.finger_width)
+        check_state(data, probe, report, mod.STATE_NAMES, mod.AXIS_ANGLE_DIMS, mod.STATE_SOURCE)
+        check_images(data, probe, report)
+        check_render(data, report, cfg.render_quality)
+        check_replay(env, data, report, replay)
+    finally:
+        if own:
+            env.close()
+    return report

@@ -1,0 +1,149 @@
+"""Both sides of a convention check, read once: what a dataset holds, and what the env produces.
+
+:class:`DataView` reads a LeRobot dataset's states, actions, episode starts and the first frame of each
+episode (and, for datasets written by ``wamkit collect``, the episode names of its journal).
+:class:`EnvProbe` resets the env for a few episodes and keeps the state and frames after reset, and how
+the fingers answer a gripper command (the env's own polarity, measured, not assumed).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from wamkit.config import EnvConfig
+from wamkit.constants import ACTION, EPISODE_INDEX, OBS_STATE, TASK, image_key
+from wamkit.envs.base import EpisodeSpec
+from wamkit.envs.journal import JOURNAL
+
+IMAGE_PREFIX = "observation.images."
+
+
+@dataclass
+class DataView:
+    root: Path
+    fps: int
+    info: dict[str, Any]
+    states: np.ndarray  # [N, S] float64, episode order
+    actions: np.ndarray  # [N, A]
+    episode_of_row: np.ndarray  # [N]
+    starts: list[int]  # first row of each episode, in ``episodes`` order
+    episodes: list[int]
+    tasks: list[str]  # task text of each episode
+    first_frames: dict[str, np.ndarray]  # camera name -> uint8 [E, H, W, 3] (first frame per episode)
+    journal: dict[int, EpisodeSpec] = field(default_factory=dict)  # episode index -> its spec
+
+    @property
+    def cameras(self) -> list[str]:
+        return list(self.first_frames)
+
+
+def _journal_specs(root: Path, suite: str) -> dict[int, EpisodeSpec]:
+    path = root / JOURNAL
+    if not path.is_file():
+        return {}
+    out = {}
+    for line in path.read_text().splitlines():
+        entry = json.loads(line) if line.strip() else {}
+        if entry.get("kept") and entry.get("episode_index") is not None:
+            out[int(entry["episode_index"])] = EpisodeSpec(
+                suite, entry["task"], entry["trial"], entry["seed"]
+            )
+    return out
+
+
+def read_dataset(root: str | Path, suite: str, max_episodes: int = 20) -> DataView:
+    """States and actions of every frame; first frames of the first ``max_episodes`` episodes."""
+    from wamkit.data import LeRobotDataset
+
+    ds = LeRobotDataset(root)
+    ep_of_row = ds.numeric(EPISODE_INDEX).reshape(-1)
+    starts = [ds.episode_bounds(r)[0] for r in np.flatnonzero(np.r_[True, ep_of_row[1:] != ep_of_row[:-1]])]
+    episodes = [int(ep_of_row[s]) for s in starts]
+    frames: dict[str, list[np.ndarray]] = {}
+    tasks = []
+    for s in starts:
+        item = ds[s]
+        tasks.append(item[TASK])
+        if len(tasks) > max_episodes:
+            continue
+        for key in ds.camera_keys:
+            frames.setdefault(key.removeprefix(IMAGE_PREFIX), []).append(item[key].numpy())
+    return DataView(
+        root=Path(root),
+        fps=ds.fps,
+        info=ds.meta.info,
+        states=ds.numeric(OBS_STATE).astype(np.float64),
+        actions=ds.numeric(ACTION).astype(np.float64),
+        episode_of_row=ep_of_row,
+        starts=starts,
+        episodes=episodes,
+        tasks=tasks,
+        first_frames={c: np.stack(v) for c, v in frames.items()},
+        journal=_journal_specs(Path(root), suite),
+    )
+
+
+@dataclass
+class EnvProbe:
+    suite: str
+    fps: int
+    state_dim: int
+    action_dim: int
+    specs: list[EpisodeSpec]
+    texts: list[str]  # the task text (instruction) of each spec
+    states: np.ndarray  # [K, S] after reset
+    frames: dict[str, np.ndarray]  # camera -> uint8 [K, H, W, 3] after reset
+    close_shrinks: bool  # the env's +1 gripper command closes the fingers (measured)
+    # every start a dataset of this suite may begin from -> [K, S] (LIBERO: right after set_init_state,
+    # and after the settle steps, which reset returns); one entry, "reset", for an env with one start
+    starts: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        tasks = sorted({s.task for s in self.specs})
+        return f"{len(self.specs)} env resets over {len(tasks)} task(s), {self.suite} protocol"
+
+
+def env_config(suite: str, cameras: list[str], image_size: int, render_quality: str) -> EnvConfig:
+    return EnvConfig(
+        suite=suite, tasks=[], cameras=cameras, image_size=image_size, render_quality=render_quality
+    )
+
+
+def probe_env(env, specs: list[EpisodeSpec], cameras: list[str]) -> EnvProbe:
+    """Reset ``env`` for each of ``specs``; then, from the last, close the gripper for a few steps."""
+    from wamkit.envs.suites import backend, suite_info
+
+    info = suite_info(env.suite)
+    states, texts, frames = [], [], {c: [] for c in cameras}
+    starts: dict[str, list[np.ndarray]] = {}
+    for spec in specs:
+        obs = env.reset(spec)
+        texts.append(str(obs[TASK]))
+        states.append(np.asarray(obs[OBS_STATE], np.float64))
+        for c in cameras:
+            frames[c].append(obs[image_key(c)])
+        for kind, o in (getattr(env, "reset_starts", None) or {"reset": obs}).items():
+            starts.setdefault(kind, []).append(np.asarray(o[OBS_STATE], np.float64))
+    close = np.zeros(info.action_dim)
+    close[-1] = 1.0
+    width0 = float(backend(env.suite).finger_width(states[-1]))
+    for _ in range(5):
+        obs, *_ = env.step(close)
+    width1 = float(backend(env.suite).finger_width(np.asarray(obs[OBS_STATE], np.float64)))
+    return EnvProbe(
+        suite=env.suite,
+        fps=info.fps,
+        state_dim=info.state_dim,
+        action_dim=info.action_dim,
+        specs=list(specs),
+        texts=texts,
+        states=np.stack(states),
+        frames={c: np.stack(v) for c, v in frames.items()},
+        close_shrinks=width1 < width0,
+        starts={k: np.stack(v) for k, v in starts.items()},
+    )

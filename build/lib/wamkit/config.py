@@ -1,0 +1,470 @@
+"""Typed run configuration: one dataclass per stage, YAML presets, dotted overrides.
+
+A preset (``configs/demo.yaml``) holds only what differs from the defaults below; every default lives
+here and nowhere else. ``load_config("configs/demo.yaml", ["train.max_steps=10"])`` returns a validated
+:class:`RunConfig`; unknown keys and wrong types raise :class:`ConfigError` naming the dotted key and
+the nearest valid one. Each stage section may be extended by its own module's fields only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A configuration value or key is invalid. The message names the dotted key."""
+
+
+def _positive(section: Any, name: str, key: str) -> None:
+    value = getattr(section, key)
+    if value <= 0:
+        raise ConfigError(f"{name}.{key}: expected a positive integer, got {value}")
+
+
+# --------------------------------------------------------------------------------------------------
+# Stage sections
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class EnvConfig:
+    """Which simulated tasks, and how they are observed. Shared by collect and eval."""
+
+    suite: str = (
+        "metaworld"  # metaworld | libero_spatial | libero_object | libero_goal | libero_10 | libero_90
+    )
+    tasks: list[str] = field(default_factory=lambda: ["reach-v3"])  # task names (metaworld) or ids
+    cameras: list[str] = field(default_factory=lambda: ["corner"])
+    image_size: int = 128
+    # "fast" turns off shadows, reflections and MSAA (about 10x cheaper on CPU). Recorded in datasets
+    # and checked at eval: a model trained on one look must be evaluated on the same look.
+    # "auto": the suite's protocol look (LIBERO: default, as its published data; MetaWorld: fast).
+    render_quality: Literal["auto", "default", "fast"] = "auto"
+    max_steps: int = 0  # 0: the suite's own limit
+    # How episode seeds reach the simulator (docs/libero.md). openpi / openvla: the task's env is seeded
+    # once (7 / 0) and trial t starts from the random state t earlier resets leave; per_trial: trial t is
+    # seeded with eval.seed + t. "auto": LIBERO openpi, MetaWorld per_trial.
+    seed_rule: Literal["auto", "openpi", "openvla", "per_trial"] = "auto"
+    # LIBERO: rebuild the simulator at every reset, as openpi's client does (seconds per reset); false
+    # reuses it and clears what it keeps (tested identical, see docs/libero.md).
+    hard_reset: bool = False
+    # Which GPU env workers render on with EGL (MUJOCO_GL=egl): -1 lets EGL choose (its first device;
+    # Mesa's software renderer on a machine without a GPU); N renders on EGL device N (on a 2-GPU machine,
+    # rendering on one GPU and serving on the other). Recorded in an evaluation's plan.json.
+    render_gpu: int = -1
+
+
+@dataclass
+class CollectConfig:
+    """Scripted-expert demonstrations written as a LeRobot v3 dataset."""
+
+    out: str = "data/demo"
+    episodes: int = 50  # per task
+    workers: int = 2
+    seed: int = 0  # episode e of a task uses seed + e
+    keep_failed: bool = False
+
+
+@dataclass
+class DataConfig:
+    """Training data: one LeRobot v3 dataset, or a folder of several (one per suite)."""
+
+    root: str = "data/demo"
+    suites: list[str] = field(default_factory=list)  # sub-datasets of root; empty: root is one dataset
+    suite_weights: list[float] = field(default_factory=list)  # sampling ratios, same order as suites
+    cameras: list[str] = field(default_factory=list)  # empty: the model's cameras
+    chunk: int = 16  # action chunk length (frames)
+    representation: Literal["raw", "libero_rot6d"] = "raw"
+    stats: str = ""  # stats file; empty: <root>/meta/wamkit_stats.json, computed if missing
+    normalization: Literal["quantile", "mean_std", "min_max", "none"] = "quantile"
+    clip: bool = False  # clip normalised actions to [-1, 1]
+    # the data's gripper convention (env | open_1 | close_1); empty: the stats file's (detected by
+    # `wamkit stats`). The model learns the data's values; the served model maps them to env commands.
+    gripper: Literal["", "env", "open_1", "close_1"] = ""
+    resize: Literal["bilinear_antialias", "nearest"] = "bilinear_antialias"  # image resize kernel
+    num_workers: int = 2
+    seed: int = 0
+
+
+@dataclass
+class ModelConfig:
+    """Which model adapter, and its size preset. ``options`` go to the adapter, which validates them."""
+
+    name: str = "tiny"
+    preset: str = "small"
+    pretrained: str = ""  # a directory the adapter can load from (never downloaded)
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+Reshard = Literal["auto", "always", "never"]
+RESHARD_CHOICES: tuple[str, ...] = get_args(Reshard)
+Offload = Literal["auto", "none", "ema", "optimizer"]
+
+
+@dataclass
+class TrainConfig:
+    """The SFT loop."""
+
+    run_dir: str = "runs/train"
+    max_steps: int = 2000
+    micro_batch: int = 32  # per process
+    global_batch: int = 32  # micro_batch x processes x accumulation steps
+    lr: float = 3e-4
+    weight_decay: float = 0.01
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    schedule: Literal["constant", "lambda_linear", "cosine"] = "cosine"
+    warmup_steps: int = 100
+    min_lr_ratio: float = 0.05
+    grad_clip: float = 1.0
+    ema: bool = False
+    ema_type: Literal["inverse_power", "edm2"] = "inverse_power"  # see wamkit.train.optim.ema_decay
+    ema_power: float = 0.75  # inverse_power: decay = 1 - (step + 1) ** -power
+    ema_rate: float = 0.1  # edm2: the EMA's relative width sigma_rel (cosmos' "power" EMA rate)
+    save_interval: int = 500
+    # write checkpoint shards in a background thread while the next micro-batches run; the save is
+    # finished (marker, rename) before the next optimizer step (wamkit.train.checkpoint)
+    async_save: bool = True
+    keep_last: int = 2
+    log_interval: int = 10
+    seed: int = 0
+    precision: Literal["fp32", "bf16"] = "fp32"
+    compile: bool = False  # torch.compile each transformer block (GPU: fuses norms, casts and activations)
+    # FSDP2 after a block's forward: auto = free the gathered weights with several processes (the
+    # backward gathers them again) but not the last block's, keep them with one; always / never for
+    # every block. never trades memory (each block's weights stay whole from forward to backward) for
+    # one all-gather per block and step fewer (what several GPUs of one host can afford)
+    reshard_after_forward: Reshard = "auto"
+    # where the optimizer's moments and the EMA rest between optimizer steps (wamkit.train.memory):
+    # auto = the memory plan's choice (everything on the device if it fits, else the EMA, then the
+    # moments too, in pinned host memory, streamed through the device at each step); none | ema |
+    # optimizer (moments and EMA). On a CPU auto is none
+    offload: Offload = "auto"
+    device: str = "auto"  # auto | cpu | cuda
+    resume: str = ""  # "" (fresh), "auto" (newest complete checkpoint) or a checkpoint path
+
+    def __post_init__(self) -> None:
+        for key in ("max_steps", "micro_batch", "global_batch", "save_interval", "log_interval"):
+            _positive(self, "train", key)
+        if self.global_batch % self.micro_batch:
+            raise ConfigError(
+                f"train.global_batch={self.global_batch} is not a multiple of train.micro_batch={self.micro_batch}"
+            )
+        if self.precision == "bf16" and self.device == "cpu":
+            raise ConfigError("train.precision=bf16 needs a CUDA device; use train.precision=fp32 on the CPU")
+
+
+ServePrecision = Literal["auto", "fp32", "bf16", "fp8"]
+ServeWarm = Literal["auto", "all", "none"]
+SERVE_WARM: tuple[str, ...] = get_args(ServeWarm)
+SERVE_PRECISIONS: tuple[str, ...] = get_args(ServePrecision)
+ServeFrontEnd = Literal["process", "thread"]
+SERVE_FRONT_ENDS: tuple[str, ...] = get_args(ServeFrontEnd)
+
+
+@dataclass
+class ServeConfig:
+    """The inference server."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    max_batch: int = 32  # observations per model call
+    max_wait_ms: float = 2.0  # how long a partial batch waits for more requests
+    device: str = "auto"
+    raw_actions: bool = False  # True: reply with the model's normalised output, not env-ready actions
+    max_message_mb: float = 64.0
+    # compute of a model call: auto = bf16 autocast on a CUDA device for a model whose weights are fp32
+    # (speed; whatever precision it trained in), the weights' own dtype otherwise; fp32 = no autocast
+    # (the reference numerics); bf16 = autocast (CUDA only). The served identity records the result.
+    precision: ServePrecision = "auto"
+    # where `wamkit serve` runs its event loop (websockets, request checks, batching): "thread", a thread
+    # beside the model's (one process); "process", a process of its own, so that the loop's work never
+    # holds the interpreter lock the model's host thread needs (docs/serve.md: no gain measured yet)
+    front_end: ServeFrontEnd = "thread"
+    # run every batch bucket once before answering (``/healthz`` says "warming" meanwhile): auto = when
+    # the model captures or compiles its steps (Cosmos3 on CUDA), all, none
+    warm: ServeWarm = "auto"
+    # where compiled steps are kept between starts (wamkit.models.compile_cache); "" = not kept
+    compile_cache: str = "~/.cache/wamkit/compile"
+
+    def __post_init__(self) -> None:
+        if self.precision in ("bf16", "fp8") and self.device == "cpu":
+            raise ConfigError(
+                f"serve.precision={self.precision} needs a CUDA device; use auto or fp32 on the CPU"
+            )
+
+
+@dataclass
+class EvalConfig:
+    """Closed-loop evaluation through the server protocol."""
+
+    out_dir: str = "runs/eval"
+    # ws://host:port, or several (a list, or comma-separated) serving one model: each serves whole
+    # pipeline stages (docs/eval.md); empty: start a local server from serve_dir
+    server_url: str | list[str] = ""
+    serve_dir: str = ""
+    # the engine behind server_url (wamkit.eval.backends; docs/eval.md): wamkit | openpi | sglang |
+    # vllm_omni | cosmos_http
+    backend: str = "wamkit"
+    backend_options: dict[str, Any] = field(default_factory=dict)  # per backend (docs/eval.md)
+    trials: int = 0  # per task; 0: the suite's protocol (LIBERO 50, MetaWorld 10)
+    seed: int = 1000  # env.seed_rule=per_trial: trial t uses seed + t; keep it apart from collection seeds
+    num_envs: int = 4
+    pipeline_stages: int = 2  # 0: auto (measured on a warm-up)
+    executor: Literal["local", "ray"] = "local"
+    workers: int = 2  # env worker processes
+    replan_interval: int = 8  # actions applied from each chunk before asking again
+    videos: int = 2  # episodes recorded as mp4 per task
+    resume: bool = False
+    watchdog_s: float = 300.0
+    # seconds spent before the timed part measuring simulation and inference apart (the independent
+    # bound); 0 skips it (then only the utilisation figure is reported; auto stages need it)
+    calibrate_s: float = 3.0
+    env_retries: int = 2  # an episode whose env raises is rerun from the start this often, then recorded
+    # a server that answers no request within this many seconds is dropped like a closed one (its
+    # stages move to the other servers); 0: wait forever
+    server_timeout_s: float = 600.0
+    ray_address: str = ""  # executor=ray: the cluster (host:port); empty: RAY_ADDRESS, else a local one
+
+    @property
+    def server_urls(self) -> list[str]:
+        """``server_url`` as a list (one entry per server)."""
+        urls = self.server_url if isinstance(self.server_url, list) else self.server_url.split(",")
+        return [u.strip() for u in urls if u.strip()]
+
+    def __post_init__(self) -> None:
+        for key in ("num_envs", "workers", "replan_interval"):
+            _positive(self, "eval", key)
+        self._check_servers()
+        if self.calibrate_s < 0:
+            raise ConfigError(f"eval.calibrate_s: expected >= 0 seconds (0: skip), got {self.calibrate_s}")
+        if self.calibrate_s == 0 and self.pipeline_stages == 0:
+            raise ConfigError(
+                "eval.pipeline_stages=0 (auto) picks the stage count from the calibration, which "
+                "eval.calibrate_s=0 skips: set eval.calibrate_s > 0 or a stage count"
+            )
+        if self.env_retries < 0:
+            raise ConfigError(f"eval.env_retries: expected >= 0 reruns, got {self.env_retries}")
+        if self.pipeline_stages < 0:
+            raise ConfigError(
+                f"eval.pipeline_stages: expected >= 1, or 0 for auto, got {self.pipeline_stages}"
+            )
+        if self.pipeline_stages and self.num_envs % self.pipeline_stages:
+            raise ConfigError(
+                f"eval.num_envs={self.num_envs} is not divisible by eval.pipeline_stages={self.pipeline_stages}: "
+                "every stage needs the same number of envs (no env is silently dropped); "
+                f"try eval.num_envs={self.pipeline_stages * max(1, round(self.num_envs / self.pipeline_stages))}"
+            )
+        if self.watchdog_s <= 0:
+            raise ConfigError(
+                f"eval.watchdog_s: expected a positive number of seconds, got {self.watchdog_s}"
+            )
+        if self.videos < 0:
+            raise ConfigError(f"eval.videos: expected >= 0 episodes per task, got {self.videos}")
+
+    def _check_servers(self) -> None:
+        """Each server serves whole stages (stage i on server i mod S), so there must be a stage for each."""
+        urls, s = self.server_urls, len(self.server_urls)
+        if len(set(urls)) != s:
+            raise ConfigError(f"eval.server_url: a server is listed twice in {urls}")
+        if self.server_timeout_s < 0:
+            raise ConfigError(
+                f"eval.server_timeout_s: expected >= 0 seconds (0: wait forever), got {self.server_timeout_s}"
+            )
+        if s > 1 and 0 < self.pipeline_stages < s:
+            raise ConfigError(
+                f"eval.pipeline_stages={self.pipeline_stages} is fewer than the {s} servers of eval.server_url: "
+                f"each server serves whole stages, so {s - self.pipeline_stages} would stand idle; "
+                f"set eval.pipeline_stages to a multiple of {s}, or use --pipeline auto"
+            )
+        if s > 1 and self.pipeline_stages == 0 and self.num_envs % s:
+            raise ConfigError(
+                f"eval.num_envs={self.num_envs} is not a multiple of the {s} servers of eval.server_url: "
+                f"--pipeline auto picks P among multiples of {s} that divide eval.num_envs"
+            )
+
+
+@dataclass
+class RunConfig:
+    """Everything one run needs; a YAML preset fills in the parts that differ from these defaults."""
+
+    env: EnvConfig = field(default_factory=EnvConfig)
+    collect: CollectConfig = field(default_factory=CollectConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    serve: ServeConfig = field(default_factory=ServeConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+
+# --------------------------------------------------------------------------------------------------
+# Building a config from plain data, with checks that name the key
+# --------------------------------------------------------------------------------------------------
+
+
+def _suggest(key: str, valid: typing.Iterable[str]) -> str:
+    close = difflib.get_close_matches(key, list(valid), n=1, cutoff=0.5)
+    return f"; did you mean '{close[0]}'?" if close else ""
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    if origin is not None:
+        return str(tp).replace("typing.", "")
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Check ``value`` against the annotation ``tp`` and return it (ints widen to float)."""
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return value
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping of {tp.__name__} fields, got {value!r}")
+        return from_dict(tp, value, prefix=key)
+    if origin is Literal:
+        if value not in typing.get_args(tp):
+            raise ConfigError(f"{key}: {value!r} is not allowed; expected {_type_name(tp)}")
+        return value
+    if origin in (typing.Union, types.UnionType):
+        for arg in typing.get_args(tp):
+            try:
+                return _coerce(value, arg, key)
+            except ConfigError:
+                continue
+        raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
+    if origin is list:
+        (item,) = typing.get_args(tp) or (Any,)
+        if isinstance(value, str) and item is str:
+            value = [v for v in value.split(",") if v]  # tasks=a,b on the command line
+        if not isinstance(value, list | tuple):
+            raise ConfigError(f"{key}: expected a list of {_type_name(item)}, got {value!r}")
+        return [_coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+        return dict(value)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key}: expected true or false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{key}: expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key}: expected a string, got {value!r}")
+        return value
+    raise ConfigError(f"{key}: unsupported field type {tp!r}")
+
+
+def from_dict(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
+    """Build dataclass ``cls`` from ``data``, checking every key and type."""
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in data.items():
+        dotted = f"{prefix}.{key}" if prefix else key
+        if key not in names:
+            valid = ", ".join(names)
+            raise ConfigError(f"unknown key '{dotted}'{_suggest(key, names)} (valid here: {valid})")
+        kwargs[key] = _coerce(value, hints[key], dotted)
+    return cls(**kwargs)
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    node = data
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"override '{dotted}': '{part}' is not a section")
+    node[parts[-1]] = value
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """``"train.max_steps=10"`` -> ``("train.max_steps", 10)``; values are read as YAML scalars."""
+    if "=" not in text:
+        raise ConfigError(f"override '{text}' must look like section.key=value")
+    key, raw = text.split("=", 1)
+    try:
+        value = yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.strip(), value
+
+
+# the presets shipped in the package (configs/ in a source checkout links here)
+PRESETS_DIR = Path(__file__).resolve().parent / "configs"
+
+
+def packaged_presets() -> list[str]:
+    return sorted(p.stem for p in PRESETS_DIR.glob("*.yaml"))
+
+
+def preset_path(path: str | Path) -> Path:
+    """A YAML preset: the file at ``path`` when there is one; else, for ``NAME``, ``NAME.yaml`` or
+    ``configs/NAME.yaml``, the preset of that name shipped in the package (so ``wamkit train
+    libero_10_cosmos3`` and the docs' ``configs/demo.yaml`` work outside a source checkout)."""
+    p = Path(path)
+    if p.is_file():
+        return p
+    if p.parent in (Path("."), Path("configs")):
+        packaged = PRESETS_DIR / f"{p.name.removesuffix('.yaml')}.yaml"
+        if packaged.is_file():
+            return packaged
+    raise ConfigError(
+        f"config file {p} does not exist, and '{p.stem}' is not a packaged preset "
+        f"(have: {', '.join(packaged_presets())})"
+    )
+
+
+def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] = (), cls: type = RunConfig):
+    """Read a YAML preset (optional: a file, or a packaged preset's name), apply dotted overrides,
+    validate, and return ``cls``."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        path = preset_path(path)
+        try:
+            loaded = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{path}: not valid YAML: {err}") from err
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: expected a mapping of sections at the top level")
+        data = loaded or {}
+    for text in overrides:
+        key, value = parse_override(text)
+        _set_dotted(data, key, value)
+    try:
+        return from_dict(cls, data)
+    except ConfigError as err:
+        where = f"{path}: " if path is not None else ""
+        raise ConfigError(f"{where}{err}") from None
+
+
+def save_config(cfg: Any, path: str | Path) -> Path:
+    """Write the resolved config as YAML (every field, defaults included) next to a run's outputs."""
+    from wamkit.files import atomic_write_text
+
+    return atomic_write_text(path, yaml.safe_dump(to_dict(cfg), sort_keys=False))

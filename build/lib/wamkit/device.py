@@ -1,0 +1,67 @@
+"""One device resolver for every stage (train, serve, infer, bench): the same names mean the same thing.
+
+Names: ``auto`` (a GPU when one is visible, else the CPU), ``cpu``, ``cuda`` (the process's GPU: under
+torchrun the local rank's), ``cuda:N`` (GPU N; with several processes on one host each would need its
+own, so a multi-process run refuses it).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from wamkit.config import ConfigError
+
+
+def resolve_device(name: str, key: str = "device", local_rank: int = 0, processes: int = 1) -> torch.device:
+    """The torch device ``name`` means here; ``key`` names the setting in errors."""
+    kind, _, index = name.partition(":")
+    if kind not in ("auto", "cpu", "cuda") or (index and (kind != "cuda" or not index.isdigit())):
+        raise ConfigError(f"{key}: {name!r} is not one of auto, cpu, cuda, cuda:N")
+    if kind == "cpu" or (kind == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ConfigError(f"{key}: {name!r} asked for, but no CUDA device is visible")
+    if index:
+        if processes > 1:
+            raise ConfigError(f"{key}: {name!r} names one GPU, but {processes} processes run; use cuda")
+        if int(index) >= torch.cuda.device_count():
+            raise ConfigError(f"{key}: {name!r} but {torch.cuda.device_count()} CUDA device(s) are visible")
+        return torch.device("cuda", int(index))
+    return torch.device("cuda", local_rank)
+
+
+def host_buffer(shape: int | tuple[int, ...], device: torch.device, dtype: torch.dtype = torch.float32):
+    """An uninitialised host tensor for :func:`to_device`, pinned where ``device`` is a GPU."""
+    return torch.empty(shape, dtype=dtype, pin_memory=torch.device(device).type == "cuda")
+
+
+def to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``host`` on ``device`` by a copy that does not wait for the work already queued there: on a GPU
+    from pinned memory, asynchronously (:func:`host_buffer` is pinned already; anything else is pinned
+    first). A plain ``.to(cuda)`` from pageable memory, ``torch.tensor(..., device=cuda)`` included,
+    waits until the GPU has finished everything queued before it; on the CPU ``host`` itself."""
+    device = torch.device(device)
+    if device.type != "cuda" or host.device.type != "cpu":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
+
+
+def proc_status(pid: int | str = "self") -> dict[str, str]:
+    """A process's ``/proc/<pid>/status`` fields (Linux), values as written ("123 kB"); FileNotFoundError
+    for a process that has gone."""
+    with open(f"/proc/{pid}/status") as f:
+        return {k: v.strip() for k, v in (line.split(":", 1) for line in f if ":" in line)}
+
+
+def status_bytes(status: dict[str, str], key: str) -> int:
+    """A ``kB`` field of :func:`proc_status` in bytes (0 where absent)."""
+    return int(status.get(key, "0 kB").split()[0]) * 1024
+
+
+def meminfo_bytes(key: str) -> int:
+    """A field of this host's ``/proc/meminfo`` (``MemTotal``, ``MemAvailable``) in bytes."""
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith(f"{key}:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"/proc/meminfo has no {key}")

@@ -1,0 +1,231 @@
+"""``wamkit collect``: run scripted experts in parallel worker processes and write a LeRobot v3 dataset.
+
+Episode e of a task is ``EpisodeSpec(suite, task, trial=e, seed=collect.seed + e)``. Seeds are tried in
+order until ``collect.episodes`` successful episodes per task are kept (all attempts with
+``--keep-failed``), giving up on a task after ``2 * episodes + 10`` attempts. Every finished attempt is
+journaled (``meta/wamkit_collect.jsonl``, fsynced): re-running the same command skips what is done and
+never collects a (task, seed) twice.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import Counter
+from dataclasses import replace
+from multiprocessing.connection import wait
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from wamkit.config import ConfigError, RunConfig
+from wamkit.constants import ACTION, OBS_STATE, TASK, image_key
+from wamkit.envs.base import EpisodeSpec, check_env_config, render_info
+from wamkit.envs.expert import ExpertHost
+from wamkit.envs.journal import Journal
+from wamkit.envs.suites import expand_tasks, suite_info
+from wamkit.envs.workers import EnvWorker, WorkerDied
+
+log = logging.getLogger(__name__)
+
+
+# command-line flag -> dotted config key
+def features_for(cfg: RunConfig) -> dict[str, dict[str, Any]]:
+    """LeRobot v3 feature descriptions of a collected dataset."""
+    info = suite_info(cfg.env.suite)
+    s = cfg.env.image_size
+    feats: dict[str, dict[str, Any]] = {
+        image_key(c): {"dtype": "video", "shape": [s, s, 3], "names": ["height", "width", "channel"]}
+        for c in cfg.env.cameras
+    }
+    feats[OBS_STATE] = {"dtype": "float32", "shape": [info.state_dim], "names": None}
+    feats[ACTION] = {"dtype": "float32", "shape": [info.action_dim], "names": None}
+    return feats
+
+
+def _check_collect(cfg: RunConfig) -> None:
+    c = cfg.collect
+    if c.episodes < 1:
+        raise ConfigError(f"collect.episodes: expected >= 1 per task, got {c.episodes}")
+    if c.workers < 1:
+        raise ConfigError(f"collect.workers: expected >= 1, got {c.workers}")
+    if not c.out:
+        raise ConfigError("collect.out: a dataset folder is needed")
+    if cfg.env.suite != "metaworld":
+        raise ConfigError(
+            f"env.suite: {cfg.env.suite} has no scripted expert to collect with; use metaworld "
+            "(LIBERO datasets come from its recorded demonstrations)"
+        )
+    check_env_config(cfg.env)
+
+
+def _open_writer(cfg: RunConfig, root: Path, journal: Journal):
+    """Create the dataset, or re-open it to resume after checking it was made with the same settings
+    and reconciling the journal with the episodes the writer really committed."""
+    from wamkit.data import LeRobotDatasetWriter  # the data stage: imported only when writing
+    from wamkit.data.meta import INFO, PARTIAL
+
+    extra, fps = render_info(cfg.env), suite_info(cfg.env.suite).fps
+    meta_file = next((root / f for f in (PARTIAL, INFO) if (root / f).is_file()), None)
+    if meta_file is None:
+        if journal.entries or (root.exists() and any(root.iterdir())):
+            raise ConfigError(f"collect.out: {root} exists and is not a dataset written by wamkit collect")
+        info = suite_info(cfg.env.suite)
+        return LeRobotDatasetWriter.create(
+            root, fps, features_for(cfg), robot_type=info.robot_type, extra_info=extra
+        )
+    info = json.loads(meta_file.read_text())
+    have = {k: (info.get("wamkit") or {}).get(k) for k in extra}
+    shapes = {k: (info.get("features") or {}).get(k, {}).get("shape") for k in features_for(cfg)}
+    if (
+        have != extra
+        or info.get("fps") != fps
+        or shapes != {k: f["shape"] for k, f in features_for(cfg).items()}
+    ):
+        raise ConfigError(
+            f"collect.out: {root} holds a dataset made with {have} at {info.get('fps')} fps; this run asks "
+            f"for {extra} at {fps} fps: choose another --out, or the same settings to resume"
+        )
+    writer = LeRobotDatasetWriter.open(root)
+    kept = journal.reconcile(writer.num_episodes)
+    if kept != writer.num_episodes:
+        raise ConfigError(
+            f"collect.out: {root} holds {writer.num_episodes} episodes but its journal "
+            f"({journal.path}) accounts for {kept}; it was changed by hand: use another --out"
+        )
+    return writer
+
+
+def _write_episode(writer, result: dict[str, Any]) -> int:
+    frames = result["frames"]
+    try:
+        for t in range(result["steps"]):
+            frame = {k: v[t] for k, v in frames.items()}
+            frame[TASK] = result["task"]
+            writer.add_frame(frame)
+        return writer.save_episode()
+    except BaseException:
+        writer.discard_episode()
+        raise
+
+
+def collect(cfg: RunConfig, progress: bool = True) -> dict[str, Any]:
+    """Collect ``cfg.collect.episodes`` expert episodes per task into ``cfg.collect.out``.
+
+    Returns a summary: kept / attempted / successes per task, episodes per minute, wall seconds.
+    """
+    _check_collect(cfg)
+    tasks = expand_tasks(cfg.env.suite, cfg.env.tasks)
+    env_cfg = replace(cfg.env, tasks=tasks)
+    c = cfg.collect
+    root = Path(c.out)
+    journal = Journal(root)
+    writer = _open_writer(cfg, root, journal)
+    done = journal.attempted()
+    kept, attempts = journal.kept(), Counter(e["task"] for e in journal.entries)
+    in_flight: Counter = Counter()
+    next_trial = {t: 0 for t in tasks}
+    max_attempts = 2 * c.episodes + 10
+    stats = {t: {"attempted": 0, "success": 0, "kept": 0} for t in tasks}
+
+    def next_spec() -> EpisodeSpec | None:
+        for task in tasks:
+            while (
+                kept[task] + in_flight[task] < c.episodes and attempts[task] + in_flight[task] < max_attempts
+            ):
+                e = next_trial[task]
+                next_trial[task] += 1
+                if (task, c.seed + e) in done:
+                    continue
+                return EpisodeSpec(cfg.env.suite, task, e, c.seed + e)
+        return None
+
+    total = c.episodes * len(tasks)
+    bar = tqdm(
+        total=total, initial=sum(min(kept[t], c.episodes) for t in tasks), unit="ep", disable=not progress
+    )
+    n_workers = min(c.workers, sum(max(0, c.episodes - kept[t]) for t in tasks))  # none when all done
+    workers = [EnvWorker(env_cfg, 1, i, host_factory=ExpertHost) for i in range(n_workers)]
+    busy: dict[int, EpisodeSpec] = {}
+    restarts, max_restarts = 0, 2 * n_workers
+    start, new_eps = time.perf_counter(), 0
+    try:
+        for w in workers:
+            spec = next_spec()
+            if spec is None:
+                break
+            w.submit("rollout", {"spec": spec, "keep_failed": c.keep_failed})
+            busy[w.worker_id], in_flight[spec.task] = spec, in_flight[spec.task] + 1
+        while busy:
+            ready = wait([workers[i].connection for i in busy])
+            for w in [w for w in workers if w.connection in ready and w.worker_id in busy]:
+                try:
+                    result = w.result()
+                except WorkerDied as err:
+                    restarts += 1
+                    if restarts > max_restarts:
+                        raise
+                    log.warning("%s; restarting it and re-running the episode", err)
+                    w.close(timeout=1.0)  # reaps the dead process, closes its pipe
+                    workers[w.worker_id] = EnvWorker(env_cfg, 1, w.worker_id, host_factory=ExpertHost)
+                    workers[w.worker_id].submit(
+                        "rollout", {"spec": busy[w.worker_id], "keep_failed": c.keep_failed}
+                    )
+                    continue
+                spec = busy.pop(w.worker_id)
+                in_flight[spec.task] -= 1
+                attempts[spec.task] += 1
+                keep = result["success"] or c.keep_failed
+                st = stats[spec.task]
+                st["attempted"] += 1
+                st["success"] += int(result["success"])
+                # journaled before the episode is committed: a crash in between leaves a journal line
+                # whose episode_index the writer never reached, which reconcile() drops on resume
+                index = writer.num_episodes if keep else None
+                journal.append(
+                    {
+                        **spec.to_dict(),
+                        "success": result["success"],
+                        "kept": keep,
+                        "steps": result["steps"],
+                        "episode_index": index,
+                    }
+                )
+                if keep:
+                    _write_episode(writer, result)
+                    kept[spec.task] += 1
+                    st["kept"] += 1
+                    new_eps += 1
+                    bar.update(1)
+                nxt = next_spec()
+                if nxt is not None:
+                    w.submit("rollout", {"spec": nxt, "keep_failed": c.keep_failed})
+                    busy[w.worker_id], in_flight[nxt.task] = nxt, in_flight[nxt.task] + 1
+    finally:
+        bar.close()
+        for w in workers:
+            w.close()
+        if writer.num_episodes:
+            writer.finalize()
+        else:
+            log.warning("%s: no episode was kept; the dataset is left unfinished", root)
+    wall = time.perf_counter() - start
+    for task in tasks:
+        if kept[task] < c.episodes:
+            log.warning(
+                "%s: only %d of %d episodes succeeded after %d attempts",
+                task,
+                kept[task],
+                c.episodes,
+                attempts[task],
+            )
+    return {
+        "out": str(root),
+        "tasks": stats,
+        "kept_total": sum(kept[t] for t in tasks),
+        "new_episodes": new_eps,
+        "wall_s": wall,
+        "episodes_per_min": 60.0 * new_eps / wall if wall > 0 else 0.0,
+    }

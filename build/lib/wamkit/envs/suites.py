@@ -1,0 +1,71 @@
+"""Suite registry: which module builds which suite. Backends are imported only when used, so a
+MetaWorld user never imports LIBERO (an optional extra)."""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import replace
+
+from wamkit.config import ConfigError, EnvConfig, _suggest
+from wamkit.envs.base import Env, SuiteInfo, SuiteProtocol, check_env_config
+
+LIBERO_SUITES = ("libero_spatial", "libero_object", "libero_goal", "libero_10", "libero_90")
+_BACKENDS = {"metaworld": "wamkit.envs.metaworld_env", **{s: "wamkit.envs.libero_env" for s in LIBERO_SUITES}}
+
+
+def suites() -> list[str]:
+    return list(_BACKENDS)
+
+
+def _backend(suite: str):
+    if suite not in _BACKENDS:
+        raise ConfigError(
+            f"env.suite: unknown suite '{suite}'{_suggest(suite, _BACKENDS)} (valid: {', '.join(_BACKENDS)})"
+        )
+    return importlib.import_module(_BACKENDS[suite])
+
+
+def backend(suite: str):
+    """The backend module of ``suite``: its conventions as data (``STATE_NAMES``, ``AXIS_ANGLE_DIMS``,
+    ``ACTION_NAMES``, ``STATE_SOURCE``, ``CAMERAS``, ``finger_width``, ``PROTOCOL``)."""
+    return _backend(suite)
+
+
+def suite_info(suite: str) -> SuiteInfo:
+    """Tasks, max steps, state / action dims, fps and cameras of ``suite``."""
+    mod = _backend(suite)
+    return mod.suite_info(suite) if suite in LIBERO_SUITES else mod.suite_info()
+
+
+def expand_tasks(suite: str, tasks: list[str]) -> list[str]:
+    """The suite's task names for ``tasks`` (groups such as ``MT10`` expanded); errors name env.tasks."""
+    mod = _backend(suite)
+    return mod.expand_tasks(suite, tasks) if suite in LIBERO_SUITES else mod.expand_tasks(tasks)
+
+
+def protocol(suite: str) -> SuiteProtocol:
+    """The suite's protocol defaults (render look, seed rule, trials per task); see docs/libero.md."""
+    return _backend(suite).PROTOCOL
+
+
+def resolve_env_config(env_cfg: EnvConfig) -> EnvConfig:
+    """A copy of ``env_cfg`` with ``auto`` values replaced by the suite's protocol; a seed rule the suite
+    cannot honour raises :class:`ConfigError` naming ``env.seed_rule``."""
+    check_env_config(env_cfg)
+    proto = protocol(env_cfg.suite)
+    quality = proto.render_quality if env_cfg.render_quality == "auto" else env_cfg.render_quality
+    rule = proto.seed_rule if env_cfg.seed_rule == "auto" else env_cfg.seed_rule
+    if rule != "per_trial" and env_cfg.suite not in LIBERO_SUITES:
+        raise ConfigError(
+            f"env.seed_rule: {rule} seeds a task once and relies on stored initial states (LIBERO); "
+            f"{env_cfg.suite} draws each episode's placement from its seed: use per_trial"
+        )
+    return replace(env_cfg, render_quality=quality, seed_rule=rule)
+
+
+def make_env(env_cfg: EnvConfig) -> Env:
+    """Build one env of ``env_cfg.suite`` (``auto`` settings resolved by the suite's protocol). Creates
+    no GL context (that happens on the first render)."""
+    env_cfg = resolve_env_config(env_cfg)
+    mod = _backend(env_cfg.suite)
+    return mod.make(env_cfg) if env_cfg.suite in LIBERO_SUITES else mod.MetaWorldEnv(env_cfg)

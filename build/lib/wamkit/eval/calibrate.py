@@ -1,0 +1,277 @@
+"""Calibration: simulation and inference measured apart, before the timed part, for an independent bound.
+
+A run's efficiency is its wall time against a bound. If the bound came from the run's own busy times,
+a schedule that made simulation or inference slower (IPC per call, contention, a cold server) would
+raise its own bound and still look efficient. So before the clock starts, on the very envs of the run
+and against the very server, :func:`calibrate` measures:
+
+- ``t_step``: one worker's busy seconds per env step, with no server in the loop: every slot applies
+  ``replan_interval`` actions per call (actions from one warm-up reply), all workers at once, IPC
+  included; ``t_reset``: the same per episode start; each the median over rounds. The first start and
+  chunk of each slot (simulator construction, caches) are not timed;
+- ``latency(b)``: the server's seconds for one request of ``b`` observations (its reported model time,
+  the round trip when it reports none), for each batch size the run can send; every size is sent once
+  untimed first (a cold first call of a shape is compilation or allocation, not inference), then timed
+  a few times; the median is kept. Sizes in between are interpolated linearly. With S servers every
+  server is measured (and so warmed) in turn, each in 1/S of the inference half.
+
+:func:`independent_bound` turns them into ``max(sim, infer)`` for the work the run did:
+``sim = (t_step × env steps + t_reset × episode starts) / workers`` and ``infer = Σ latency(B)`` over
+the server's model calls (a request of ``b`` observations served in a call of ``B`` counts
+``latency(B) × b / B``, so a call that merged several stages' requests counts once), each request at
+its own server's latency, divided by S: S servers answer S requests at once. A server that drops out
+mid-run therefore shows as lost efficiency, not as a lower capacity. The whole takes about
+``eval.calibrate_s`` seconds, half on each side (at least one timed round of each).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from wamkit.envs.base import EpisodeSpec
+from wamkit.eval.executors import Executor
+from wamkit.eval.host import ERROR
+from wamkit.eval.scheduler import layout
+
+log = logging.getLogger(__name__)
+MAX_TIMED_CALLS = 10  # per batch size: enough for a median
+WARM_CALLS = 2  # untimed calls per batch size after its first, at least
+MAX_SIM_ROUNDS = 200
+
+
+def interpolate(table: dict[int, float], b: float) -> float:
+    """Seconds for a call of ``b`` observations: piecewise linear through the measured sizes, extended
+    along the nearest segment (or proportionally, when one size was measured)."""
+    sizes = sorted(table)
+    if len(sizes) == 1:
+        return table[sizes[0]] * b / sizes[0]
+    if b in table:
+        return table[int(b)]
+    i = 1
+    while i < len(sizes) - 1 and sizes[i] < b:
+        i += 1
+    lo, hi = sizes[i - 1], sizes[i]
+    slope = (table[hi] - table[lo]) / (hi - lo)
+    return max(0.0, table[lo] + slope * (b - lo))
+
+
+@dataclass
+class Calibration:
+    t_step: float  # one worker's busy seconds per env step
+    t_reset: float  # one worker's busy seconds per episode start
+    # batch size -> server seconds per request of that many observations (the servers' mean)
+    latency: dict[int, float]
+    seconds: float = 0.0  # how long the calibration took
+    server_latency: list[dict[int, float]] = field(default_factory=list)  # per server, when several
+
+    def latency_at(self, b: float, server: int | None = None) -> float:
+        """Seconds for a call of ``b`` observations (:func:`interpolate`), at server ``server``'s
+        latency when it was measured apart, else the servers' mean."""
+        if server is not None and server < len(self.server_latency):
+            return interpolate(self.server_latency[server], b)
+        return interpolate(self.latency, b)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["latency"] = {str(b): s for b, s in sorted(self.latency.items())}
+        out["server_latency"] = [{str(b): s for b, s in sorted(t.items())} for t in self.server_latency]
+        return out
+
+
+def batch_sizes(num_envs: int, stages: int, servers: int = 1) -> list[int]:
+    """The request sizes a run can send: 1 (a last straggler), N/P, N (merged calls); with ``stages``
+    0 (auto), N/P for every candidate P."""
+    if stages:
+        return sorted({1, num_envs // stages, num_envs})
+    return sorted({1} | {num_envs // p for p in auto_candidates(num_envs, servers)})
+
+
+def auto_candidates(num_envs: int, servers: int = 1) -> list[int]:
+    """The stage counts ``--pipeline auto`` chooses from: divisors of N up to 8 (up to S with more
+    servers) that are multiples of the S servers, so that every server serves as many stages."""
+    top = max(8, servers)
+    return [p for p in range(1, num_envs + 1) if num_envs % p == 0 and p % servers == 0 and p <= top]
+
+
+def independent_bound(
+    cal: Calibration,
+    workers: int,
+    env_steps: int,
+    resets: int,
+    requests: list[tuple[int, ...]],
+    servers: int = 1,
+) -> dict[str, float]:
+    """``bound_sim`` and ``bound_infer`` (seconds) of the work a run did; see the module docstring.
+    ``requests``: ``(observations, model call size[, server index, ...])`` per request."""
+    sim = (cal.t_step * env_steps + cal.t_reset * resets) / max(1, workers)
+    infer = sum(cal.latency_at(r[1], r[2] if len(r) > 2 else None) * r[0] / r[1] for r in requests)
+    return {"bound_sim": sim, "bound_infer": infer / max(1, servers)}
+
+
+def _by_worker(slots: list[tuple[int, int]], items: list[Any]) -> dict[int, dict[int, Any]]:
+    out: dict[int, dict[int, Any]] = {}
+    for (w, s), item in zip(slots, items):
+        out.setdefault(w, {})[s] = item
+    return out
+
+
+def _call_all(ex: Executor, method: str, per_worker: dict[int, Any]) -> tuple[dict[int, Any], float]:
+    """One call per worker, all at once; ``({worker: result}, summed busy seconds)``."""
+    futs = {w: ex.call(w, ex.generation(w), method, payload) for w, payload in per_worker.items()}
+    results, busy = {}, 0.0
+    for w, fut in futs.items():
+        results[w], dt = fut.result()
+        busy += dt
+    return results, busy
+
+
+class _Sim:
+    """The run's slots, started on its first episodes, stepped with fixed chunks."""
+
+    def __init__(self, ex: Executor, num_envs: int, episodes: list[EpisodeSpec]):
+        self.ex = ex
+        self.slots = layout(num_envs, 1, ex.num_workers)[0][0]
+        self.specs = [episodes[i % len(episodes)] for i in range(num_envs)]
+        self.obs: list[dict[str, Any] | None] = [None] * num_envs
+
+    def start(self, which: list[int]) -> float:
+        """Start the episodes of slots ``which``; return the summed busy seconds."""
+        if not which:
+            return 0.0
+        slots = [self.slots[i] for i in which]
+        res, busy = _call_all(self.ex, "start", _by_worker(slots, [self.specs[i] for i in which]))
+        for i, (w, s) in zip(which, slots):
+            self.obs[i] = res[w][s].get("obs")
+        return busy
+
+    def advance(self, chunks: np.ndarray) -> tuple[int, float]:
+        """Apply one chunk to every live slot; ``(steps applied, busy seconds)``. Ended slots are marked."""
+        live = [i for i, o in enumerate(self.obs) if o is not None]
+        slots = [self.slots[i] for i in live]
+        payload = {w: {"actions": d} for w, d in _by_worker(slots, [chunks[i] for i in live]).items()}
+        res, busy = _call_all(self.ex, "advance", payload)
+        steps = 0
+        for i, (w, s) in zip(live, slots):
+            out = res[w][s]
+            if ERROR in out or out["terminated"] or out["truncated"]:
+                self.obs[i] = None
+            else:
+                self.obs[i] = out["obs"]
+            steps += len(out.get("rewards", ()))
+        return steps, busy
+
+    def ended(self) -> list[int]:
+        return [i for i, o in enumerate(self.obs) if o is None]
+
+
+def calibrate(
+    ex: Executor,
+    servers: dict[str, Callable[[], Callable]],
+    episodes: list[EpisodeSpec],
+    num_envs: int,
+    sizes: list[int],
+    budget_s: float,
+    replan_interval: int,
+) -> Calibration:
+    """Measure ``t_step``, ``t_reset`` and ``latency(b)`` for ``b`` in ``sizes`` on each server
+    (``servers``: URL -> policy factory; module docstring). A server that fails (refused, dropped, no
+    reply within its connection's reply timeout) stops the calibration with an error naming its URL."""
+    t0 = time.perf_counter()
+    sim = _Sim(ex, num_envs, episodes)
+    sim.start(list(range(num_envs)))  # untimed: builds the simulators
+    sim.start(sim.ended())  # an env that raised gets one more chance
+    obs = [o for o in sim.obs if o is not None]
+    if not obs:
+        raise RuntimeError("calibration: every env raised on its first episode")
+    chunks: np.ndarray | None = None
+    per_server: list[dict[int, float]] = []
+    for url, make_policy in servers.items():
+        with _server(url, make_policy) as policy:
+            if chunks is None:  # the simulation side steps with the actions of one warm-up reply
+                reply = policy([obs[j % len(obs)] for j in range(num_envs)])
+                chunks = np.asarray(reply[0])[:, :replan_interval]
+            per_server.append(_time_server(policy, obs, sizes, budget_s / 2 / len(servers)))
+    assert chunks is not None
+    t_step, t_reset = _time_sim(sim, chunks, budget_s / 2)
+    latency = {b: statistics.fmean(t[b] for t in per_server) for b in sizes}
+    several = per_server if len(per_server) > 1 else []
+    cal = Calibration(t_step, t_reset, latency, time.perf_counter() - t0, several)
+    log.info(
+        "calibration (%.1f s): %.2f ms per env step, %.1f ms per episode start, server %s ms by batch size",
+        cal.seconds,
+        1000 * t_step,
+        1000 * t_reset,
+        [{b: round(1000 * s, 1) for b, s in t.items()} for t in per_server],
+    )
+    return cal
+
+
+@contextlib.contextmanager
+def _server(url: str, make_policy: Callable[[], Callable]) -> Iterator[Callable]:
+    """One calibration connection to ``url``, closed at the end; its failures name ``url``."""
+    try:
+        policy = make_policy()
+        try:
+            yield policy
+        finally:
+            close = getattr(policy, "close", None)
+            if close is not None:
+                close()
+    except TimeoutError as err:
+        raise TimeoutError(
+            f"calibration: the server at {url} did not reply ({err}); a hung server stops the run "
+            "before any episode, and a slow one needs a larger eval.server_timeout_s"
+        ) from err
+    except OSError as err:
+        raise ConnectionError(f"calibration: the server at {url} failed: {err}") from err
+
+
+def _time_sim(sim: _Sim, chunks: np.ndarray, budget_s: float) -> tuple[float, float]:
+    """``(t_step, t_reset)``: one untimed chunk, timed starts of every slot, then timed chunks.
+
+    Each is the median over rounds of a round's busy seconds per step (per start), so a spell of
+    another process on a shared machine moves it less than a mean would."""
+    sim.advance(chunks)  # untimed: the first steps warm caches
+    per_start = [sim.start(list(range(len(sim.slots)))) / len(sim.slots)]
+    per_step: list[float] = []
+    deadline, rounds = time.perf_counter() + budget_s, 0
+    while rounds < MAX_SIM_ROUNDS and (not per_step or time.perf_counter() < deadline):
+        ended = sim.ended()
+        if ended:
+            per_start.append(sim.start(ended) / len(ended))
+        n, busy = sim.advance(chunks)
+        rounds += 1
+        if n:
+            per_step.append(busy / n)
+    if not per_step:
+        log.warning("calibration: no env step could be timed (every env raised); the bound omits steps")
+    return statistics.median(per_step or [0.0]), statistics.median(per_start)
+
+
+def _time_server(policy: Callable, obs: list[dict], sizes: list[int], budget_s: float) -> dict[int, float]:
+    """Median server seconds per request of each size, after untimed requests of that size: a cold
+    first call of the shape (compilation, allocation), then ``WARM_CALLS`` more or a fifth of its
+    share, whichever lasts longer (the server and GPU busy again before anything is timed)."""
+    latency = {}
+    share = budget_s / max(1, len(sizes))
+    for b in sizes:
+        batch = [obs[i % len(obs)] for i in range(b)]
+        policy(batch)
+        warm_until, warm = time.perf_counter() + share / 5, 0
+        while warm < WARM_CALLS or time.perf_counter() < warm_until:
+            policy(batch)
+            warm += 1
+        times: list[float] = []
+        deadline = time.perf_counter() + share
+        while not times or (time.perf_counter() < deadline and len(times) < MAX_TIMED_CALLS):
+            times.append(float(policy(batch)[1]))
+        latency[b] = statistics.median(times)
+    return latency

@@ -1,0 +1,79 @@
+"""Which episodes an evaluation runs, named so that a rerun evaluates exactly the same ones.
+
+Episodes are tasks × trials (``eval.trials``; 0: the suite's protocol, LIBERO 50 and MetaWorld 10).
+The seed of trial ``t`` follows ``env.seed_rule`` (:func:`wamkit.envs.base.episode_seed`): ``per_trial``
+gives ``eval.seed + t``; ``openpi`` / ``openvla`` give every trial the seed the task's env is seeded
+with once (7 / 0), and the env starts trial ``t`` from the generator state ``t`` earlier resets leave
+(LIBERO also starts trial ``t`` from the task's stored ``initial_states[t]``). They are listed
+trial-major (trial 0 of every task, then trial 1, ...) so that a partial run covers every task evenly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from wamkit.config import ConfigError, EnvConfig, EvalConfig
+from wamkit.envs.base import EpisodeSpec, episode_seed, stack_versions
+
+
+def suite_tasks(env_cfg: EnvConfig) -> list[str]:
+    """The suite's task names for ``env.tasks`` (groups such as MT10 and LIBERO indices resolved), or
+    every task of the suite when it is empty."""
+    from wamkit.envs import expand_tasks, suite_info
+
+    if env_cfg.tasks:
+        return list(expand_tasks(env_cfg.suite, [str(t) for t in env_cfg.tasks]))
+    return list(suite_info(env_cfg.suite).tasks)
+
+
+def trials_per_task(env_cfg: EnvConfig, eval_cfg: EvalConfig) -> int:
+    """``eval.trials``, or the suite's protocol count when it is 0."""
+    from wamkit.envs.suites import protocol
+
+    if eval_cfg.trials < 0:
+        raise ConfigError(
+            f"eval.trials: expected >= 1 trial per task (0: the suite's), got {eval_cfg.trials}"
+        )
+    return eval_cfg.trials or protocol(env_cfg.suite).trials
+
+
+def plan_episodes(env_cfg: EnvConfig, eval_cfg: EvalConfig) -> list[EpisodeSpec]:
+    from wamkit.envs.suites import resolve_env_config
+
+    rule = resolve_env_config(env_cfg).seed_rule
+    tasks = suite_tasks(env_cfg)
+    if len(set(tasks)) != len(tasks):
+        raise ConfigError(f"env.tasks: a task is listed twice in {tasks}")
+    return [
+        EpisodeSpec(suite=env_cfg.suite, task=task, trial=t, seed=episode_seed(rule, eval_cfg.seed, t))
+        for t in range(trials_per_task(env_cfg, eval_cfg))
+        for task in tasks
+    ]
+
+
+def plan_record(env_cfg: EnvConfig, eval_cfg: EvalConfig, server: dict[str, Any]) -> dict[str, Any]:
+    """What makes the episodes' results what they are; ``--resume`` refuses a different one.
+
+    Throughput settings (num_envs, stages, workers, executor) are left out on purpose: they change how
+    fast episodes run, never their results. ``auto`` settings are recorded as what they resolve to, and
+    ``stack`` holds the simulator stack's versions (a different stack may render other pixels).
+    """
+    from wamkit.envs.suites import resolve_env_config
+
+    env_cfg = resolve_env_config(env_cfg)
+    return {
+        "suite": env_cfg.suite,
+        "tasks": suite_tasks(env_cfg),
+        "cameras": list(env_cfg.cameras),
+        "image_size": env_cfg.image_size,
+        "render_quality": env_cfg.render_quality,
+        "render_gpu": env_cfg.render_gpu,  # which renderer draws the frames is part of the stack
+        "seed_rule": env_cfg.seed_rule,
+        "hard_reset": env_cfg.hard_reset,
+        "max_steps": env_cfg.max_steps,
+        "trials": trials_per_task(env_cfg, eval_cfg),
+        "seed": eval_cfg.seed if env_cfg.seed_rule == "per_trial" else episode_seed(env_cfg.seed_rule, 0, 0),
+        "replan_interval": eval_cfg.replan_interval,
+        "server": server,
+        "stack": stack_versions(),
+    }

@@ -1,0 +1,91 @@
+"""A local inference server in its own process (``wamkit serve ... --port P``), for ``eval.serve_dir``
+and the benchmark. A separate process keeps the model's threads and the GIL away from the evaluator."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def start_server_process(
+    serve_args: list[str] | str,
+    timeout_s: float = 900.0,
+    host: str = "127.0.0.1",
+    log_path: Path | None = None,
+    port: int = 0,
+    env: dict[str, str] | None = None,
+) -> Iterator[ServerProcess]:
+    """Run ``wamkit serve <serve_args> --host H --port P`` until the block ends.
+
+    ``serve_args`` is a serving directory, or the argument list of ``wamkit serve`` (e.g.
+    ``["--model", "delay", "--random-init", "--option", "delay_ms=20"]``); ``port`` 0 picks a free one;
+    ``env`` adds environment variables (e.g. ``CUDA_VISIBLE_DEVICES`` to give it one GPU).
+    Waits until ``/healthz`` answers (a large model may take minutes to build or load); a server that exits first raises with the
+    end of its log.
+    """
+    if isinstance(serve_args, str):
+        serve_args = [serve_args]
+    port = port or free_port(host)
+    cmd = [sys.executable, "-m", "wamkit", "--log-level", "warning", "serve", *serve_args]
+    cmd += ["--host", host, "--port", str(port)]
+    log_file = open(log_path, "w+") if log_path else tempfile.TemporaryFile("w+")  # noqa: SIM115
+    proc = subprocess.Popen(
+        cmd, stdout=log_file, stderr=subprocess.STDOUT, text=True, env={**os.environ, **(env or {})}
+    )
+    srv = ServerProcess(proc, host, port, log_file)
+    try:
+        srv.wait_ready(timeout_s)
+        yield srv
+    finally:
+        srv.stop()
+        log_file.close()
+
+
+class ServerProcess:
+    def __init__(self, proc: subprocess.Popen, host: str, port: int, log_file: IO[str]):
+        self.proc, self.host, self.port, self.log_file = proc, host, port, log_file
+
+    @property
+    def url(self) -> str:
+        return f"ws://{self.host}:{self.port}"
+
+    def wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                self.log_file.seek(0)
+                err = self.log_file.read()
+                raise RuntimeError(f"the local server exited with code {self.proc.returncode}: {err[-2000:]}")
+            try:
+                with urllib.request.urlopen(f"http://{self.host}:{self.port}/healthz", timeout=1) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.1)
+        self.stop()
+        raise TimeoutError(f"the local server did not answer /healthz within {timeout_s:g} s")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)

@@ -1,0 +1,246 @@
+"""The model adapter protocol: how every stage talks to a model, whatever its internals.
+
+Batch format (what the data pipeline produces and ``sft_loss`` / ``predict`` consume), B = batch:
+
+- ``observation.images.<cam>``: uint8 tensor [B, H, W, 3] (channels last, as stored), one per camera
+  the model declares in ``io.cameras``;
+- ``observation.state``: float32 [B, state_dim], already normalised with the stats file;
+- ``action``: float32 [B, chunk, action_dim], normalised, in ``io.representation`` (training only);
+- ``action_is_pad``: bool [B, chunk], True where the chunk ran past the episode end (training only);
+- ``task``: list of B strings;
+- optional ``observation.future_images.<cam>``: uint8 [B, K, H, W, 3], the frames at the model's
+  ``future_frame_offsets`` after the current one, clamped to the episode's last frame (world-model
+  targets; training only, for models that declare offsets).
+
+``predict`` returns model-space action chunks: float32 numpy [B, chunk, action_dim], still normalised;
+turning them into env-ready actions is :class:`wamkit.actions.spec.PreprocessSpec`'s job, the same
+object the training dataset ran.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+import numpy as np
+import torch
+
+from wamkit.constants import ACTION, OBS_STATE, TASK, image_key
+
+
+def weights_sha256(module: torch.nn.Module | None) -> str:
+    """sha256 over a module's state dict (names, dtypes, shapes and bytes, in name order); "" if none.
+    Each tensor's own buffer is hashed: no second copy of the weights."""
+    if module is None:
+        return ""
+    h = hashlib.sha256()
+    for name, tensor in sorted(module.state_dict().items()):
+        t = tensor.detach().contiguous().reshape(-1)
+        h.update(f"{name}|{t.dtype}|{list(tensor.shape)}|".encode())
+        h.update(t.view(torch.uint8).cpu().numpy())
+    return h.hexdigest()
+
+
+def weights_digest(module: torch.nn.Module | None, threads: int = 0) -> str:
+    """sha256 over each tensor's name, dtype, shape and own sha256, in name order; "" if none. The
+    tensors are hashed in ``threads`` threads (0: one per core, at most 16): hashlib and the copy off
+    the device release the interpreter lock, so a 15B model's 30 GB hash in seconds where
+    :func:`weights_sha256`'s one running hash takes half a minute. The served identity's digest."""
+    if module is None:
+        return ""
+    import concurrent.futures
+    import threading
+
+    items = sorted(module.state_dict().items())
+    local = threading.local()
+    chunk = 64 << 20
+
+    def one(tensor: torch.Tensor) -> str:
+        t = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
+        if t.device.type == "cpu":
+            return hashlib.sha256(t.numpy()).hexdigest()
+        # off the device through a pinned buffer per thread (a pageable copy runs at a fraction of it)
+        if getattr(local, "buf", None) is None:
+            local.buf = torch.empty(chunk, dtype=torch.uint8, pin_memory=True)
+        h = hashlib.sha256()
+        for i in range(0, t.numel(), chunk):
+            n = min(chunk, t.numel() - i)
+            local.buf[:n].copy_(t[i : i + n])
+            h.update(local.buf[:n].numpy())
+        return h.hexdigest()
+
+    workers = threads or min(16, os.cpu_count() or 1)
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        digests = list(pool.map(one, [t for _, t in items]))
+    h = hashlib.sha256()
+    for (name, tensor), d in zip(items, digests):
+        h.update(f"{name}|{tensor.dtype}|{list(tensor.shape)}|{d}\n".encode())
+    return h.hexdigest()
+
+
+Mode = Literal["policy", "forward_dynamics", "inverse_dynamics"]
+# model.options.<this>: a folder written by `wamkit cache-latents` that a training run reads its targets
+# from (models implementing :class:`CachesLatents`; any other model given it is refused)
+LATENT_CACHE_OPTION = "latent_cache"
+
+
+@dataclass(frozen=True)
+class ModelIO:
+    """What a model takes and gives. The data pipeline and the server check batches against it."""
+
+    cameras: tuple[str, ...] = ("corner",)
+    image_size: int = 128  # square H = W
+    state_dim: int = 39
+    action_dim: int = 4
+    chunk: int = 16
+    representation: str = "raw"  # "raw" | "libero_rot6d" (see wamkit.actions.representations)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["cameras"] = list(self.cameras)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ModelIO:
+        return cls(**{**d, "cameras": tuple(d["cameras"])})
+
+    def check_batch(self, batch: dict[str, Any], training: bool = False) -> int:
+        """Raise ``ValueError`` saying what the model expects if ``batch`` does not fit; return B."""
+        missing = [k for k in [image_key(c) for c in self.cameras] + [OBS_STATE, TASK] if k not in batch]
+        if missing:
+            have = ", ".join(sorted(batch))
+            raise ValueError(
+                f"batch lacks {', '.join(missing)}; the model expects cameras {list(self.cameras)} (batch has: {have})"
+            )
+        state = batch[OBS_STATE]
+        if state.ndim != 2 or state.shape[-1] != self.state_dim:
+            raise ValueError(f"{OBS_STATE}: expected shape [B, {self.state_dim}], got {list(state.shape)}")
+        b = state.shape[0]
+        for cam in self.cameras:
+            img = batch[image_key(cam)]
+            want = (b, self.image_size, self.image_size, 3)
+            if tuple(img.shape) != want:
+                raise ValueError(
+                    f"{image_key(cam)}: expected uint8 images of shape {list(want)} (B, H, W, 3), got {list(img.shape)}"
+                )
+            if img.dtype not in (torch.uint8, np.uint8):
+                raise ValueError(f"{image_key(cam)}: expected dtype uint8, got {img.dtype}")
+        if len(batch[TASK]) != b:
+            raise ValueError(f"{TASK}: expected {b} strings, got {len(batch[TASK])}")
+        if training:
+            act = batch.get(ACTION)
+            want = (b, self.chunk, self.action_dim)
+            if act is None or tuple(act.shape) != want:
+                got = None if act is None else list(act.shape)
+                raise ValueError(f"{ACTION}: expected shape {list(want)} (B, chunk, action_dim), got {got}")
+        return b
+
+
+@dataclass(frozen=True)
+class ActivationShape:
+    """What sizes a model's activations, for the trainer's memory plan (an adapter's optional
+    ``activation_shape()``): per sample ``tokens`` through ``layers`` blocks of width ``hidden``
+    (keys/values ``kv_dim`` wide, MLP ``intermediate`` wide), of which ``grad_tokens`` pass through
+    trained weights (the rest, a frozen tower's tokens, keep only what attention needs)."""
+
+    tokens: int
+    grad_tokens: int
+    hidden: int
+    kv_dim: int
+    intermediate: int
+    layers: int
+
+
+@dataclass
+class ParamGroup:
+    """Trainable parameters that share a learning-rate multiplier (and weight decay on/off)."""
+
+    name: str
+    params: list[torch.nn.Parameter] = field(default_factory=list)
+    lr_mult: float = 1.0
+    weight_decay: bool = True
+
+
+@runtime_checkable
+class ModelAdapter(Protocol):
+    """What the trainer, the exporter and the server need from a model.
+
+    ``module`` is the ``torch.nn.Module`` to train / shard; ``blocks()`` its repeated transformer blocks
+    (FSDP2 wraps each one). Only parameters returned by ``param_groups()`` are trained; the rest are
+    frozen (``requires_grad=False``) and never enter the optimizer.
+    """
+
+    name: str
+    io: ModelIO
+    module: torch.nn.Module
+    # Frame offsets after the current one whose images sft_loss needs as
+    # ``observation.future_images.<cam>`` (world loss, dynamics modes); () for none.
+    future_frame_offsets: tuple[int, ...]
+    # Optional: per-sample values the data stage computes for sft_loss (wamkit.data.sft_dataset's
+    # SAMPLE_EXTRAS, e.g. "idle_frames"); absent means none.
+
+    def param_groups(self) -> list[ParamGroup]: ...
+
+    def blocks(self) -> list[torch.nn.Module]: ...
+
+    def sft_loss(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """Named scalar losses; the total to back-propagate is under ``"loss"``."""
+        ...
+
+    @torch.no_grad()
+    def predict(
+        self, batch: dict[str, Any], mode: Mode = "policy", seed: int | None = None, **inputs: Any
+    ) -> dict[str, np.ndarray]:
+        """``{"actions": [B, chunk, action_dim]}`` (model space) for ``policy`` and ``inverse_dynamics``
+        (``inputs["goal_images"]``), ``{"frames": [B, H, W, 3] uint8}`` for ``forward_dynamics``
+        (``inputs["actions"]``). Deterministic for a given ``seed``."""
+        ...
+
+    def config_dict(self) -> dict[str, Any]:
+        """Everything ``build_model`` needs to rebuild this model (name, preset, options, io)."""
+        ...
+
+    def flops_per_sample(self) -> float:
+        """Training FLOPs (forward + backward) of one sample, for MFU."""
+        ...
+
+
+def compile_blocks(adapter: Any) -> None:
+    """Regional compilation of ``adapter.blocks()`` (``train.compile``): the blocks share code, so one
+    graph serves them all.
+
+    An adapter whose blocks see another sequence length from batch to batch says so with
+    ``varying_shapes = True`` (Cosmos3: its packed captions differ in length, and caption dropout
+    empties some), and its blocks are compiled for dynamic shapes from the start. Compiled for one
+    shape first, such blocks were recompiled for every new length (dynamo's automatic dynamic shapes
+    did not take over) until its recompile limit, and a recompile between a checkpointed block's
+    forward and its recomputation can pick another graph."""
+    dynamic = True if getattr(adapter, "varying_shapes", False) else None
+    for block in adapter.blocks():
+        block.compile(dynamic=dynamic)
+
+
+@runtime_checkable
+class CachesLatents(Protocol):
+    """Optional, for a model whose training targets are an expensive encoding of the sample's future
+    frames (Cosmos3's VAE latents): encoded once by ``wamkit cache-latents``, read by a run given
+    ``model.options.latent_cache``. The cache's format and its checks are the model's own; the train
+    stage only calls these methods."""
+
+    def encode_clips(self, batch: dict[str, Any], device: torch.device | None = None) -> torch.Tensor:
+        """The targets ``sft_loss`` would compute from ``batch`` (with future frames): one row per sample."""
+        ...
+
+    def latent_cache_writer(self, dataset: Any, spec: Any, fps: float, *, out: Any, parent: Any,
+                            dtype: str, shard_size: int) -> Any:  # fmt: skip
+        """The writer of ``dataset``'s cache (``wamkit.data`` TrainDataset with future frames, ``spec``
+        its PreprocessSpec) in ``out``, or a folder named by its settings under ``parent``; it has
+        ``root``, ``shards()``, ``todo()`` -> ``[(suite, k, rows)]`` and ``write(suite, k, rows)``."""
+        ...
+
+    def latent_dataset(self, dataset: Any, folder: Any, spec: Any, fps: float) -> torch.utils.data.Dataset:
+        """``dataset`` (built without future frames) with each sample's cached targets from ``folder``;
+        refuses a cache built with other settings or from other data, naming what differs."""
+        ...

@@ -1,0 +1,100 @@
+"""The ``cosmos3`` model: NVIDIA Cosmos3 through diffusers (``pip install 'wamkit[cosmos3]'``).
+
+``build(cfg, io)`` is registered as ``wamkit.models.cosmos3:build``. Presets: ``tiny`` (CPU tests),
+``nano`` (Cosmos3-Nano's shape, random weights), ``nano_l8`` (Nano width, 8 layers: SFT on one GPU);
+``model.pretrained`` = a diffusers folder on disk (never downloaded). See docs/cosmos3_libero.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from wamkit.config import ModelConfig
+from wamkit.models.base import ModelIO
+
+# model.options.attention (models/cosmos3/packing.py): auto = flex on CUDA, mask elsewhere
+ATTENTION_MODES = ("auto", "mask", "loop", "flex")
+
+# LIBERO through LeRobot's key names: agent view and wrist camera, 8-D state, 10-D rot6d actions.
+DEFAULT_IO = ModelIO(
+    cameras=("image", "wrist_image"),
+    image_size=256,
+    state_dim=8,
+    action_dim=10,
+    chunk=16,
+    representation="libero_rot6d",
+)
+
+
+def build(cfg: ModelConfig, io: ModelIO | None = None, device: Any = None, **_: Any):
+    """Build the adapter from a preset (random weights) or ``cfg.pretrained`` (a diffusers folder).
+
+    ``device``: where the model is created (default: CPU); a Nano-sized preset is materialised there
+    directly, in ``options.dtype``. ``meta``: the transformer is left on the meta device, unfilled, with
+    the VAE and tokenizer on the CPU; ``adapter.weight_source(device)`` then gives what the trainer
+    streams into each process's shard (:mod:`wamkit.models.weights`), read from disk only then.
+    """
+    from wamkit.models.cosmos3.adapter import Cosmos3Adapter, resolve_dtype
+    from wamkit.models.cosmos3.components import (
+        build_from_base,
+        build_random,
+        fresh_heads,
+        load_pretrained,
+        load_tokenizer,
+        make_scheduler,
+        open_pretrained,
+        pipeline_root,
+    )
+    from wamkit.models.cosmos3.presets import resolve_options
+    from wamkit.models.weights import Overlay, StateDictWeights
+
+    opts = resolve_options(dict(cfg.options))
+    io = io or DEFAULT_IO
+    if io.chunk % 4:
+        raise ValueError(f"cosmos3: io.chunk={io.chunk} must be a multiple of 4 (the VAE's temporal stride)")
+    dev = torch.device(device if device is not None else "cpu")
+    dtype = resolve_dtype(opts["dtype"], dev)
+    root, source = None, None
+    if cfg.pretrained:
+        root, _ = pipeline_root(cfg.pretrained)
+        if dev.type == "meta":
+            transformer, vae, folder, fresh = open_pretrained(
+                root, io.action_dim, opts["reinit_action_heads"]
+            )
+            heads = StateDictWeights(fresh_heads(transformer), "fresh action heads") if fresh else None
+            source = folder if heads is None else Overlay(folder, heads)
+        else:
+            transformer, vae, _ = load_pretrained(
+                root, io.action_dim, opts["reinit_action_heads"], dev, dtype
+            )
+        opts["base"] = str(root.resolve())  # a rebuilt (saved) model takes its architecture and VAE here
+    elif opts["base"]:
+        root, _ = pipeline_root(opts["base"])
+        transformer, vae, source = build_from_base(root, io.action_dim, dev, dtype)
+    else:
+        transformer, vae, source = build_random(cfg.preset, io.action_dim, dev, dtype)
+    adapter = Cosmos3Adapter(
+        io,
+        cfg.preset,
+        cfg.pretrained,
+        opts,
+        transformer,
+        vae,
+        make_scheduler(root, float(opts["sampling_shift"])),
+        load_tokenizer(root),
+    )
+    if dev.type == "meta":
+        adapter.set_weight_source(source if callable(source) else (lambda _device, s=source: s))
+    return adapter
+
+
+def export_diffusers(adapter, out_dir):
+    """See :func:`wamkit.models.cosmos3.components.export_diffusers`."""
+    from wamkit.models.cosmos3.components import export_diffusers as _export
+
+    return _export(adapter, out_dir)
+
+
+__all__ = ["ATTENTION_MODES", "DEFAULT_IO", "build", "export_diffusers"]

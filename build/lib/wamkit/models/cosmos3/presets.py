@@ -1,0 +1,191 @@
+"""Cosmos3 size presets and the adapter's options (``model.options``), with their checks.
+
+Transformer configs are ``Cosmos3OmniTransformer`` constructor arguments; VAE configs are
+``AutoencoderKLWan`` arguments (the Wan2.2 layout: 12 input channels after a 2x2 patchify, 16x
+spatial and 4x temporal compression). A config must satisfy ``sum(rope_axes_dim) == head_dim / 2``
+and ``patch_latent_dim == latent_channel * latent_patch_size**2``, with ``latent_channel`` equal
+to the VAE's ``z_dim``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from wamkit.config import ConfigError, _suggest
+from wamkit.models.cosmos3 import ATTENTION_MODES
+from wamkit.models.cosmos3.recipe import LIBERO_VIEW_DESCRIPTION
+
+_NANO = dict(
+    head_dim=128,
+    hidden_size=4096,
+    intermediate_size=12288,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    num_hidden_layers=36,
+    latent_channel=48,
+    latent_patch_size=2,
+    patch_latent_dim=192,
+    rope_axes_dim=[24, 20, 20],
+)
+_WAN22_VAE = dict(
+    base_dim=160,
+    decoder_base_dim=256,
+    z_dim=48,
+    dim_mult=[1, 2, 4, 4],
+    num_res_blocks=2,
+    temperal_downsample=[False, True, True],
+    is_residual=True,
+    in_channels=12,
+    out_channels=12,
+    patch_size=2,
+    scale_factor_spatial=16,
+    scale_factor_temporal=4,
+)
+
+# name -> (transformer kwargs, VAE kwargs). Random weights; a real model comes from model.pretrained.
+PRESETS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    # ~0.5M parameters besides the 151,936-token embedding and LM head (kept at Qwen3's size so that
+    # the real tokenizer's ids are valid): forward + backward in well under a second on a CPU.
+    "tiny": (
+        dict(
+            head_dim=16,
+            hidden_size=64,
+            intermediate_size=192,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_hidden_layers=4,
+            latent_channel=8,
+            latent_patch_size=2,
+            patch_latent_dim=32,
+            rope_axes_dim=[4, 2, 2],
+        ),
+        dict(_WAN22_VAE, base_dim=4, decoder_base_dim=4, z_dim=8, dim_mult=[1, 1, 1, 1], num_res_blocks=0),
+    ),
+    # Cosmos3-Nano's shape (36 layers, hidden 4096, 32/8 heads, head_dim 128; ~15B parameters).
+    "nano": (dict(_NANO), dict(_WAN22_VAE)),
+    # Nano width at 8 layers (~4.4B parameters): SFT fits one 141 GB GPU without sharding.
+    "nano_l8": (dict(_NANO, num_hidden_layers=8), dict(_WAN22_VAE)),
+}
+
+# model.options of the cosmos3 adapter and their defaults (the one place they are defined).
+OPTIONS: dict[str, Any] = {
+    # A diffusers folder whose transformer *config*, VAE, scheduler and tokenizer are used, with fresh
+    # transformer weights (a saved model is rebuilt from it, then its own weights are loaded). Set
+    # automatically from model.pretrained, so a model trained from real weights keeps their VAE.
+    "base": "",
+    "domain_name": "libero",  # embodiment whose action-head row is used (diffusers' domain table)
+    "resolution_tier": 256,  # the pipeline's action canvas tier: 256 | 480 | 704 | 720
+    "view_point": "concat_view",  # framing sentence of the action caption (cameras side by side)
+    # appended to the framing sentence: which half of the side-by-side frame is which camera
+    "view_description": LIBERO_VIEW_DESCRIPTION,
+    "fps": 20.0,  # dataset frame rate: in the caption and the mRoPE temporal positions
+    "caption_dropout": 0.1,  # training: probability that the whole caption is replaced by ""
+    "train_shift": 3.0,  # training noise levels: waver distribution warped by this shift (256 tier)
+    "num_inference_steps": 30,
+    # native flow schedule's shift for sampling, unless model.pretrained's scheduler config is a
+    # native flow schedule with its own flow_shift
+    "sampling_shift": 5.0,
+    "action_loss_weight": 1.0,  # loss = action_loss_weight * action loss + vision_loss_weight * vision loss
+    "vision_loss_weight": 1.0,
+    "action_lr_mult": 5.0,  # learning-rate multiplier of the action heads
+    # auto: keep the heads model.pretrained holds (sliced to io.action_dim), initialise them only when it
+    # has none | true: initialise fresh heads even so (cosmos' recipe from the base model) | false: refuse
+    # a folder without heads
+    "reinit_action_heads": "auto",
+    "dtype": "auto",  # auto (fp32 on CPU, bf16 on CUDA) | float32 | bfloat16
+    "gradient_checkpointing": False,
+    # how packed requests attend inside themselves: "mask" (one masked call per pathway), "loop"
+    # (one flash call per request and pathway) or "flex" (one flex-attention call per pathway that skips
+    # the masked-out blocks; compiled on CUDA; on the CPU its calls with gradients take "mask", flex
+    # attention having no CPU backward); "auto": flex on CUDA (nano_l8 SFT at batch 32 on an H200:
+    # 2.36x mask's samples/s, docs/benchmarks.md), mask elsewhere. A single request always takes the
+    # stock path. models/cosmos3/packing.py
+    "attention": "auto",
+    # policy inference (serve, infer, eval): true = the fast path (text keys/values cached per prompt,
+    # requests on a batch axis; models/cosmos3/fast.py), false = diffusers' forward over packed requests.
+    # The other modes always take diffusers' forward.
+    "fast_inference": True,
+    # prompts whose per-layer text keys/values the fast path keeps (LRU; Nano bf16: ~19 MB per prompt)
+    "text_cache_size": 128,
+    # the fast path's denoising step on CUDA: "none" (eager), "cuda_graph" (captured once per batch
+    # bucket), "compile" (the whole step torch.compile'd, mode reduce-overhead: a minute of compiling per
+    # bucket on a first start), "compile_layers" (one decoder layer compiled, shared by all layers, the
+    # step captured around it as a CUDA graph: as fast as compile, compiled in seconds per bucket),
+    # "auto" (compile_layers); compiles are kept between starts (wamkit.models.compile_cache); ignored
+    # on CPU. Nano on an H200, batch 1: 0.90 s eager, 0.44 s cuda_graph, 0.29 s compile_layers per
+    # prediction; batch 32: 5.0 obs/s compiled (docs/benchmarks.md)
+    "step_graph": "auto",
+    # training: a folder written by `wamkit cache-latents` for this run's data and settings; sft_loss
+    # then reads each clip's VAE latents from it instead of encoding them ("": encode on every step).
+    # Not saved with the model (models/cosmos3/latents.py)
+    "latent_cache": "",
+}
+
+_CHOICES = {
+    "resolution_tier": (256, 480, 704, 720),
+    "view_point": ("ego_view", "third_person_view", "wrist_view", "concat_view"),
+    "reinit_action_heads": ("auto", True, False),
+    "dtype": ("auto", "float32", "bfloat16"),
+    "attention": ATTENTION_MODES,
+    "step_graph": ("auto", "none", "cuda_graph", "compile", "compile_layers"),
+}
+
+
+def resolve_options(options: dict[str, Any]) -> dict[str, Any]:
+    """Defaults merged with ``options``; raises :class:`ConfigError` naming ``model.options.<key>``."""
+    unknown = [k for k in options if k not in OPTIONS]
+    if unknown:
+        k = unknown[0]
+        raise ConfigError(
+            f"model.options.{k}: unknown option for cosmos3{_suggest(k, OPTIONS)} (valid: {', '.join(OPTIONS)})"
+        )
+    opts = {**OPTIONS, **options}
+    for key, allowed in _CHOICES.items():
+        if opts[key] not in allowed:
+            raise ConfigError(f"model.options.{key}: {opts[key]!r} is not allowed; expected one of {allowed}")
+    for key in (
+        "fps",
+        "train_shift",
+        "sampling_shift",
+        "vision_loss_weight",
+        "action_loss_weight",
+        "action_lr_mult",
+    ):
+        v, least = opts[key], 0.0 if key.endswith("loss_weight") else 1e-9
+        if isinstance(v, bool) or not isinstance(v, int | float) or v < least:
+            what = "a non-negative" if least == 0.0 else "a positive"
+            raise ConfigError(f"model.options.{key}: expected {what} number, got {v!r}")
+    p = opts["caption_dropout"]
+    if isinstance(p, bool) or not isinstance(p, int | float) or not 0.0 <= p <= 1.0:
+        raise ConfigError(f"model.options.caption_dropout: expected a probability in [0, 1], got {p!r}")
+    if not isinstance(opts["view_description"], str):
+        raise ConfigError('model.options.view_description: expected a string ("" for none)')
+    steps = opts["num_inference_steps"]
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ConfigError(f"model.options.num_inference_steps: expected an integer >= 1, got {steps!r}")
+    for key in ("base", "latent_cache"):
+        if not isinstance(opts[key], str):
+            raise ConfigError(f"model.options.{key}: expected a folder path, got {opts[key]!r}")
+    for key in ("gradient_checkpointing", "fast_inference"):
+        if not isinstance(opts[key], bool):
+            raise ConfigError(f"model.options.{key}: expected true or false, got {opts[key]!r}")
+    size = opts["text_cache_size"]
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ConfigError(f"model.options.text_cache_size: expected an integer >= 1, got {size!r}")
+    return opts
+
+
+def check_transformer_config(cfg: dict[str, Any], source: str) -> None:
+    """The two shape constraints of a Cosmos3 config, with the numbers that break them (missing keys
+    take ``Cosmos3OmniTransformer``'s defaults)."""
+    rope = list(
+        cfg.get("rope_axes_dim") or (cfg.get("rope_scaling") or {}).get("mrope_section") or [24, 20, 20]
+    )
+    head_dim, p = cfg.get("head_dim", 128), cfg.get("latent_patch_size", 2)
+    if sum(rope) * 2 != head_dim:
+        raise ConfigError(f"{source}: sum(rope_axes_dim)={sum(rope)} must equal head_dim/2={head_dim / 2}")
+    latent, patch_dim = cfg.get("latent_channel", 48), cfg.get("patch_latent_dim", 192)
+    if patch_dim != latent * p * p:
+        raise ConfigError(
+            f"{source}: patch_latent_dim={patch_dim} must equal latent_channel*patch^2={latent * p * p}"
+        )

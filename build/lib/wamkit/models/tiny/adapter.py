@@ -1,0 +1,295 @@
+"""``TinyAdapter``: the built-in world action model behind the adapter protocol.
+
+Flow matching convention: ``x_t = (1 - t) x + t eps`` with t = 1 pure noise; the network predicts the
+velocity ``eps - x``; sampling integrates from t = 1 to 0 with Euler steps on a shifted grid.
+Modes differ only in which generation tokens are noisy: ``policy`` denoises actions (and the future
+frame, when the model uses frames) from the observation; ``forward_dynamics`` gives clean actions
+(t = 0) and denoises the future frame; ``inverse_dynamics`` gives a clean goal frame and denoises
+actions. Training mixes the modes per sample (``forward_dynamics_prob``, ``inverse_dynamics_prob``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from wamkit.config import ConfigError
+from wamkit.constants import ACTION, ACTION_IS_PAD, OBS_STATE, TASK, future_image_key, image_key
+from wamkit.models.base import ActivationShape, Mode, ModelIO, ParamGroup
+from wamkit.models.text import encode_texts
+from wamkit.models.tiny.config import TinyConfig
+from wamkit.models.tiny.network import TinyWAM, patchify, to_unit_range, unpatchify
+
+GROUPS = ("understanding", "generation", "heads")
+
+
+def shifted_times(num_steps: int, shift: float) -> list[float]:
+    """Euler grid from 1 to 0 (num_steps + 1 points), warped by ``t' = s t / (1 + (s - 1) t)``."""
+    u = np.linspace(1.0, 0.0, num_steps + 1)
+    return [float(v) for v in shift * u / (1.0 + (shift - 1.0) * u)]
+
+
+def _group_of(name: str) -> str:
+    if name.startswith("und_") or ".und." in name:
+        return "understanding"
+    if ".gen." in name:
+        return "generation"
+    return "heads"
+
+
+class TinyAdapter:
+    """The ``tiny`` model: ``module`` is a :class:`TinyWAM`; see the module docstring for the maths."""
+
+    name = "tiny"
+
+    def __init__(self, cfg: TinyConfig, io: ModelIO, preset: str):
+        self.cfg, self.io, self.preset = cfg, io, preset
+        self.module = TinyWAM(cfg, io)
+        if cfg.keys_to_select:
+            names = [n for n, _ in self.module.named_parameters()]
+            chosen = {n for n in names if any(k in n for k in cfg.keys_to_select)}
+            if not chosen:
+                examples = ", ".join(sorted({n.split(".")[0] for n in names}))
+                raise ConfigError(
+                    f"model.options.keys_to_select: {cfg.keys_to_select} matches no parameter name "
+                    f"(names start with: {examples}; blocks hold '.und.' and '.gen.' towers)"
+                )
+            for n, p in self.module.named_parameters():
+                p.requires_grad_(n in chosen)
+
+    # ---------------------------------------------------------------------------------------------
+    # protocol
+    # ---------------------------------------------------------------------------------------------
+
+    @property
+    def device(self) -> torch.device:
+        return self.module.action_pos.device
+
+    @property
+    def future_frame_offsets(self) -> tuple[int, ...]:
+        """The one future frame this model predicts, ``chunk`` steps ahead, when it has frame tokens."""
+        return (self.io.chunk,) if self.cfg.uses_frames else ()
+
+    def blocks(self) -> list[torch.nn.Module]:
+        return list(self.module.blocks)
+
+    def param_groups(self) -> list[ParamGroup]:
+        """Trainable parameters by tower (``understanding``, ``generation``, ``heads``); norms, biases
+        and embeddings go to ``<group>.no_decay``. Heads get ``head_lr_mult``. Empty groups are left out."""
+        groups: dict[str, ParamGroup] = {}
+        for n, p in self.module.named_parameters():
+            if not p.requires_grad:
+                continue
+            base = _group_of(n)
+            decay = p.ndim >= 2 and "pos" not in n and "und_text" not in n
+            key = base if decay else f"{base}.no_decay"
+            if key not in groups:
+                mult = self.cfg.head_lr_mult if base == "heads" else 1.0
+                groups[key] = ParamGroup(key, [], lr_mult=mult, weight_decay=decay)
+            groups[key].params.append(p)
+        return list(groups.values())
+
+    def num_parameters(self, trainable_only: bool = False) -> int:
+        return sum(p.numel() for p in self.module.parameters() if p.requires_grad or not trainable_only)
+
+    def config_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "preset": self.preset,
+            "options": self.cfg.to_dict(),
+            "io": self.io.to_dict(),
+        }
+
+    def activation_shape(self) -> ActivationShape:
+        """Token counts and widths for the trainer's memory plan (both towers train: every token)."""
+        cfg, w = self.cfg, self.cfg.width
+        n_u = cfg.text_len + (cfg.image_res // cfg.patch) ** 2 * len(self.io.cameras) + 1
+        n = n_u + self.io.chunk + self.module.n_frame
+        return ActivationShape(n, n, w, w, int(w * cfg.mlp_ratio), cfg.depth)
+
+    def flops_per_sample(self) -> float:
+        """Training FLOPs of one sample: 3 x forward (backward = 2 x forward); matmuls, attention, convs."""
+        cfg, io, w = self.cfg, self.io, self.cfg.width
+        n_img = (cfg.image_res // cfg.patch) ** 2 * len(io.cameras)
+        n_u = cfg.text_len + n_img + 1
+        n_g = io.chunk + self.module.n_frame
+        hidden = int(w * cfg.mlp_ratio)
+        full = 3 * w * w + w * w + 2 * w * hidden  # qkv, proj, mlp weights of one tower layer
+        fwd = 0.0
+        for i in range(cfg.depth):
+            und = full if i < cfg.depth - 1 else 3 * w * w
+            fwd += 2 * (n_u * und + n_g * full)
+            # scores + weighted sum: 2 matmuls of 2 flops per multiply-add
+            q_u = n_u if i < cfg.depth - 1 else 0
+            fwd += 4 * w * (q_u * n_u + n_g * (n_u + n_g))
+        # stem convs, per camera
+        res, c_in = cfg.image_res, 3
+        for c in cfg.stem_channels:
+            res //= 2
+            fwd += 2 * res * res * c * c_in * 9 * len(io.cameras)
+            c_in = c
+        fwd += 2 * n_img * w * c_in * (cfg.patch // 2 ** len(cfg.stem_channels)) ** 2
+        fwd += 2 * (io.state_dim * w + w * w)  # state MLP
+        fwd += 2 * io.chunk * (io.action_dim * w + 3 * w * w + w * io.action_dim)  # action in/mix/out
+        fwd += 2 * self.module.n_frame * 2 * w * self.module.frame_dim  # frame in/out
+        return 3.0 * fwd
+
+    # ---------------------------------------------------------------------------------------------
+    # batches -> tensors
+    # ---------------------------------------------------------------------------------------------
+
+    def _tensor(self, x: Any, dtype: torch.dtype | None = None) -> torch.Tensor:
+        t = torch.as_tensor(np.asarray(x) if not isinstance(x, torch.Tensor) else x)
+        return t.to(self.device, dtype=dtype, non_blocking=True)
+
+    def _prefix(self, batch: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "text": encode_texts(list(batch[TASK]), self.cfg.text_len, self.device),
+            "images": [self._tensor(batch[image_key(c)]) for c in self.io.cameras],
+            "state": self._tensor(batch[OBS_STATE], torch.float32),
+        }
+
+    def _frame_latent(self, images: Any, what: str) -> torch.Tensor:
+        """uint8 [B, H, W, 3] of the first camera -> frame tokens [B, F, world_patch^2 * 3] in [-1, 1]."""
+        img = self._tensor(images)
+        size = self.io.image_size
+        if img.ndim != 4 or tuple(img.shape[1:]) != (size, size, 3) or img.dtype != torch.uint8:
+            raise ValueError(
+                f"{what}: expected uint8 images of shape [B, {size}, {size}, 3], got {img.dtype} {list(img.shape)}"
+            )
+        return patchify(to_unit_range(img, self.cfg.world_res), self.cfg.world_patch)
+
+    def _frames_to_images(self, tokens: torch.Tensor) -> np.ndarray:
+        x = unpatchify(tokens.float(), self.cfg.world_patch)
+        size = self.io.image_size
+        if x.shape[-1] != size:
+            x = F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False)
+        x = ((x.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
+        return x.permute(0, 2, 3, 1).cpu().numpy()
+
+    def _needs_frames(self, what: str) -> None:
+        if not self.module.n_frame:
+            raise ValueError(
+                f"{what} needs future-frame tokens, but this tiny model was built without them; "
+                "build it with model.options.world_weight > 0"
+            )
+
+    # ---------------------------------------------------------------------------------------------
+    # training
+    # ---------------------------------------------------------------------------------------------
+
+    def sft_loss(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """``{"action_loss", "world_loss" (if frames), "loss"}``: flow-matching MSE on the velocity,
+        averaged over noisy, non-padded elements; ``loss = action_loss + world_weight * world_loss``.
+        Noise, times and modes come from torch's global RNG (the trainer seeds and checkpoints it)."""
+        b = self.io.check_batch(batch, training=True)
+        dev = self.device
+        x_act = self._tensor(batch[ACTION], torch.float32)
+        t = torch.distributions.Beta(1.5, 1.0).sample((b,)).to(dev) * 0.999 + 0.001
+        u = torch.rand(b, device=dev)
+        is_fd = u < self.cfg.forward_dynamics_prob
+        is_id = (~is_fd) & (u < self.cfg.forward_dynamics_prob + self.cfg.inverse_dynamics_prob)
+        t_act = torch.where(is_fd, torch.zeros_like(t), t)
+        eps_act = torch.randn_like(x_act)
+        prefix = self._prefix(batch)
+        gen = {
+            "actions": (1 - t_act)[:, None, None] * x_act + t_act[:, None, None] * eps_act,
+            "t_actions": t_act,
+            "state": prefix["state"],
+        }
+        if self.module.n_frame:
+            key = future_image_key(self.io.cameras[0])
+            if key not in batch:
+                raise ValueError(
+                    f"batch lacks {key} (the frame {self.io.chunk} steps ahead), which this model predicts; "
+                    "provide it or build the model with model.options.world_weight=0"
+                )
+            x_frm = self._frame_latent(batch[key][:, 0], key)  # [B, K=1, H, W, 3] -> [B, H, W, 3]
+            t_frm = torch.where(is_id, torch.zeros_like(t), t)
+            eps_frm = torch.randn_like(x_frm)
+            gen["frames"] = (1 - t_frm)[:, None, None] * x_frm + t_frm[:, None, None] * eps_frm
+            gen["t_frames"] = t_frm
+        v_act, v_frm = self.module(prefix=prefix, gen=gen)
+
+        weight = (~is_fd).float()[:, None].expand(b, self.io.chunk)
+        if ACTION_IS_PAD in batch:
+            weight = weight * (~self._tensor(batch[ACTION_IS_PAD], torch.bool)).float()
+        err = (v_act.float() - (eps_act - x_act)).pow(2).mean(-1)
+        out = {"action_loss": (err * weight).sum() / weight.sum().clamp_min(1.0)}
+        loss = out["action_loss"]
+        if v_frm is not None:
+            fw = (~is_id).float()
+            ferr = (v_frm.float() - (eps_frm - x_frm)).pow(2).mean((1, 2))
+            out["world_loss"] = (ferr * fw).sum() / fw.sum().clamp_min(1.0)
+            loss = loss + self.cfg.world_weight * out["world_loss"]
+        out["loss"] = loss
+        return out
+
+    # ---------------------------------------------------------------------------------------------
+    # sampling
+    # ---------------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def predict(
+        self, batch: dict[str, Any], mode: Mode = "policy", seed: int | None = None, **inputs: Any
+    ) -> dict[str, np.ndarray]:
+        """See :meth:`wamkit.models.base.ModelAdapter.predict`. ``num_steps`` (int) overrides the
+        preset's number of Euler steps."""
+        if mode not in ("policy", "forward_dynamics", "inverse_dynamics"):
+            raise ValueError(
+                f"mode {mode!r} is unknown; expected policy, forward_dynamics or inverse_dynamics"
+            )
+        b = self.io.check_batch(batch)
+        dev = self.device
+        num_steps = int(inputs.pop("num_steps", self.cfg.num_steps))
+        gen_rng = None
+        if seed is not None:
+            gen_rng = torch.Generator(device=dev).manual_seed(int(seed))
+        chunk_shape = (b, self.io.chunk, self.io.action_dim)
+        frame_shape = (b, self.module.n_frame, self.module.frame_dim)
+        denoise_act = denoise_frm = False
+        if mode == "policy":
+            x_act = torch.randn(chunk_shape, generator=gen_rng, device=dev)
+            x_frm = torch.randn(frame_shape, generator=gen_rng, device=dev) if self.module.n_frame else None
+            denoise_act, denoise_frm = True, x_frm is not None
+        elif mode == "forward_dynamics":
+            self._needs_frames(mode)
+            if "actions" not in inputs:
+                raise ValueError("forward_dynamics needs actions=[B, chunk, action_dim] (model space)")
+            x_act = self._tensor(inputs.pop("actions"), torch.float32)
+            if tuple(x_act.shape) != chunk_shape:
+                raise ValueError(f"actions: expected shape {list(chunk_shape)}, got {list(x_act.shape)}")
+            x_frm = torch.randn(frame_shape, generator=gen_rng, device=dev)
+            denoise_frm = True
+        else:
+            self._needs_frames(mode)
+            if "goal_images" not in inputs:
+                raise ValueError(f"inverse_dynamics needs goal_images=[B, {self.io.image_size}, ...] uint8")
+            x_frm = self._frame_latent(inputs.pop("goal_images"), "goal_images")
+            if x_frm.shape[0] != b:
+                raise ValueError(f"goal_images: expected {b} images, got {x_frm.shape[0]}")
+            x_act = torch.randn(chunk_shape, generator=gen_rng, device=dev)
+            denoise_act = True
+        if inputs:
+            raise ValueError(f"unexpected inputs for mode {mode}: {sorted(inputs)}")
+
+        prefix = self._prefix(batch)
+        cache = self.module(prefix=prefix)
+        times = shifted_times(num_steps, self.cfg.time_shift)
+        zero = torch.zeros(b, device=dev)
+        for t_now, t_next in zip(times[:-1], times[1:]):
+            t = torch.full((b,), t_now, device=dev)
+            gen = {"actions": x_act, "t_actions": t if denoise_act else zero, "state": prefix["state"]}
+            if x_frm is not None:
+                gen["frames"], gen["t_frames"] = x_frm, (t if denoise_frm else zero)
+            v_act, v_frm = self.module(gen=gen, cache=cache)
+            if denoise_act:
+                x_act = x_act + (t_next - t_now) * v_act.float()
+            if denoise_frm:
+                x_frm = x_frm + (t_next - t_now) * v_frm.float()
+        if mode == "forward_dynamics":
+            return {"frames": self._frames_to_images(x_frm)}
+        return {"actions": x_act.float().cpu().numpy().astype(np.float32)}

@@ -1,0 +1,198 @@
+"""``wamkit serve``: serve a model over the OpenPI websocket protocol with dynamic batching.
+
+    wamkit serve EXPORT_DIR --port 8000                       # a serving directory from `wamkit convert`
+    wamkit serve --model tiny --preset small --random-init    # untrained weights, identity stats
+
+Flags override the ``serve`` section of ``--config`` (a YAML preset) and ``--set`` overrides; the
+defaults live in :class:`wamkit.config.ServeConfig`. ``--port 0`` picks a free port and logs it.
+
+The metadata sent on connect names what is served (``identity``: model, weights sha256, stats sha256,
+action transform, autocast; :meth:`ServedPolicy.identity`), and the start-up log repeats it, so an evaluation
+can refuse to mix results of two models (``wamkit eval --resume``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import time
+
+from wamkit.config import (
+    SERVE_FRONT_ENDS,
+    SERVE_PRECISIONS,
+    SERVE_WARM,
+    ConfigError,
+    RunConfig,
+    load_config,
+    parse_override,
+)
+from wamkit.serve.loading import load_served, random_init
+from wamkit.serve.policy import ServedPolicy
+from wamkit.serve.server import run_server, warm_buckets
+
+log = logging.getLogger(__name__)
+
+# flag -> ServeConfig field; a flag left unset keeps the config's value
+FLAGS = {
+    "host": "host",
+    "port": "port",
+    "max_batch": "max_batch",
+    "max_wait_ms": "max_wait_ms",
+    "device": "device",
+    "max_message_mb": "max_message_mb",
+    "precision": "precision",
+    "front_end": "front_end",
+    "warm": "warm",
+    "compile_cache": "compile_cache",
+}
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """What to run: a serving directory, or ``--model/--preset --random-init`` (shared with ``infer``)."""
+    parser.add_argument(
+        "export_dir", nargs="?", help="serving directory (model.safetensors, model.json, preprocess.json)"
+    )
+    parser.add_argument("--model", help="registered model name, with --random-init (default: model.name)")
+    parser.add_argument(
+        "--preset", help="the model's size preset, with --random-init (default: model.preset)"
+    )
+    parser.add_argument("--random-init", action="store_true", help="untrained weights and identity stats")
+    parser.add_argument(
+        "--option", action="append", default=[], metavar="KEY=VALUE", help="a model option (repeatable)"
+    )
+    parser.add_argument("--config", help="YAML preset: a file or a packaged preset's name")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="dotted config override"
+    )
+    parser.add_argument("--device", help="auto | cpu | cuda (default: serve.device)")
+    parser.add_argument(
+        "--raw-actions", action="store_true", default=None, help="reply with the model's normalised output"
+    )
+    parser.add_argument(
+        "--precision",
+        choices=SERVE_PRECISIONS,
+        help="model-call compute: auto = bf16 autocast for fp32 weights on CUDA, else as the weights "
+        "(default: serve.precision)",
+    )
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--warm",
+        choices=SERVE_WARM,
+        help="run every batch bucket once before answering: auto = when the model compiles or captures "
+        "its steps (default: serve.warm)",
+    )
+    parser.add_argument(
+        "--compile-cache", help="where compiled steps are kept ('' = nowhere; serve.compile_cache)"
+    )
+    parser.add_argument(
+        "--warm-only",
+        action="store_true",
+        help="run every batch bucket once (filling the compile cache, serve.compile_cache) and exit",
+    )
+    add_model_arguments(parser)
+    parser.add_argument("--host", help="interface to bind (default: serve.host)")
+    parser.add_argument("--port", type=int, help="TCP port; 0 picks a free one (default: serve.port)")
+    parser.add_argument(
+        "--max-batch", type=int, help="observations per model call (default: serve.max_batch)"
+    )
+    parser.add_argument(
+        "--max-wait-ms", type=float, help="wait for a fuller batch (default: serve.max_wait_ms)"
+    )
+    parser.add_argument(
+        "--max-message-mb", type=float, help="largest request (default: serve.max_message_mb)"
+    )
+    parser.add_argument(
+        "--empty-metadata",
+        action="store_true",
+        help="send {} on connect, as openpi's own servers do (to check a client that must do without)",
+    )
+    parser.add_argument(
+        "--front-end",
+        choices=SERVE_FRONT_ENDS,
+        help="where the event loop runs: its own process, or a thread beside the model (default: "
+        "serve.front_end)",
+    )
+
+
+def resolve_config(args: argparse.Namespace) -> RunConfig:
+    """The run config with the command-line flags applied (checked like every other override)."""
+    overrides = list(args.set)
+    for flag, field in FLAGS.items():
+        value = getattr(args, flag, None)
+        if value is not None:
+            overrides.append(f"serve.{field}={value}")
+    if args.raw_actions:
+        overrides.append("serve.raw_actions=true")
+    cfg = load_config(args.config, overrides)
+    options = dict(cfg.model.options)
+    for text in args.option:
+        key, value = parse_override(text)
+        options[key] = value
+    model = dataclasses.replace(
+        cfg.model, name=args.model or cfg.model.name, preset=args.preset or cfg.model.preset, options=options
+    )
+    return dataclasses.replace(cfg, model=model)
+
+
+def build_policy(args: argparse.Namespace, cfg: RunConfig) -> ServedPolicy:
+    if args.export_dir and args.random_init:
+        raise ConfigError("give either EXPORT_DIR or --random-init, not both")
+    if args.export_dir:
+        if args.model or args.preset or args.option:
+            raise ConfigError(
+                "--model, --preset and --option apply to --random-init; a serving directory has its own"
+            )
+        return load_served(args.export_dir, cfg.serve.device, cfg.serve.raw_actions, cfg.serve.precision)
+    if not args.random_init:
+        raise ConfigError("nothing to serve: give a serving directory (EXPORT_DIR) or --random-init")
+    return random_init(
+        cfg.model.name,
+        cfg.model.preset,
+        cfg.model.options,
+        cfg.serve.device,
+        cfg.serve.raw_actions,
+        cfg.serve.precision,
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    cfg = resolve_config(args)
+    t0 = time.perf_counter()
+    policy = build_policy(args, cfg)
+    t1 = time.perf_counter()
+    ident = policy.identity()
+    log.info(
+        "serving %s (built in %.1f s, weights hashed in %.1f s): weights sha256 %s, stats sha256 %s, "
+        "actions %s, autocast %s",
+        ident["model"],
+        t1 - t0,
+        time.perf_counter() - t1,
+        ident["weights_sha256"][:16],
+        ident["stats_sha256"][:16],
+        ident["action_transform"],
+        ident["autocast"],
+    )
+    s = cfg.serve
+    sizes = policy.warm_sizes(s.max_batch, "all" if args.warm_only and s.warm == "auto" else s.warm)
+    if args.warm_only:  # fill the compile cache for a later start (a job script's step before eval)
+        out = warm_buckets(policy, sizes, s.compile_cache) or {"cache": "off", "cache_dir": ""}
+        log.info(
+            "warm-only: %d buckets %s; compile cache %s %s", len(sizes), sizes, out["cache"], out["cache_dir"]
+        )
+        return 0
+    run_server(
+        policy,
+        s.host,
+        s.port,
+        warm=sizes,
+        compile_cache=s.compile_cache,
+        max_batch=s.max_batch,
+        max_wait_ms=s.max_wait_ms,
+        max_message_mb=s.max_message_mb,
+        front_end=s.front_end,
+        empty_metadata=bool(getattr(args, "empty_metadata", False)),
+    )
+    return 0

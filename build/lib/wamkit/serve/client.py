@@ -1,0 +1,257 @@
+"""Clients of the OpenPI websocket protocol: :class:`PolicyClient` (blocking) and :class:`AsyncPolicyClient`.
+
+Both work against any server that speaks the protocol (wamkit's, openpi's ``serve_policy``, SGLang's
+``/openpi/policy``): they read the metadata sent on connect, send msgpack-numpy observation dicts and
+read msgpack-numpy replies; a text frame is the server's error and raises :class:`ServerError`.
+
+Connecting retries with exponential backoff (``backoff_s`` doubling up to ``max_backoff_s``) until
+``connect_timeout_s``. A request whose connection dropped before its reply (a restarting server, a
+network blip, another request's error closing the shared connection) is sent again once on a fresh
+connection; inference requests are idempotent. A request the server *refused* is not retried.
+
+``PolicyClient.infer(obs, timeout_s=T)`` waits at most T seconds for a reply (per attempt). A reply
+that has not come by then is taken as a lost connection: the connection is closed (a late reply must
+never answer the next request), the request sent again on a fresh one while retries last, and then
+:class:`TimeoutError` is raised in the calling thread (an ``OSError``, as ``ConnectionError`` is).
+
+``AsyncPolicyClient`` allows many concurrent ``infer`` calls on one connection: they are sent in call
+order and the server answers in the same order, so each caller gets its own reply.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from typing import Any
+
+import websockets.sync.client
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
+
+from wamkit.serve.codec import packb, unpackb
+
+log = logging.getLogger(__name__)
+_CONNECT_ERRORS = (OSError, InvalidHandshake, TimeoutError, asyncio.TimeoutError)
+
+
+class ServerError(RuntimeError):
+    """The server answered a request with an error (a text frame); the message is the server's."""
+
+
+class _Dropped(ConnectionError):
+    """The connection went away before this request's reply arrived."""
+
+
+def normalize_url(url: str) -> str:
+    """``host:port`` -> ``ws://host:port``; ``ws://`` / ``wss://`` URLs (with any path) unchanged."""
+    return url if url.startswith(("ws://", "wss://")) else f"ws://{url}"
+
+
+def _decode_reply(message: str | bytes) -> dict[str, Any]:
+    if isinstance(message, str):
+        raise ServerError(message)
+    return unpackb(message)
+
+
+class _Backoff:
+    def __init__(self, url: str, timeout_s: float, backoff_s: float, max_backoff_s: float):
+        self.url, self.deadline = url, time.monotonic() + timeout_s
+        self.delay, self.max_delay, self.attempt = backoff_s, max_backoff_s, 0
+
+    def next_delay(self, err: BaseException) -> float:
+        """Seconds to wait before the next attempt; raises ConnectionError once the time is up."""
+        self.attempt += 1
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise ConnectionError(
+                f"cannot connect to {self.url} after {self.attempt} attempts: {err}"
+            ) from err
+        delay = min(self.delay, left)
+        log.debug("connecting to %s failed (%s); retrying in %.2f s", self.url, err, delay)
+        self.delay = min(self.delay * 2, self.max_delay)
+        return delay
+
+
+class PolicyClient:
+    """Blocking client: ``PolicyClient("ws://127.0.0.1:8000").infer(obs) -> {"actions": ...}``."""
+
+    def __init__(
+        self,
+        url: str,
+        connect_timeout_s: float = 30.0,
+        backoff_s: float = 0.05,
+        max_backoff_s: float = 2.0,
+        retries: int = 1,
+    ):
+        self.url = normalize_url(url)
+        self._opts = (connect_timeout_s, backoff_s, max_backoff_s)
+        self.retries = retries
+        self._ws: websockets.sync.client.ClientConnection | None = None
+        self.metadata: dict[str, Any] = {}
+        self._connect()
+
+    def _connect(self) -> websockets.sync.client.ClientConnection:
+        backoff = _Backoff(self.url, *self._opts)
+        while True:
+            try:
+                # entered by hand: the connection outlives this call (websockets >= 17.1 warns otherwise)
+                ws = websockets.sync.client.connect(
+                    self.url, compression=None, max_size=None, open_timeout=10
+                ).__enter__()
+                self.metadata = unpackb(ws.recv())
+                self._ws = ws
+                return ws
+            except InvalidURI:
+                raise
+            except (*_CONNECT_ERRORS, ConnectionClosed) as err:
+                time.sleep(backoff.next_delay(err))
+
+    def infer(self, obs: dict[str, Any], timeout_s: float = 0.0) -> dict[str, Any]:
+        """Send one (single or batched) observation dict; return the decoded reply.
+
+        ``timeout_s`` > 0: seconds each attempt waits for its reply before the connection counts as
+        lost (module docstring); :class:`TimeoutError` once the retries are spent. 0 waits forever."""
+        data = packb(obs)
+        for attempt in range(self.retries + 1):
+            ws = self._ws if self._ws is not None else self._connect()
+            try:
+                ws.send(data)
+                message = ws.recv(timeout=timeout_s if timeout_s > 0 else None)
+            except ConnectionClosed as err:
+                self._ws = None
+                if attempt == self.retries:
+                    raise ConnectionError(f"connection to {self.url} lost: {err}") from err
+                continue
+            except TimeoutError as err:
+                self.close()
+                if attempt == self.retries:
+                    raise TimeoutError(f"no reply from {self.url} within {timeout_s:g} s") from err
+                log.warning("no reply from %s within %g s; sending the request again", self.url, timeout_s)
+                continue
+            if isinstance(message, str):
+                self.close()  # the server closes after an error; the next call reconnects
+            return _decode_reply(message)
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        if self._ws is not None:
+            self._ws.close()
+            self._ws = None
+
+    def __enter__(self) -> PolicyClient:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class _Connection:
+    """One websocket and the futures of its requests, oldest first (replies come back in order)."""
+
+    def __init__(self, ws: ClientConnection):
+        self.ws = ws
+        self.waiting: collections.deque[asyncio.Future] = collections.deque()
+        self.reader: asyncio.Task | None = None
+
+
+class AsyncPolicyClient:
+    """asyncio client: ``async with AsyncPolicyClient(url) as c: reply = await c.infer(obs)``."""
+
+    def __init__(
+        self,
+        url: str,
+        connect_timeout_s: float = 30.0,
+        backoff_s: float = 0.05,
+        max_backoff_s: float = 2.0,
+        retries: int = 1,
+    ):
+        self.url = normalize_url(url)
+        self._opts = (connect_timeout_s, backoff_s, max_backoff_s)
+        self.retries = retries
+        self.metadata: dict[str, Any] = {}
+        self._conn: _Connection | None = None
+        self._send_lock = asyncio.Lock()
+        self._connect_lock = asyncio.Lock()
+
+    async def connect(self) -> AsyncPolicyClient:
+        """Connect (with backoff) unless connected; read the metadata."""
+        await self._connection()
+        return self
+
+    async def _connection(self) -> _Connection:
+        async with self._connect_lock:
+            if self._conn is not None:
+                return self._conn
+            backoff = _Backoff(self.url, *self._opts)
+            while True:
+                try:
+                    ws = await connect(self.url, compression=None, max_size=None, open_timeout=10)
+                    self.metadata = unpackb(await ws.recv())
+                    break
+                except InvalidURI:
+                    raise
+                except (*_CONNECT_ERRORS, ConnectionClosed) as err:
+                    await asyncio.sleep(backoff.next_delay(err))
+            conn = self._conn = _Connection(ws)
+            conn.reader = asyncio.create_task(self._read(conn))
+            return conn
+
+    async def _read(self, conn: _Connection) -> None:
+        """Hand each reply to the oldest waiting request; fail the rest when the connection ends."""
+        try:
+            async for message in conn.ws:
+                if not conn.waiting:
+                    log.warning("reply from %s with no request waiting; dropped", self.url)
+                    continue
+                future = conn.waiting.popleft()
+                if future.done():
+                    continue
+                try:
+                    future.set_result(_decode_reply(message))
+                except (ServerError, ValueError) as err:
+                    future.set_exception(err)
+        except ConnectionClosed:
+            pass
+        finally:
+            if self._conn is conn:
+                self._conn = None
+            while conn.waiting:
+                future = conn.waiting.popleft()
+                if not future.done():
+                    future.set_exception(_Dropped(f"connection to {self.url} closed before the reply"))
+
+    async def infer(self, obs: dict[str, Any]) -> dict[str, Any]:
+        """Send one (single or batched) observation dict; return the decoded reply."""
+        data = packb(obs)
+        for attempt in range(self.retries + 1):
+            conn = await self._connection()
+            future = asyncio.get_running_loop().create_future()
+            try:
+                async with self._send_lock:
+                    # Appending and sending under one lock keeps the futures in the order of the wire.
+                    conn.waiting.append(future)
+                    await conn.ws.send(data)
+                return await future
+            except (ConnectionClosed, _Dropped) as err:
+                if self._conn is conn:
+                    self._conn = None
+                if not future.done():
+                    future.cancel()
+                if attempt == self.retries:
+                    raise ConnectionError(f"connection to {self.url} lost: {err}") from err
+        raise AssertionError("unreachable")
+
+    async def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            await conn.ws.close()
+            if conn.reader is not None:
+                await conn.reader
+
+    async def __aenter__(self) -> AsyncPolicyClient:
+        return await self.connect()
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()

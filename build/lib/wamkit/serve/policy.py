@@ -1,0 +1,459 @@
+"""A model behind the wire: request checking, input transforms, one batched model call, replies.
+
+:class:`ServedPolicy` turns one decoded request (an observation dict, single or batched) into a
+model-space :class:`Request`, runs a list of requests as one ``predict`` call and splits the results
+back. It applies the very :class:`~wamkit.actions.spec.PreprocessSpec` training ran: ``resize_images`` on
+the images, ``encode_state`` on the incoming state and ``decode_actions`` on the model output (unless
+``raw_actions``), so clients get env-ready actions (gripper -1 = open, +1 = close).
+
+Request keys (one observation; a batched request puts a leading batch axis B on every array and
+sends ``prompt`` as a list of B strings):
+
+- ``observation.images.<cam>``: uint8 [H, W, 3], one per camera the model declares. Any H x W is
+  accepted and resized by the spec's method (the aspect ratio is not kept) to ``io.image_size``;
+- ``observation.state``: numbers [state_dim], raw env units (the server normalises them);
+- ``prompt`` (or ``task``): the instruction;
+- OpenPI LIBERO keys are accepted too: ``observation/image`` and ``observation/wrist_image`` map to
+  the model's first and second camera, ``observation/state`` to ``observation.state``;
+- optional ``mode`` (``policy`` | ``inverse_dynamics`` | ``forward_dynamics``) and ``seed`` (int);
+- ``inverse_dynamics`` also takes the goal frame of every camera, ``goal_image.<cam>`` (same form as
+  the observation images; ``goal_image`` alone names the first camera's),
+  ``forward_dynamics`` takes ``actions`` [chunk, D_env] env commands (model space with ``raw_actions``).
+
+The metadata's ``identity`` names what is served: the model, a hash of its weights, the hash of the
+spec's stats, the action transform and the autocast of its model calls (:meth:`ServedPolicy.identity`);
+an evaluator records it, so results of two different models (or of one model at two precisions) are
+never mixed in one journal.
+
+Precision (``serve.precision``): ``auto`` runs a model whose weights are fp32 under bf16 autocast on a
+CUDA device (a 1B model in fp32 is several times slower on a GPU; its actions differ from fp32's by
+bf16 rounding, whatever precision it was trained in); weights already in a lower dtype (Cosmos3's
+bf16) run as they are, and the CPU runs fp32. ``fp32`` keeps the reference numerics.
+
+Replies: ``{"actions": float32 [chunk, D_env]}`` (``[B, chunk, D_env]`` when batched), or for
+``forward_dynamics`` ``{"frames": uint8 [H, W, 3]}`` (the last predicted frame) plus, from models that
+roll out the whole chunk, ``"video"``: uint8 [T, H, W, 3] (every predicted frame).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from wamkit.actions.spec import PreprocessSpec
+from wamkit.config import SERVE_PRECISIONS, SERVE_WARM, ConfigError
+from wamkit.constants import OBS_STATE, OPENPI_IMAGE_KEYS, OPENPI_STATE_KEY, PROMPT, TASK, image_key
+from wamkit.models.base import weights_digest
+
+MODES = ("policy", "inverse_dynamics", "forward_dynamics")
+GOAL_IMAGE = "goal_image"  # inverse dynamics: f"{GOAL_IMAGE}.{cam}" per camera; bare: the first camera
+CONTROL_KEYS = ("mode", "seed")
+FD_ACTIONS = "actions"
+# warm-up's instruction: a LIBERO-length task, so that its caption falls in the text bucket of most
+WARM_TASK = "put the black bowl on the plate and close the top drawer of the cabinet"
+
+
+class RequestError(ValueError):
+    """A request does not fit the served model; the message names the key and what was expected."""
+
+
+@dataclass
+class Request:
+    """One client request in model space: ``n`` observations (``batched`` says how to reply)."""
+
+    batch: dict[str, Any]  # image keys: uint8 [n, S, S, 3]; observation.state: float32 [n, state_dim]; task
+    n: int
+    batched: bool
+    mode: str = "policy"
+    seed: int | None = None
+    inputs: dict[str, Any] = field(
+        default_factory=dict
+    )  # goal_images / actions, leading axis n (model space)
+
+    @property
+    def group(self) -> tuple[Any, ...]:
+        """Requests batch together only within a group: the same mode, and no seed. A seeded request runs
+        in a model call of its own, so its reply equals an in-process call with that seed, whoever else
+        is connected."""
+        return (self.mode,) if self.seed is None else (self.mode, self.seed, id(self))
+
+
+def _cat(arrays: list[np.ndarray]) -> torch.Tensor:
+    return torch.from_numpy(np.concatenate(arrays))
+
+
+def _numeric(value: Any, key: str) -> np.ndarray:
+    arr = np.asarray(value) if isinstance(value, list | tuple | int | float) else value
+    if not isinstance(arr, np.ndarray) or arr.dtype.kind not in "biuf":
+        raise RequestError(f"{key}: expected a numeric array, got {type(value).__name__}")
+    return arr
+
+
+def _autocast(adapter: Any, precision: str) -> tuple[torch.dtype | None, str]:
+    """``(dtype, device type)`` of the autocast of ``adapter``'s model calls under ``serve.precision``
+    (dtype None: no autocast)."""
+    if precision not in SERVE_PRECISIONS:
+        raise ConfigError(
+            f"serve.precision: expected one of {', '.join(SERVE_PRECISIONS)}, got {precision!r}"
+        )
+    module = getattr(adapter, "module", None)
+    params = next(module.parameters(), None) if isinstance(module, torch.nn.Module) else None
+    if params is None:
+        return None, "cpu"
+    device = params.device.type
+    if precision == "fp8":
+        from wamkit.models.fp8 import unsupported
+
+        why = unsupported(params.device)
+        if not why and not hasattr(adapter, "use_fp8"):
+            why = f"model {adapter.name!r} has no FP8 path (cosmos3 has)"
+        if why:
+            raise ConfigError(f"serve.precision=fp8: {why}; use auto, bf16 or fp32")
+        return torch.bfloat16, device  # what does not run in FP8 runs under bf16 autocast
+    if precision == "bf16" and device != "cuda":
+        raise ConfigError(
+            f"serve.precision=bf16 needs the model on a CUDA device; it is on {device} (use auto or fp32)"
+        )
+    fp32 = all(p.dtype == torch.float32 for p in module.parameters() if p.is_floating_point())
+    bf16 = precision == "bf16" or (precision == "auto" and device == "cuda" and fp32)
+    return (torch.bfloat16 if bf16 else None), device
+
+
+@dataclass(frozen=True)
+class _ModelName:
+    """What a front-end view keeps of the model: its name (:meth:`ServedPolicy.front_end`)."""
+
+    name: str
+
+    def predict(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(f"{self.name}: a front-end view of a policy has no model to run")
+
+
+def bucket_sizes(max_batch: int) -> list[int]:
+    """One batch size per bucket up to ``max_batch``: the powers of two below it, then itself."""
+    return [1 << i for i in range(max(max_batch, 1).bit_length()) if 1 << i < max_batch] + [max_batch]
+
+
+class ServedPolicy:
+    """A model adapter plus the preprocessing spec it was trained with, as the server and ``wamkit
+    infer`` run it. A spec that does not fit the model is refused here, at start."""
+
+    def __init__(
+        self,
+        adapter: Any,
+        spec: PreprocessSpec,
+        raw_actions: bool = False,
+        source: str = "",
+        precision: str = "auto",
+    ):
+        self.adapter = adapter
+        self.io = adapter.io
+        self.spec = spec
+        self.raw_actions = raw_actions
+        self.source = source
+        spec.check_model(self.io, where=f"preprocessing spec of {source or adapter.name}")
+        self.env_action_dim = spec.env_action_dim
+        self.autocast, self._device_type = _autocast(adapter, precision)
+        self.precision = precision
+        self._identity: dict[str, Any] | None = None
+        if precision == "fp8":  # the identity names the weights as trained, before they are quantized
+            self.identity()
+            adapter.use_fp8()
+
+    def identity(self) -> dict[str, Any]:
+        """What is served, for clients that must not mix two models' results (computed once)."""
+        if self._identity is None:
+            spec = self.spec
+            self._identity = {
+                "model": self.adapter.name,
+                "weights_sha256": weights_digest(getattr(self.adapter, "module", None)),
+                "stats_sha256": spec.stats_hash(),
+                "action_transform": {
+                    "representation": spec.representation,
+                    "normalization": spec.normalization,
+                    "clip": spec.clip,
+                    "gripper": spec.gripper,
+                    "env_action_dim": spec.env_action_dim,
+                    "raw": self.raw_actions,
+                },
+                "autocast": "fp8"
+                if self.precision == "fp8"
+                else "bf16"
+                if self.autocast is not None
+                else "off",
+            }
+        return self._identity
+
+    def front_end(self) -> ServedPolicy:
+        """This policy without its model: what a server's front-end process needs to read and check
+        requests (:meth:`prepare`) and to describe the model (:meth:`metadata`), small enough to send to
+        another process. Its :meth:`run` refuses: model calls go to the process that holds the model."""
+        view = object.__new__(type(self))
+        kept = ("io", "spec", "raw_actions", "source", "env_action_dim", "_device_type")
+        view.__dict__.update({k: self.__dict__[k] for k in kept})
+        view._identity = self.identity()  # the weights' hash is taken here, where the weights are
+        view.adapter = _ModelName(self.adapter.name)
+        view.autocast = None
+        return view
+
+    def metadata(self, **extra: Any) -> dict[str, Any]:
+        """What a client needs to know, sent on connect (plain msgpack types only)."""
+        io = self.io
+        return {
+            "server": "wamkit",
+            "model": self.adapter.name,
+            "source": self.source,
+            "inputs": {
+                "image_keys": [image_key(c) for c in io.cameras],
+                "cameras": list(io.cameras),
+                "image_size": io.image_size,
+                "image_format": "uint8 [H, W, 3] (resized to image_size x image_size)",
+                "state_key": OBS_STATE,
+                "state_dim": io.state_dim,
+                "prompt_key": PROMPT,
+                "openpi_keys": {k: image_key(c) for k, c in zip(OPENPI_IMAGE_KEYS, io.cameras)}
+                | {OPENPI_STATE_KEY: OBS_STATE},
+            },
+            "action_space": {
+                "dim": io.action_dim if self.raw_actions else self.env_action_dim,
+                "representation": io.representation,
+                "raw": self.raw_actions,
+                "gripper": "model space" if self.raw_actions else "env command: -1 open, +1 close",
+            },
+            "preprocess": self.spec.summary(),
+            "identity": self.identity(),
+            "chunk": io.chunk,
+            "action_horizon": io.chunk,
+            "modes": list(MODES),
+            **extra,
+        }
+
+    # -- parsing -----------------------------------------------------------------------------------
+    def _keymap(self) -> dict[str, str]:
+        cams = self.io.cameras
+        keys = {image_key(c): image_key(c) for c in cams} | {
+            OBS_STATE: OBS_STATE,
+            OPENPI_STATE_KEY: OBS_STATE,
+        }
+        keys |= {k: image_key(c) for k, c in zip(OPENPI_IMAGE_KEYS, cams)}
+        keys |= {PROMPT: TASK, TASK: TASK, FD_ACTIONS: FD_ACTIONS, GOAL_IMAGE: f"{GOAL_IMAGE}.{cams[0]}"}
+        keys |= {f"{GOAL_IMAGE}.{c}": f"{GOAL_IMAGE}.{c}" for c in cams}
+        keys |= {k: k for k in CONTROL_KEYS}
+        return keys
+
+    def prepare(self, obs: Any) -> Request:
+        """Check one decoded request and bring it into model space; :class:`RequestError` if it is wrong."""
+        if not isinstance(obs, dict):
+            raise RequestError(f"a request must be a map of observation keys, got {type(obs).__name__}")
+        keymap, got = self._keymap(), {}
+        for key, value in obs.items():
+            if not isinstance(key, str):
+                raise RequestError(f"request keys must be strings, got {key!r}")
+            if key not in keymap:
+                raise RequestError(
+                    f"unknown key {key!r}; this model takes {', '.join(image_key(c) for c in self.io.cameras)}, "
+                    f"{OBS_STATE}, {PROMPT} (or the OpenPI keys {', '.join(OPENPI_IMAGE_KEYS[: len(self.io.cameras)])}, "
+                    f"{OPENPI_STATE_KEY}), and optionally mode, seed"
+                )
+            target = keymap[key]
+            if target in got:
+                raise RequestError(f"{key!r} given twice (as {got[target][0]!r} and {key!r})")
+            got[target] = (key, value)
+
+        mode = got.get("mode", (None, "policy"))[1]
+        if mode not in MODES:
+            raise RequestError(f"mode: {mode!r} is not one of {', '.join(MODES)}")
+        seed = got.get("seed", (None, None))[1]
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int | np.integer)):
+            raise RequestError(f"seed: expected an integer, got {seed!r}")
+
+        if OBS_STATE not in got:
+            raise RequestError(
+                f"request lacks {OBS_STATE} (or {OPENPI_STATE_KEY}): [state_dim={self.io.state_dim}]"
+            )
+        skey, state = got[OBS_STATE]
+        state = _numeric(state, skey)
+        if state.ndim not in (1, 2) or state.shape[-1] != self.io.state_dim:
+            raise RequestError(
+                f"{skey}: expected shape [{self.io.state_dim}] or [B, {self.io.state_dim}], got {list(state.shape)}"
+            )
+        if not np.all(np.isfinite(state)):
+            raise RequestError(f"{skey}: non-finite values")
+        batched = state.ndim == 2
+        n = state.shape[0] if batched else 1
+        if n == 0:
+            raise RequestError(f"{skey}: a batched request needs at least one observation")
+
+        if TASK not in got:
+            raise RequestError(f"request lacks {PROMPT!r} (or {TASK!r}): the instruction")
+        pkey, prompt = got[TASK]
+        if batched:
+            if (
+                not isinstance(prompt, list | tuple)
+                or len(prompt) != n
+                or not all(isinstance(p, str) for p in prompt)
+            ):
+                raise RequestError(
+                    f"{pkey}: a batched request needs a list of {n} strings, got {prompt!r:.80}"
+                )
+            tasks = list(prompt)
+        else:
+            if not isinstance(prompt, str):
+                raise RequestError(f"{pkey}: expected a string, got {type(prompt).__name__}")
+            tasks = [prompt]
+
+        batch: dict[str, Any] = {OBS_STATE: self.spec.encode_state(state.reshape(n, -1)), TASK: tasks}
+        for cam in self.io.cameras:
+            batch[image_key(cam)] = self._images(got, image_key(cam), n, batched)
+        inputs: dict[str, Any] = {}
+        goals = {c: f"{GOAL_IMAGE}.{c}" for c in self.io.cameras}
+        if mode == "inverse_dynamics":
+            per_cam = {image_key(c): self._images(got, k, n, batched) for c, k in goals.items()}
+            # one camera: the array itself (what every adapter takes); several: keyed by image key
+            inputs["goal_images"] = next(iter(per_cam.values())) if len(per_cam) == 1 else per_cam
+        elif any(k in got for k in goals.values()):
+            raise RequestError(f"'{GOAL_IMAGE}' belongs to mode 'inverse_dynamics', not {mode!r}")
+        if mode == "forward_dynamics":
+            inputs["actions"] = self._fd_actions(got, n, batched)
+        elif FD_ACTIONS in got:
+            raise RequestError(f"'{FD_ACTIONS}' belongs to mode 'forward_dynamics', not {mode!r}")
+        return Request(batch, n, batched, mode, None if seed is None else int(seed), inputs)
+
+    def _images(self, got: dict, target: str, n: int, batched: bool) -> np.ndarray:
+        if target not in got:
+            raise RequestError(
+                f"request lacks {target}: uint8 [H, W, 3] (the model's cameras: {', '.join(self.io.cameras)})"
+            )
+        key, img = got[target]
+        want = "[B, H, W, 3]" if batched else "[H, W, 3]"
+        if not isinstance(img, np.ndarray) or img.ndim != (4 if batched else 3) or img.shape[-1] != 3:
+            shape = list(img.shape) if isinstance(img, np.ndarray) else type(img).__name__
+            raise RequestError(f"{key}: expected uint8 images {want}, got {shape}")
+        if img.dtype != np.uint8:
+            raise RequestError(f"{key}: expected dtype uint8, got {img.dtype}")
+        img = img.reshape(n, *img.shape[-3:]) if not batched else img
+        if img.shape[0] != n:
+            raise RequestError(f"{key}: batch axis is {img.shape[0]} but {OBS_STATE} has {n}")
+        if min(img.shape[1:3]) == 0 or max(img.shape[1:3]) > 4096:
+            raise RequestError(f"{key}: image size {img.shape[1]}x{img.shape[2]} is outside 1..4096")
+        return self.spec.resize_images(img)
+
+    def _fd_actions(self, got: dict, n: int, batched: bool) -> np.ndarray:
+        if FD_ACTIONS not in got:
+            raise RequestError(f"mode 'forward_dynamics' needs '{FD_ACTIONS}' [chunk, D] (env actions)")
+        acts = _numeric(got[FD_ACTIONS][1], FD_ACTIONS)
+        dim = self.io.action_dim if self.raw_actions else self.env_action_dim
+        want = (n, self.io.chunk, dim) if batched else (self.io.chunk, dim)
+        if tuple(acts.shape) != want or not np.all(np.isfinite(acts)):
+            raise RequestError(
+                f"{FD_ACTIONS}: expected finite numbers of shape {list(want)}, got {list(acts.shape)}"
+            )
+        acts = acts.reshape(n, self.io.chunk, dim)
+        if self.raw_actions:
+            return np.asarray(acts, np.float32)
+        return self.spec.encode_actions(self.spec.env_to_stored(acts))
+
+    # -- running -----------------------------------------------------------------------------------
+    def run(self, requests: list[Request]) -> list[dict[str, np.ndarray]]:
+        """One ``predict`` call for all ``requests`` (same group); the replies, in the same order."""
+        first = requests[0]
+        if any(r.group != first.group for r in requests):
+            raise ValueError("requests of different modes or seeds cannot share one model call")
+        keys = [k for k in first.batch if k != TASK]
+        batch: dict[str, Any] = {
+            k: torch.from_numpy(np.concatenate([r.batch[k] for r in requests])) for k in keys
+        }
+        batch[TASK] = [t for r in requests for t in r.batch[TASK]]
+        inputs: dict[str, Any] = {}
+        for name, first_value in first.inputs.items():
+            if isinstance(first_value, dict):  # per-camera goals
+                inputs[name] = {k: _cat([r.inputs[name][k] for r in requests]) for k in first_value}
+            else:
+                inputs[name] = _cat([r.inputs[name] for r in requests])
+        with self.compute():
+            out = self.adapter.predict(batch, mode=first.mode, seed=first.seed, **inputs)
+        if first.mode == "forward_dynamics":
+            results = {"frames": np.asarray(out["frames"], np.uint8)}
+            if "video" in out:
+                results["video"] = np.asarray(out["video"], np.uint8)
+        else:
+            actions = np.asarray(out["actions"], np.float32)
+            results = {"actions": actions if self.raw_actions else self.spec.decode_actions(actions)}
+        replies, start = [], 0
+        for r in requests:
+            reply = {}
+            for name, result in results.items():
+                part = np.ascontiguousarray(result[start : start + r.n])
+                reply[name] = part if r.batched else part[0]
+            replies.append(reply)
+            start += r.n
+        return replies
+
+    # -- warm-up: every batch bucket run once before the first request ------------------------------
+    def warm_sizes(self, max_batch: int, warm: str = "auto") -> list[int]:
+        """The batch sizes ``serve.warm`` runs at start: one per bucket up to ``max_batch`` (powers of two,
+        then ``max_batch``) for ``all``, and for ``auto`` when the model captures or compiles its steps
+        (``warm_wanted()``); none for ``none``."""
+        if warm not in SERVE_WARM:
+            raise ConfigError(f"serve.warm: expected one of {', '.join(SERVE_WARM)}, got {warm!r}")
+        wanted = getattr(self.adapter, "warm_wanted", lambda: False)()
+        if warm == "none" or (warm == "auto" and not wanted):
+            return []
+        return bucket_sizes(max_batch)
+
+    def warm(self, sizes: list[int], cache_dir: str = "", progress: Any = None) -> dict[str, Any]:
+        """Run one policy request of each size in ``sizes`` (model space, through :meth:`run`), with the
+        compile cache of ``cache_dir`` (``serve.compile_cache``; "" for none) loaded before and written
+        after. ``progress(done, total, size, seconds)`` after each. Returns what happened, for the log."""
+        import time
+
+        cache = self.compile_cache(cache_dir)
+        if cache is not None:
+            cache.load()
+        seconds = []
+        # a model may warm with less work than a request does (Cosmos3: fewer denoising steps)
+        warming = getattr(self.adapter, "warming", contextlib.nullcontext)
+        for i, n in enumerate(sizes):
+            t0 = time.perf_counter()
+            with warming():
+                self.run([self.prepare(self.warm_request(n))])
+            seconds.append(time.perf_counter() - t0)
+            if progress is not None:
+                progress(i + 1, len(sizes), n, seconds[-1])
+        if cache is not None and sizes:
+            cache.save(sizes)
+        return {"sizes": list(sizes), "seconds": seconds, "cache": cache.loaded if cache else "off",
+                "cache_dir": str(cache.dir) if cache else ""}  # fmt: skip
+
+    def compile_cache(self, cache_dir: str) -> Any:
+        """The :class:`~wamkit.models.compile_cache.CompileCache` of this model on its device, or None
+        when it compiles nothing (or ``cache_dir`` is "")."""
+        from wamkit.models.compile_cache import CompileCache, environment
+
+        fields = getattr(self.adapter, "compile_fields", lambda: None)()
+        if not fields or not cache_dir:
+            return None
+        device = next(self.adapter.module.parameters()).device
+        return CompileCache(cache_dir, self.adapter.name, {**fields, **environment(device)})
+
+    def warm_request(self, n: int) -> dict[str, Any]:
+        """A batched request of ``n`` blank observations (black frames, zero state) and one task."""
+        s = self.spec.image_size
+        obs: dict[str, Any] = {image_key(c): np.zeros((n, s, s, 3), np.uint8) for c in self.io.cameras}
+        obs[OBS_STATE] = np.zeros((n, self.io.state_dim), np.float32)
+        obs[PROMPT] = [WARM_TASK] * n
+        return obs
+
+    def compute(self) -> contextlib.AbstractContextManager:
+        """The context of a model call: bf16 autocast when ``serve.precision`` resolved to it."""
+        if self.autocast is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self._device_type, dtype=self.autocast)
+
+    def infer(self, obs: dict[str, Any]) -> dict[str, np.ndarray]:
+        """In-process equivalent of one server round trip (no batching with others)."""
+        return self.run([self.prepare(obs)])[0]

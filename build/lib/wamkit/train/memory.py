@@ -1,0 +1,339 @@
+"""The memory plan: bytes per category and where each lives, by arithmetic, before anything is built.
+
+The trainer keeps, for a model with F frozen and T trained parameters over W processes (FSDP2 shards
+every category by W; the frozen tower exists once, in the compute dtype: no fp32 copy, no gradient,
+no optimizer state, no EMA):
+
+| category | bytes (whole model) | where |
+| --- | --- | --- |
+| frozen weights | F x 2 (bf16) or F x 4 (fp32 training) | device |
+| trained master weights | T x 4 (fp32) | device |
+| gradients | T x 4 (fp32: FSDP2 reduces in fp32 into the fp32 shards) | device |
+| optimizer moments | T x 8 (AdamW's two fp32 moments) | device, or pinned host (offload) |
+| EMA | T x 4 (fp32, trained parameters only) | device, or pinned host (offload) |
+| gathered weights | the compute copies FSDP2 all-gathers (see below) | device |
+| activations | per sample x micro-batch (see :func:`activation_bytes`) | device |
+| reserve | 3 GiB + 5% of the device (CUDA context, cuBLAS workspace, allocator fragmentation) | device |
+
+Gathered weights: with ``reshard_after_forward`` never (one process, ``auto``), every block stays
+gathered from its forward to its backward, so the whole model's compute copy is on the device at once
+(all parameters x 2 bytes in bf16); otherwise at most two blocks (the one computing and the one
+prefetched) plus the root's own parameters (embeddings, heads) are.
+
+``train.offload``: ``none`` keeps everything on the device; ``ema`` moves the EMA to pinned host
+memory; ``optimizer`` moves the moments and the EMA (both touched once per optimizer step, streamed
+through the device in chunks then: :mod:`wamkit.train.offload`). ``auto`` on one process first keeps
+the weights gathered (resharding would copy and cast every block again in each micro-batch's
+backward, where offloading costs once per optimizer step), with the first of none, ema, optimizer that
+fits, and reshards only when no offload makes that fit; on several processes it reshards, with the
+first offload that fits. On a CPU device the host is the device: ``auto`` offloads nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+
+from wamkit.config import ConfigError
+from wamkit.device import meminfo_bytes
+from wamkit.models.base import ActivationShape
+
+log = logging.getLogger(__name__)
+
+GiB = 2**30
+OFFLOAD_MODES = ("none", "ema", "optimizer")
+RESERVE_FIXED = 3 * GiB
+RESERVE_FRACTION = 0.05
+# host memory a training process takes besides what the plan places there on purpose: the
+# interpreter, torch and CUDA libraries, the VAE and tokenizer, loader buffers (measured on the GPU
+# machine: a cosmos3 trainer process holds 2-5 GB of anonymous memory around its first step); a CPU
+# process has no CUDA libraries or context
+HOST_BASE = 6 * GiB
+HOST_BASE_CPU = 1 * GiB
+
+
+@dataclass(frozen=True)
+class ModelSizes:
+    """The parameter counts a plan needs (from a model built on the meta device)."""
+
+    frozen: int
+    trained: int
+    largest_block: int  # parameters of the largest FSDP block
+    root: int  # parameters outside the blocks (gathered by the root module)
+    activations: ActivationShape | None = None
+    checkpointing: bool | None = None  # the model's gradient checkpointing; None: it has no such option
+
+    @property
+    def total(self) -> int:
+        return self.frozen + self.trained
+
+
+def model_sizes(adapter) -> ModelSizes:
+    """Count an adapter's parameters by role (trained = ``param_groups()``), on any device (meta too)."""
+    trained_ids = {id(p) for g in adapter.param_groups() for p in g.params}
+    frozen = trained = 0
+    for p in adapter.module.parameters():
+        if id(p) in trained_ids:
+            trained += p.numel()
+        else:
+            frozen += p.numel()
+    blocks = adapter.blocks()
+    in_blocks = {id(p) for b in blocks for p in b.parameters()}
+    largest = max((sum(p.numel() for p in b.parameters()) for b in blocks), default=0)
+    root = sum(p.numel() for p in adapter.module.parameters() if id(p) not in in_blocks)
+    shape_fn = getattr(adapter, "activation_shape", None)
+    ckpt = getattr(adapter, "gradient_checkpointing", None)
+    return ModelSizes(frozen, trained, largest, root, shape_fn() if shape_fn else None, ckpt)
+
+
+def activation_bytes(
+    shape: ActivationShape | None, micro_batch: int, checkpointing: bool, element_bytes: int = 2
+) -> int:
+    """Activations kept for backward at ``micro_batch`` samples (an estimate, stated as such).
+
+    Per token and block, autograd keeps (elements): for attention q, k, v and the output (2 h + 2 kv)
+    for every token; for a token through trained weights also the two norm inputs, the projections'
+    inputs and q/k before RoPE (6 h + kv) and the MLP's gate, up and product (3 i). Flash/flex
+    attention keeps no L x L scores. With gradient checkpointing only each block's input (h per token)
+    stays, and one block is recomputed at a time; either way the block being differentiated needs about
+    its own activations again for their gradients (the factor 2 on one block). ``element_bytes``: 2
+    under bf16 autocast, 4 in fp32.
+    """
+    if shape is None:
+        return 0
+    s = shape
+    attn = s.tokens * (2 * s.hidden + 2 * s.kv_dim)
+    rest = s.grad_tokens * (6 * s.hidden + s.kv_dim + 3 * s.intermediate)
+    one_block = (attn + rest) * element_bytes
+    kept = s.tokens * s.hidden * element_bytes * s.layers if checkpointing else one_block * s.layers
+    return int(micro_batch * (kept + 2 * one_block))
+
+
+@dataclass(frozen=True)
+class PlanInput:
+    """What a plan is computed for (every field has a value: nothing here is ``auto``)."""
+
+    world_size: int
+    device_bytes: int
+    host_bytes: int  # of one host
+    procs_per_host: int
+    device_type: str  # "cuda" | "cpu"
+    precision: str  # "bf16" | "fp32"
+    micro_batch: int
+    checkpointing: bool
+    ema: bool
+    offload: str  # auto | none | ema | optimizer
+    reshard: str  # auto | always | never
+    global_batch: int = 0  # samples per optimizer step (0: one micro-batch per process)
+
+    @property
+    def accumulation(self) -> int:
+        """Micro-batches per optimizer step and process."""
+        return max(1, self.global_batch // (self.micro_batch * self.world_size))
+
+
+@dataclass
+class Plan:
+    """Bytes per category for one process, where each lives, and the settings they follow from."""
+
+    inp: PlanInput
+    sizes: ModelSizes
+    offload: str
+    reshard: str  # resolved: always | never
+    grad_sync: str  # "last": gradients reduced on the last micro-batch only; "every": on each
+    rows: list[tuple[str, int, str]] = field(default_factory=list)  # (category, bytes, "device"|"host")
+
+    @property
+    def device_total(self) -> int:
+        return sum(b for _, b, where in self.rows if where == "device")
+
+    @property
+    def host_base(self) -> int:
+        return HOST_BASE if self.inp.device_type == "cuda" else HOST_BASE_CPU
+
+    @property
+    def host_total(self) -> int:
+        """One host: each of its processes' offloaded bytes plus :data:`HOST_BASE` (CPU: less)."""
+        per_proc = sum(b for _, b, where in self.rows if where == "host") + self.host_base
+        return per_proc * self.inp.procs_per_host
+
+    @property
+    def fits_device(self) -> bool:
+        return self.inp.device_type == "cpu" or self.device_total <= self.inp.device_bytes
+
+    @property
+    def fits_host(self) -> bool:
+        extra = self.device_total * self.inp.procs_per_host if self.inp.device_type == "cpu" else 0
+        return self.host_total + extra <= self.inp.host_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.fits_device and self.fits_host
+
+    def table(self) -> str:
+        """The plan as text: one line per category, per process, then the totals against the budget."""
+        i, s = self.inp, self.sizes
+        dev = "device" if i.device_type == "cuda" else "host (CPU training)"
+        lines = [
+            f"memory plan: {i.world_size} process(es), {i.device_bytes / GiB:.1f} GiB per {dev}, "
+            f"{i.host_bytes / GiB:.1f} GiB per host ({i.procs_per_host} process(es) on it); "
+            f"{s.total / 1e9:.3f}B parameters ({s.frozen / 1e9:.3f}B frozen, {s.trained / 1e9:.3f}B trained), "
+            f"{i.precision}, micro-batch {i.micro_batch}, checkpointing {'on' if i.checkpointing else 'off'}",
+            f"  offload={self.offload}, reshard_after_forward={self.reshard}, gradients reduced on "
+            f"{'every micro-batch' if self.grad_sync == 'every' else 'the last micro-batch'} of "
+            f"{i.accumulation}",
+            f"  {'category':<24} {'GiB/process':>11}  where",
+        ]
+        for cat, b, where in self.rows:
+            lines.append(f"  {cat:<24} {b / GiB:>11.2f}  {where}")
+        dev_line = f"  device total {self.device_total / GiB:.2f} GiB of {i.device_bytes / GiB:.1f}"
+        if i.device_type == "cpu":
+            dev_line = f"  process total {self.device_total / GiB:.2f} GiB (on the host)"
+        lines.append(dev_line + ("" if self.fits_device else "  -> does not fit"))
+        lines.append(
+            f"  host total {self.host_total / GiB:.2f} GiB of {i.host_bytes / GiB:.1f} (offloaded state and "
+            f"{self.host_base / GiB:.0f} GiB per process)" + ("" if self.fits_host else "  -> does not fit")
+        )
+        return "\n".join(lines)
+
+
+def _rows(
+    inp: PlanInput, s: ModelSizes, offload: str, reshard: str, grad_sync: str
+) -> list[tuple[str, int, str]]:
+    w = inp.world_size
+    compute = 2 if inp.precision == "bf16" else 4
+    on_host = "host" if inp.device_type == "cuda" else "device"
+    moments_at = on_host if offload == "optimizer" else "device"
+    ema_at = on_host if offload in ("ema", "optimizer") else "device"
+    if reshard == "never":
+        gathered = s.total * compute
+    else:
+        gathered = (2 * s.largest_block + s.root) * compute
+    rows = [
+        ("frozen weights", s.frozen * compute // w, "device"),
+        ("trained master (fp32)", s.trained * 4 // w, "device"),
+        # reduced only on the last micro-batch, FSDP2 accumulates the others unsharded (in fp32, its
+        # reduce dtype): the whole trained part's gradients on every process
+        (
+            "gradients (fp32)",
+            s.trained * 4 // (w if grad_sync == "every" or inp.accumulation == 1 else 1),
+            "device",
+        ),
+        ("optimizer moments", s.trained * 8 // w, moments_at),
+    ]
+    if inp.ema:
+        rows.append(("EMA (fp32)", s.trained * 4 // w, ema_at))
+    rows += [
+        ("gathered weights", gathered, "device"),
+        (
+            "activations (estimate)",
+            activation_bytes(s.activations, inp.micro_batch, inp.checkpointing, compute),
+            "device",
+        ),
+    ]
+    if inp.device_type == "cuda":
+        rows.append(("reserve", int(RESERVE_FIXED + RESERVE_FRACTION * inp.device_bytes), "device"))
+    return rows
+
+
+def plan_for(inp: PlanInput, sizes: ModelSizes, offload: str, reshard: str, grad_sync: str = "last") -> Plan:
+    """The plan of one fixed placement (``offload``, ``reshard`` and ``grad_sync`` resolved)."""
+    return Plan(inp, sizes, offload, reshard, grad_sync, _rows(inp, sizes, offload, reshard, grad_sync))
+
+
+def _reshard_options(inp: PlanInput) -> list[str]:
+    """Resolved resharding modes to try, preferred first (auto: keep gathered on one process)."""
+    if inp.reshard == "auto":
+        return ["never", "always"] if inp.world_size == 1 else ["always"]
+    return [inp.reshard]
+
+
+def make_plan(inp: PlanInput, sizes: ModelSizes) -> Plan:
+    """Resolve ``offload``, ``reshard`` and ``grad_sync``: the first placement that fits (or, if none
+    does, the last one tried, whose ``fits`` is False; :func:`refusal` words the error). Reducing the
+    gradients on every micro-batch (one reduce-scatter of the trained part per micro-batch, small beside
+    a micro-batch's compute) is preferred to offloading when the unsharded accumulation is what does not
+    fit."""
+    if inp.offload not in ("auto", *OFFLOAD_MODES):
+        raise ConfigError(f"train.offload: {inp.offload!r}; expected auto, {', '.join(OFFLOAD_MODES)}")
+    if inp.offload == "auto" and inp.device_type != "cuda":
+        offloads = ["none"]  # the host is the device (an explicit mode still runs its streamed path)
+    elif inp.offload == "auto":
+        offloads = list(OFFLOAD_MODES) if inp.ema else ["none", "optimizer"]
+    else:
+        offloads = [inp.offload]
+    syncs = ["last", "every"] if inp.world_size > 1 and inp.accumulation > 1 else ["last"]
+    plan = None
+    for reshard in _reshard_options(inp):
+        for offload in offloads:
+            for sync in syncs:
+                plan = plan_for(inp, sizes, offload, reshard, sync)
+                if plan.fits:
+                    return plan
+    assert plan is not None
+    return plan
+
+
+def _fits_with(inp: PlanInput, sizes: ModelSizes, **change: Any) -> bool:
+    return make_plan(replace(inp, **change), sizes).fits
+
+
+def alternatives(inp: PlanInput, sizes: ModelSizes) -> list[str]:
+    """Settings that would fit, each changed alone (or with offload=auto), as the user would type them."""
+    found = []
+    auto = {"offload": "auto", "reshard": "auto"}
+    if inp.offload != "auto" and _fits_with(inp, sizes, offload="auto"):
+        found.append("train.offload=auto")
+    if sizes.checkpointing is False and _fits_with(inp, sizes, checkpointing=True, **auto):
+        found.append("model.options.gradient_checkpointing=true")
+    for mb in sorted({m for m in (16, 8, 4, 2, 1) if m < inp.micro_batch}, reverse=True):
+        if _fits_with(inp, sizes, micro_batch=mb, **auto):
+            found.append(f"train.micro_batch={mb} (with the global batch kept by accumulation)")
+            break
+    for n in (2, 4, 8, 16, 32, 64):
+        if n > inp.world_size and _fits_with(
+            inp, sizes, world_size=n, procs_per_host=min(n, max(inp.procs_per_host, 8)), **auto
+        ):
+            found.append(f"{n} processes (torchrun --nproc_per_node / --nnodes)")
+            break
+    return found
+
+
+def refusal(plan: Plan) -> ConfigError:
+    """The error of a plan that fits nowhere: its numbers and what would fit."""
+    fixes = alternatives(plan.inp, plan.sizes)
+    tail = (
+        "settings that would fit: " + "; ".join(fixes)
+        if fixes
+        else "no single change of micro-batch, checkpointing, offload or process count fits"
+    )
+    return ConfigError("the training state does not fit (nothing was built):\n" + plan.table() + "\n" + tail)
+
+
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(gib|gb|mib|mb|tib|tb)?\s*$", re.IGNORECASE)
+_UNITS = {"gib": GiB, "gb": 10**9, "mib": 2**20, "mb": 10**6, "tib": 2**40, "tb": 10**12, None: GiB}
+
+
+def parse_size(text: str, what: str) -> int:
+    """``"141GB"``, ``"80GiB"``, ``"139.8"`` (GiB) -> bytes; a ConfigError naming ``what`` otherwise."""
+    m = _SIZE.match(str(text))
+    if not m:
+        raise ConfigError(f"{what}: {text!r} is not a size; expected e.g. 141GB, 80GiB or 139.8 (GiB)")
+    unit = m.group(2).lower() if m.group(2) else None
+    return int(float(m.group(1)) * _UNITS[unit])
+
+
+def host_memory_bytes() -> int:
+    """This host's memory (``/proc/meminfo`` MemTotal)."""
+    return meminfo_bytes("MemTotal")
+
+
+def device_memory_bytes(device: torch.device) -> int:
+    """A CUDA device's total memory, or the host's for a CPU."""
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    return host_memory_bytes()

@@ -1,0 +1,201 @@
+"""The model placed by its memory plan: built on the meta device where the model can be, planned,
+refused before anything is allocated if it fits nowhere, sharded, then filled shard by shard.
+
+For a model whose builder supports it (``register_model(..., meta=True)``: cosmos3), nothing of the
+model exists in host memory: the transformer is built on the meta device, the frozen part cast to the
+compute dtype there (bf16 in bf16 training: the frozen tower exists once, as the copy the forward
+reads), FSDP2 shards it, ``to_empty`` gives each process only its shards on its device, and the
+adapter's ``load_weights`` streams into them the rows each process holds (:mod:`wamkit.models.weights`).
+Other models are built whole on the CPU as before (they are small) and moved to the device by
+``fully_shard``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+
+import torch
+
+from wamkit.config import RunConfig
+from wamkit.device import proc_status, status_bytes
+from wamkit.models.base import ModelAdapter, ParamGroup
+from wamkit.train import memory
+from wamkit.train.dist import DistInfo, shard_adapter
+
+log = logging.getLogger(__name__)
+
+
+def rss_anon_bytes() -> int:
+    """This process's anonymous resident memory (``/proc/self/status`` RssAnon; 0 where absent):
+    memory-mapped weight files are not in it, the copies read out of them are."""
+    try:
+        return status_bytes(proc_status(), "RssAnon")
+    except OSError:
+        return 0
+
+
+def on_meta(adapter: ModelAdapter) -> bool:
+    return any(p.is_meta for p in adapter.module.parameters())
+
+
+def plan_input(
+    cfg: RunConfig,
+    sizes: memory.ModelSizes,
+    *,
+    world_size: int,
+    device_type: str,
+    device_bytes: int,
+    host_bytes: int,
+    procs_per_host: int,
+    micro_batch: int | None = None,
+) -> memory.PlanInput:
+    t = cfg.train
+    return memory.PlanInput(
+        world_size=world_size,
+        device_bytes=device_bytes,
+        host_bytes=host_bytes,
+        procs_per_host=procs_per_host,
+        device_type=device_type,
+        precision=t.precision,
+        micro_batch=micro_batch or t.micro_batch,
+        checkpointing=bool(sizes.checkpointing),
+        ema=t.ema,
+        offload=t.offload,
+        reshard=t.reshard_after_forward,
+        global_batch=t.global_batch,
+    )
+
+
+def plan_here(
+    cfg: RunConfig, info: DistInfo, adapter: ModelAdapter, micro_batch: int | None = None
+) -> memory.Plan:
+    """The plan for this run's processes and devices; refused (ConfigError) if it fits nowhere."""
+    sizes = memory.model_sizes(adapter)
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", info.world_size))
+    inp = plan_input(
+        cfg,
+        sizes,
+        world_size=info.world_size,
+        device_type=info.device.type,
+        device_bytes=memory.device_memory_bytes(info.device),
+        host_bytes=memory.host_memory_bytes(),
+        procs_per_host=local,
+        micro_batch=micro_batch,
+    )
+    plan = memory.make_plan(inp, sizes)
+    if not plan.fits:
+        raise memory.refusal(plan)
+    why = " (chosen by train.offload=auto)" if cfg.train.offload == "auto" and plan.offload != "none" else ""
+    log.info("%s%s", plan.table(), why)
+    return plan
+
+
+@dataclass
+class Placed:
+    root: torch.nn.Module
+    groups: list[ParamGroup]
+    trained: dict[str, torch.nn.Parameter]
+    plan: memory.Plan
+    load_s: float  # seconds filling the shards from the weights' source (0 for a model built whole)
+
+
+def cast_frozen(adapter: ModelAdapter, dtype: torch.dtype) -> None:
+    """Frozen parameters in the compute dtype: no fp32 copy of weights that never change (a bf16
+    forward reads the same values either way: a bf16 cast of the fp32 copy of a bf16 weight is exact)."""
+    trained = {id(p) for g in adapter.param_groups() for p in g.params}
+    for p in adapter.module.parameters():
+        if id(p) not in trained and p.is_floating_point() and p.dtype != dtype:
+            p.data = p.data.to(dtype)
+
+
+def place(adapter: ModelAdapter, info: DistInfo, cfg: RunConfig, plan: memory.Plan) -> Placed:
+    """Shard ``adapter`` as ``plan`` says and, if it was built on meta, fill its shards on the device."""
+    t = cfg.train
+    if t.precision == "bf16":
+        cast_frozen(adapter, torch.bfloat16)
+    meta = on_meta(adapter)
+    # several processes with auto: FSDP2's own auto (reshard every block but the last, whose weights the
+    # backward needs at once), which the plan counted as resharding
+    reshard = "auto" if t.reshard_after_forward == "auto" and info.world_size > 1 else plan.reshard
+    root, groups, trained = shard_adapter(adapter, info.device, t.precision, t.compile, reshard)
+    load_s = 0.0
+    if meta:
+        load = getattr(adapter, "load_weights", None)
+        if load is None:
+            raise RuntimeError(f"{adapter.name}: built on the meta device but has no load_weights(device)")
+        t0 = time.perf_counter()
+        root.to_empty(device=info.device)
+        n = load(info.device)
+        load_s = time.perf_counter() - t0
+        log.info(
+            "weights streamed into this process's shards: %.2f GB read in %.1f s; host RssAnon %.2f GB",
+            n / 1e9, load_s, rss_anon_bytes() / 1e9,
+        )  # fmt: skip
+    return Placed(root, groups, trained, plan, load_s)
+
+
+def _plan_io(cfg: RunConfig):
+    """The dataset's inputs if its folder is here, else None (the model's defaults), and a note."""
+    from pathlib import Path
+
+    from wamkit.train.data_setup import first_dataset_root, io_from_dataset
+
+    root = first_dataset_root(cfg)
+    info = Path(root) / "meta" / "info.json"
+    if not info.is_file():
+        return None, f"data.root {root} is not here: the model's default inputs are planned for"
+    import json
+
+    features = json.loads(info.read_text())["features"]
+    return io_from_dataset(cfg, features, str(info)), f"inputs of {root}"
+
+
+def print_plan(
+    cfg: RunConfig, world_size: int, device_memory: str, host_memory: str, procs_per_host: int
+) -> None:
+    """``wamkit train CONFIG --plan``: the plan for ``world_size`` processes, nothing built but on meta."""
+    from wamkit.config import ConfigError
+    from wamkit.device import resolve_device
+    from wamkit.models import build_model
+    from wamkit.models.registry import builds_on_meta
+
+    if world_size < 1:
+        raise ConfigError(f"--world-size: expected a positive number of processes, got {world_size}")
+    import dataclasses
+    from pathlib import Path
+
+    io, note = _plan_io(cfg)
+    model = cfg.model
+    if model.pretrained and not Path(model.pretrained).exists():  # the plan needs its shape only
+        note += (
+            f"; model.pretrained {model.pretrained} is not here: the preset '{model.preset}' gives the shape"
+        )
+        model = dataclasses.replace(model, pretrained="")
+    meta = builds_on_meta(model.name)
+    adapter = build_model(model, io, device="meta") if meta else build_model(model, io)
+    sizes = memory.model_sizes(adapter)
+    if device_memory:
+        device_bytes, device_type = memory.parse_size(device_memory, "--device-memory"), "cuda"
+    else:
+        here = resolve_device(cfg.train.device, "train.device", 0, 1)
+        device_type, device_bytes = here.type, memory.device_memory_bytes(here)
+    host_bytes = (
+        memory.parse_size(host_memory, "--host-memory") if host_memory else memory.host_memory_bytes()
+    )
+    inp = plan_input(
+        cfg,
+        sizes,
+        world_size=world_size,
+        device_type=device_type,
+        device_bytes=device_bytes,
+        host_bytes=host_bytes,
+        procs_per_host=procs_per_host or min(world_size, 8),
+    )
+    plan = memory.make_plan(inp, sizes)
+    print(f"{cfg.model.name}/{cfg.model.preset} ({note}), global batch {cfg.train.global_batch}")
+    if not plan.fits:
+        raise memory.refusal(plan)
+    print(plan.table())
