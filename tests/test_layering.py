@@ -1,15 +1,17 @@
-"""The import layering of DESIGN.md, kept true: a stage imports only the stages before it in the flow
+"""The import layering of docs/design.md, kept true: a stage imports only the stages before it in the flow
 (and the bottom layer), ``eval/`` reaches models only through the server protocol, and ``data/`` never
 imports ``models/``. Every import counts, including the lazy ones inside functions."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "wamkit"
+DESIGN = SRC.parents[1] / "docs" / "design.md"
 
 # Shared by every stage; they import nothing of wamkit but each other (device: config).
 BOTTOM = {"__init__", "files", "constants", "config", "log", "device"}
@@ -60,7 +62,7 @@ FILES = sorted(SRC.rglob("*.py"))
 
 def test_every_module_belongs_to_a_known_stage():
     unknown = {_stage(p) for p in FILES} - BOTTOM - set(ORDER) - TOP
-    assert not unknown, f"place {unknown} in ORDER, BOTTOM or TOP of this test (and in DESIGN.md)"
+    assert not unknown, f"place {unknown} in ORDER, BOTTOM or TOP of this test (and in docs/design.md)"
 
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(SRC)))
@@ -75,3 +77,13 @@ def test_imports_follow_the_flow(path):
 def test_the_bottom_layer_imports_no_stage():
     for name in ("files", "constants", "config", "log"):
         assert _imports(SRC / f"{name}.py") <= {"files", "constants", "config", "log"}, name
+
+
+def test_the_design_page_states_these_layers():
+    """docs/design.md's "Layers" table names the same layers, in the same order, as this test checks."""
+    text = DESIGN.read_text()
+    table = text[text.index("## Layers") :].split("\n## ", 1)[0]
+    rows = [line.split("|")[1:3] for line in table.splitlines() if line.startswith("| ") and "`" in line]
+    layers = {label.strip(): re.findall(r"`([^`]+)`", names) for label, names in rows}
+    assert set(layers["bottom"]) == BOTTOM and set(layers["top"]) == TOP
+    assert [layers[str(i + 1)][0] for i in range(len(ORDER))] == ORDER
