@@ -26,10 +26,9 @@ from wamkit.config import ConfigError, DataConfig
 from wamkit.constants import ACTION, ACTION_IS_PAD, IDLE_FRAMES, OBS_STATE, TASK, future_image_key, image_key
 from wamkit.data.dataset import LeRobotDataset
 from wamkit.data.meta import INFO, DatasetError, DatasetMeta
+from wamkit.embodiments import libero
 
 log = logging.getLogger(__name__)
-
-LIBERO_SUITES = ("libero_spatial", "libero_object", "libero_goal", "libero_10")
 
 
 def _idle_frames(raw: dict[str, Any], spec: PreprocessSpec) -> int:
@@ -62,7 +61,7 @@ def suite_roots(cfg: DataConfig) -> dict[str, Path]:
     if not found:
         raise DatasetError(f"data.root: {root} is not a LeRobot v3 dataset and holds none ({INFO} missing)")
     names = [p.name for p in found]
-    missing = [s for s in LIBERO_SUITES if s not in names]
+    missing = [s for s in libero.TRAINING_SUITES if s not in names]
     log.warning(
         "data.suites is empty: auto-detected suites %s under %s%s; list them in data.suites to be explicit",
         names, root, f" (a full LIBERO layout also has {missing})" if missing else "",

@@ -20,6 +20,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from wamkit.config import ConfigError, EnvConfig
+from wamkit.embodiments import SuiteProtocol  # noqa: F401  (re-exported: the protocol type)
 
 RENDER_QUALITIES = ("default", "fast")
 # Seed rules (docs/libero.md): the base seed of the rules that seed a task's env once and reset it for
@@ -72,16 +73,6 @@ class SuiteInfo:
         d = asdict(self)
         d["tasks"], d["cameras"] = list(self.tasks), list(self.cameras)
         return d
-
-
-@dataclass(frozen=True)
-class SuiteProtocol:
-    """What a suite's evaluation protocol fixes, and so what ``auto`` config values resolve to:
-    the render look, the seed rule and the trials per task."""
-
-    render_quality: str
-    seed_rule: str
-    trials: int
 
 
 def episode_seed(seed_rule: str, base_seed: int, trial: int) -> int:

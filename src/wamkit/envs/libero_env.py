@@ -46,30 +46,22 @@ import numpy as np
 
 from wamkit.config import ConfigError, EnvConfig
 from wamkit.constants import OBS_STATE, TASK, image_key
-from wamkit.envs.base import SEQUENTIAL_SEEDS, EpisodeSpec, Obs, StepResult, SuiteInfo, SuiteProtocol
+from wamkit.embodiments.libero import PROFILE
+from wamkit.envs.base import SEQUENTIAL_SEEDS, EpisodeSpec, Obs, StepResult, SuiteInfo
 
 log = logging.getLogger(__name__)
 
-MAX_STEPS = {
-    "libero_spatial": 220,
-    "libero_object": 280,
-    "libero_goal": 300,
-    "libero_10": 520,
-    "libero_90": 400,
-}
-PROTOCOL = SuiteProtocol(render_quality="default", seed_rule="openpi", trials=50)
-SETTLE_STEPS = 10
-FPS = 20
-STATE_DIM = 8
-ACTION_DIM = 7
+MAX_STEPS = PROFILE.suites
+PROTOCOL = PROFILE.protocol
+SETTLE_STEPS = PROFILE.settle_steps
+FPS = PROFILE.fps
+STATE_DIM = PROFILE.state_dim
+ACTION_DIM = PROFILE.action_dim
 NOOP = np.array([0, 0, 0, 0, 0, 0, -1], dtype=np.float64)
-STATE_NAMES = ("eef_x", "eef_y", "eef_z", "eef_ax", "eef_ay", "eef_az", "finger_left", "finger_right")
-AXIS_ANGLE_DIMS = (3, 4, 5)  # robosuite's quat2axisangle of the eef quaternion
-ACTION_NAMES = ("dx", "dy", "dz", "rx", "ry", "rz", "gripper")
-STATE_SOURCE = (
-    "robot0_eef_pos, robosuite's quat2axisangle(robot0_eef_quat) (xyzw, no antipodal flip), "
-    "robot0_gripper_qpos"
-)
+STATE_NAMES = PROFILE.state_names
+AXIS_ANGLE_DIMS = PROFILE.axis_angle_dims  # robosuite's quat2axisangle of the eef quaternion
+ACTION_NAMES = PROFILE.action_names
+STATE_SOURCE = PROFILE.state_source
 
 
 def finger_width(states: np.ndarray) -> np.ndarray:
@@ -78,15 +70,9 @@ def finger_width(states: np.ndarray) -> np.ndarray:
     return states[..., 6] - states[..., 7]
 
 
-# our camera name -> robosuite's. "image" / "wrist_image" are the names the published LeRobot LIBERO
-# datasets use for the same two views: evaluating with them gives observation keys that match a model
-# trained on those datasets, with no renaming anywhere.
-CAMERAS = {
-    "agentview": "agentview",
-    "wrist": "robot0_eye_in_hand",
-    "image": "agentview",
-    "wrist_image": "robot0_eye_in_hand",
-}
+# our camera name -> robosuite's (the profile's: "image" / "wrist_image" are the published datasets'
+# names for the same two views, so a model trained on them is evaluated with no renaming anywhere)
+CAMERAS = PROFILE.cameras
 
 
 def config_dir() -> Path:
@@ -139,7 +125,14 @@ def _task_map(suite: str) -> list[Any]:
 def suite_info(suite: str) -> SuiteInfo:
     tasks = tuple(t.name for t in _task_map(suite))
     return SuiteInfo(
-        suite, tasks, MAX_STEPS[suite], STATE_DIM, ACTION_DIM, FPS, ("agentview", "wrist"), "panda"
+        suite,
+        tasks,
+        MAX_STEPS[suite],
+        STATE_DIM,
+        ACTION_DIM,
+        FPS,
+        PROFILE.default_cameras,
+        PROFILE.robot_type,
     )
 
 

@@ -24,23 +24,20 @@ import numpy as np
 
 from wamkit.config import ConfigError, EnvConfig
 from wamkit.constants import OBS_STATE, TASK, image_key
-from wamkit.envs.base import EpisodeSpec, Obs, StepResult, SuiteInfo, SuiteProtocol
+from wamkit.embodiments.metaworld import PROFILE
+from wamkit.envs.base import EpisodeSpec, Obs, StepResult, SuiteInfo
 from wamkit.envs.render import CameraRenderer
 
 SUITE = "metaworld"
-MAX_STEPS = 500
-FPS = 80
-STATE_DIM = 39
-ACTION_DIM = 4
-# MetaWorld's placement comes from the episode's seed, so each trial is seeded; the fast look is what
-# `wamkit collect` records by default (a model is evaluated on the look it was trained on).
-PROTOCOL = SuiteProtocol(render_quality="fast", seed_rule="per_trial", trials=10)
-_OBJ = ("x", "y", "z", "qx", "qy", "qz", "qw")
-_NOW = ("hand_x", "hand_y", "hand_z", "gripper", *(f"obj1_{n}" for n in _OBJ), *(f"obj2_{n}" for n in _OBJ))
-STATE_NAMES = (*_NOW, *(f"prev_{n}" for n in _NOW), "goal_x", "goal_y", "goal_z")
-AXIS_ANGLE_DIMS: tuple[int, ...] = ()
-ACTION_NAMES = ("dx", "dy", "dz", "gripper")
-STATE_SOURCE = "MetaWorld's full 39-D observation (goal observable)"
+MAX_STEPS = PROFILE.suites[SUITE]
+FPS = PROFILE.fps
+STATE_DIM = PROFILE.state_dim
+ACTION_DIM = PROFILE.action_dim
+PROTOCOL = PROFILE.protocol
+STATE_NAMES = PROFILE.state_names
+AXIS_ANGLE_DIMS: tuple[int, ...] = PROFILE.axis_angle_dims
+ACTION_NAMES = PROFILE.action_names
+STATE_SOURCE = PROFILE.state_source
 
 
 def finger_width(states: np.ndarray) -> np.ndarray:
@@ -48,7 +45,7 @@ def finger_width(states: np.ndarray) -> np.ndarray:
     return states[..., 3]
 
 
-CAMERAS = ("corner", "corner2", "corner3", "corner4", "topview", "behindGripper", "gripperPOV")
+CAMERAS = tuple(PROFILE.cameras)
 
 MT10 = (
     "reach-v3",
@@ -119,8 +116,10 @@ INSTRUCTIONS = {
 TASKS = tuple(INSTRUCTIONS)
 
 
-def suite_info() -> SuiteInfo:
-    return SuiteInfo(SUITE, TASKS, MAX_STEPS, STATE_DIM, ACTION_DIM, FPS, ("corner",), "sawyer")
+def suite_info(suite: str = SUITE) -> SuiteInfo:
+    return SuiteInfo(
+        SUITE, TASKS, MAX_STEPS, STATE_DIM, ACTION_DIM, FPS, PROFILE.default_cameras, PROFILE.robot_type
+    )
 
 
 def task_texts(suite: str = SUITE) -> dict[str, str]:
@@ -128,7 +127,7 @@ def task_texts(suite: str = SUITE) -> dict[str, str]:
     return dict(INSTRUCTIONS)
 
 
-def expand_tasks(tasks: list[str]) -> list[str]:
+def expand_tasks(suite: str, tasks: list[str]) -> list[str]:
     """Task names with ``MT10`` / ``MT50`` expanded; unknown names raise naming ``env.tasks``."""
     out: list[str] = []
     for t in tasks:
@@ -204,7 +203,7 @@ class MetaWorldEnv:
         if spec.suite != SUITE:
             raise ValueError(f"episode {spec}: suite '{spec.suite}' given to the {SUITE} env")
         if spec.task not in INSTRUCTIONS:
-            expand_tasks([spec.task])  # raises with a suggestion
+            expand_tasks(SUITE, [spec.task])  # raises with a suggestion
         if spec.task not in self._sims:
             self._sims[spec.task] = _TaskSim(spec.task, self.cfg)
         self._sim, self._spec, self._steps = self._sims[spec.task], spec, 0
@@ -251,3 +250,7 @@ class MetaWorldEnv:
             sim.close()
         self._sims.clear()
         self._sim = None
+
+
+def make(cfg: EnvConfig) -> MetaWorldEnv:
+    return MetaWorldEnv(cfg)

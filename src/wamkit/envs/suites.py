@@ -6,11 +6,14 @@ from __future__ import annotations
 import importlib
 from dataclasses import replace
 
+from wamkit import embodiments
 from wamkit.config import ConfigError, EnvConfig, _suggest
+from wamkit.embodiments import libero
 from wamkit.envs.base import Env, SuiteInfo, SuiteProtocol, check_env_config
 
-LIBERO_SUITES = ("libero_spatial", "libero_object", "libero_goal", "libero_10", "libero_90")
-_BACKENDS = {"metaworld": "wamkit.envs.metaworld_env", **{s: "wamkit.envs.libero_env" for s in LIBERO_SUITES}}
+# every suite of every registered embodiment, to its env backend (wamkit.embodiments)
+_BACKENDS = {s: e.env_backend for s, e in embodiments.suites().items()}
+LIBERO_SUITES = tuple(libero.SUITES)  # the LIBERO backend's suites (the profile's list)
 
 
 def suites() -> list[str]:
@@ -34,18 +37,19 @@ def backend(suite: str):
 def suite_info(suite: str) -> SuiteInfo:
     """Tasks, max steps, state / action dims, fps and cameras of ``suite``."""
     mod = _backend(suite)
-    return mod.suite_info(suite) if suite in LIBERO_SUITES else mod.suite_info()
+    return mod.suite_info(suite)
 
 
 def expand_tasks(suite: str, tasks: list[str]) -> list[str]:
     """The suite's task names for ``tasks`` (groups such as ``MT10`` expanded); errors name env.tasks."""
     mod = _backend(suite)
-    return mod.expand_tasks(suite, tasks) if suite in LIBERO_SUITES else mod.expand_tasks(tasks)
+    return mod.expand_tasks(suite, tasks)
 
 
 def protocol(suite: str) -> SuiteProtocol:
     """The suite's protocol defaults (render look, seed rule, trials per task); see docs/libero.md."""
-    return _backend(suite).PROTOCOL
+    _backend(suite)  # an unknown suite is refused by name
+    return embodiments.for_suite(suite).protocol
 
 
 def resolve_env_config(env_cfg: EnvConfig) -> EnvConfig:
@@ -55,7 +59,7 @@ def resolve_env_config(env_cfg: EnvConfig) -> EnvConfig:
     proto = protocol(env_cfg.suite)
     quality = proto.render_quality if env_cfg.render_quality == "auto" else env_cfg.render_quality
     rule = proto.seed_rule if env_cfg.seed_rule == "auto" else env_cfg.seed_rule
-    if rule != "per_trial" and env_cfg.suite not in LIBERO_SUITES:
+    if rule != "per_trial" and not embodiments.for_suite(env_cfg.suite).stored_initial_states:
         raise ConfigError(
             f"env.seed_rule: {rule} seeds a task once and relies on stored initial states (LIBERO); "
             f"{env_cfg.suite} draws each episode's placement from its seed: use per_trial"
@@ -68,4 +72,4 @@ def make_env(env_cfg: EnvConfig) -> Env:
     no GL context (that happens on the first render)."""
     env_cfg = resolve_env_config(env_cfg)
     mod = _backend(env_cfg.suite)
-    return mod.make(env_cfg) if env_cfg.suite in LIBERO_SUITES else mod.MetaWorldEnv(env_cfg)
+    return mod.make(env_cfg)

@@ -1,0 +1,94 @@
+"""What one embodiment is, declared once: its simulator backend and suites, cameras, state and action
+layouts, gripper convention, control rate and evaluation protocol (:class:`Embodiment`). One module
+per embodiment (``libero``, ``metaworld``), registered by name and imported when first asked for;
+every other stage reads the profile instead of naming the embodiment.
+
+This is the bottom layer: a profile imports nothing of wamkit, so ``data/`` (which cannot import
+``envs/``) and the evaluator read the same facts the env backends do.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+_MODULES: dict[str, str] = {
+    "libero": "wamkit.embodiments.libero",  # Franka Panda in LIBERO (robosuite 1.4), openpi's protocol
+    "metaworld": "wamkit.embodiments.metaworld",  # Sawyer in MetaWorld v3, the default suite
+}
+_LOADED: dict[str, Embodiment] = {}
+
+
+@dataclass(frozen=True)
+class SuiteProtocol:
+    """What a suite's evaluation protocol fixes, and so what ``auto`` config values resolve to: the
+    render look, the seed rule and the trials per task."""
+
+    render_quality: str
+    seed_rule: str
+    trials: int
+
+
+@dataclass(frozen=True)
+class Embodiment:
+    """One embodiment's conventions, as data. ``suites``: the suites its env backend builds, with each
+    one's ``max_steps`` (policy steps; settle steps excluded). ``cameras``: the camera names a config
+    may use, to the simulator's own; ``default_cameras``: what ``wamkit collect`` records unless told
+    otherwise. ``stored_initial_states``: episodes start from the suite's stored states, so a seed
+    rule that seeds a task once (openpi's) can be honoured."""
+
+    name: str
+    env_backend: str  # the module under wamkit.envs that builds its envs
+    suites: dict[str, int]  # suite -> max steps
+    robot_type: str
+    fps: int  # env steps per simulated second (what datasets record)
+    cameras: dict[str, str]
+    default_cameras: tuple[str, ...]
+    state_names: tuple[str, ...]
+    state_source: str
+    axis_angle_dims: tuple[int, ...]  # state dims holding an axis-angle orientation
+    action_names: tuple[str, ...]
+    gripper: str  # what the last action dimension means
+    protocol: SuiteProtocol
+    settle_steps: int = 0  # no-op steps after a reset, before the policy's first
+    stored_initial_states: bool = False
+    representation: str = "raw"  # the action representation its models train in (wamkit.actions)
+    training_suites: tuple[str, ...] = ()  # the suites a multi-suite training run mixes
+    cosmos3_domain: str = ""  # Cosmos3's embodiment (domain) name, "" where it has none
+
+    @property
+    def state_dim(self) -> int:
+        return len(self.state_names)
+
+    @property
+    def action_dim(self) -> int:
+        return len(self.action_names)
+
+
+def register(name: str, module: str) -> None:
+    """Make ``name`` an embodiment whose profile is ``module``'s ``PROFILE`` (imported when asked for)."""
+    _MODULES[name] = module
+    _LOADED.pop(name, None)
+
+
+def names() -> list[str]:
+    return list(_MODULES)
+
+
+def get(name: str) -> Embodiment:
+    """The profile of embodiment ``name`` (``KeyError`` naming the known ones if there is none)."""
+    if name not in _LOADED:
+        if name not in _MODULES:
+            raise KeyError(f"unknown embodiment {name!r} (known: {', '.join(_MODULES)})")
+        _LOADED[name] = importlib.import_module(_MODULES[name]).PROFILE
+    return _LOADED[name]
+
+
+def suites() -> dict[str, Embodiment]:
+    """Every registered suite, to the embodiment that runs it, in registration order."""
+    return {s: e for e in map(get, _MODULES) for s in e.suites}
+
+
+def for_suite(suite: str) -> Embodiment | None:
+    """The embodiment of ``suite``, or None when no registered embodiment has it."""
+    return suites().get(suite)

@@ -1,0 +1,47 @@
+"""LIBERO's Franka Panda, as openpi's LIBERO client evaluates it (docs/libero.md cites each choice).
+
+- suites and their step limits: openpi's ``examples/libero/main.py`` (220 / 280 / 300 / 520 / 400);
+- 50 trials per task from LIBERO's stored initial states, 10 settle steps of a no-op after each
+  reset, seeds by openpi's rule (the task's env seeded once with 7, trials in order);
+- cameras ``agentview`` and ``wrist`` (robosuite's ``robot0_eye_in_hand``); ``image`` and
+  ``wrist_image`` are the names the published LeRobot LIBERO datasets use for the same two views;
+- state [8]: eef position, eef orientation as robosuite's axis-angle, the two finger joints;
+- action [7]: OSC_POSE deltas and the gripper at 20 Hz, gripper -1 open, +1 close.
+"""
+
+from __future__ import annotations
+
+from wamkit.embodiments import Embodiment, SuiteProtocol
+
+SUITES = {"libero_spatial": 220, "libero_object": 280, "libero_goal": 300, "libero_10": 520, "libero_90": 400}
+# the four suites of the published LIBERO training mix (libero_90 is not part of it)
+TRAINING_SUITES = ("libero_spatial", "libero_object", "libero_goal", "libero_10")
+
+PROFILE = Embodiment(
+    name="libero",
+    env_backend="wamkit.envs.libero_env",
+    suites=SUITES,
+    robot_type="panda",
+    fps=20,
+    cameras={
+        "agentview": "agentview",
+        "wrist": "robot0_eye_in_hand",
+        "image": "agentview",
+        "wrist_image": "robot0_eye_in_hand",
+    },
+    default_cameras=("agentview", "wrist"),
+    state_names=("eef_x", "eef_y", "eef_z", "eef_ax", "eef_ay", "eef_az", "finger_left", "finger_right"),
+    state_source=(
+        "robot0_eef_pos, robosuite's quat2axisangle(robot0_eef_quat) (xyzw, no antipodal flip), "
+        "robot0_gripper_qpos"
+    ),
+    axis_angle_dims=(3, 4, 5),
+    action_names=("dx", "dy", "dz", "rx", "ry", "rz", "gripper"),
+    gripper="-1 open, +1 close (robosuite's gripper command)",
+    protocol=SuiteProtocol(render_quality="default", seed_rule="openpi", trials=50),
+    settle_steps=10,
+    stored_initial_states=True,
+    representation="libero_rot6d",
+    training_suites=TRAINING_SUITES,
+    cosmos3_domain="libero",
+)

@@ -1,0 +1,35 @@
+"""MetaWorld v3's Sawyer (the default suite): 50 tasks, each with a scripted expert.
+
+- state [39]: MetaWorld's full observation: hand xyz, gripper opening, two objects' pose, the same 18
+  numbers of the previous step, the goal;
+- action [4]: ``[dx, dy, dz, gripper]`` in [-1, 1] (1 cm of mocap motion per unit), gripper -1 open,
+  +1 close (MetaWorld's grab effort);
+- 80 Hz (frame_skip 5 x 2.5 ms), 500 steps, each trial's placement drawn from its seed.
+"""
+
+from __future__ import annotations
+
+from wamkit.embodiments import Embodiment, SuiteProtocol
+
+_OBJ = ("x", "y", "z", "qx", "qy", "qz", "qw")
+_NOW = ("hand_x", "hand_y", "hand_z", "gripper", *(f"obj1_{n}" for n in _OBJ), *(f"obj2_{n}" for n in _OBJ))
+
+PROFILE = Embodiment(
+    name="metaworld",
+    env_backend="wamkit.envs.metaworld_env",
+    suites={"metaworld": 500},
+    robot_type="sawyer",
+    fps=80,
+    cameras={
+        c: c for c in ("corner", "corner2", "corner3", "corner4", "topview", "behindGripper", "gripperPOV")
+    },
+    default_cameras=("corner",),
+    state_names=(*_NOW, *(f"prev_{n}" for n in _NOW), "goal_x", "goal_y", "goal_z"),
+    state_source="MetaWorld's full 39-D observation (goal observable)",
+    axis_angle_dims=(),
+    action_names=("dx", "dy", "dz", "gripper"),
+    gripper="-1 open, +1 close (MetaWorld's grab effort)",
+    # the placement comes from the episode's seed, so each trial is seeded; the fast look is what
+    # `wamkit collect` records by default (a model is evaluated on the look it was trained on)
+    protocol=SuiteProtocol(render_quality="fast", seed_rule="per_trial", trials=10),
+)
