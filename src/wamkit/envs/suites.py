@@ -1,5 +1,6 @@
-"""Suite registry: which module builds which suite. Backends are imported only when used, so a
-MetaWorld user never imports LIBERO (an optional extra)."""
+"""Which module builds which suite: every registered embodiment's suites (``wamkit.embodiments``), to
+its env backend. Backends are imported only when used, so a MetaWorld user never imports LIBERO (an
+optional extra); an embodiment registered later (a plug-in, a test's toy) is seen at once."""
 
 from __future__ import annotations
 
@@ -11,21 +12,20 @@ from wamkit.config import ConfigError, EnvConfig, _suggest
 from wamkit.embodiments import libero
 from wamkit.envs.base import Env, SuiteInfo, SuiteProtocol, check_env_config
 
-# every suite of every registered embodiment, to its env backend (wamkit.embodiments)
-_BACKENDS = {s: e.env_backend for s, e in embodiments.suites().items()}
 LIBERO_SUITES = tuple(libero.SUITES)  # the LIBERO backend's suites (the profile's list)
 
 
 def suites() -> list[str]:
-    return list(_BACKENDS)
+    return list(embodiments.suites())
 
 
 def _backend(suite: str):
-    if suite not in _BACKENDS:
+    known = {s: e.env_backend for s, e in embodiments.suites().items()}
+    if suite not in known:
         raise ConfigError(
-            f"env.suite: unknown suite '{suite}'{_suggest(suite, _BACKENDS)} (valid: {', '.join(_BACKENDS)})"
+            f"env.suite: unknown suite '{suite}'{_suggest(suite, known)} (valid: {', '.join(known)})"
         )
-    return importlib.import_module(_BACKENDS[suite])
+    return importlib.import_module(known[suite])
 
 
 def backend(suite: str):

@@ -1,0 +1,58 @@
+"""One profile per embodiment (wamkit.embodiments): the facts the env backends, the suite registry
+and the data stage read, declared once; a toy embodiment registered here (tests/toy_embodiment.py,
+its profile and env backend) is built and resolved by the env layer with no other edit."""
+
+from __future__ import annotations
+
+import pytest
+
+from wamkit import embodiments
+from wamkit.config import ConfigError, EnvConfig
+from wamkit.constants import OBS_STATE
+from wamkit.envs.base import EpisodeSpec
+from wamkit.envs.suites import make_env, protocol, resolve_env_config, suite_info, suites
+
+
+@pytest.fixture
+def toy():
+    from . import toy_embodiment
+
+    embodiments.register("toy", toy_embodiment.__name__)
+    yield toy_embodiment.PROFILE
+    embodiments._MODULES.pop("toy")
+    embodiments._LOADED.pop("toy", None)
+
+
+def test_a_registered_embodiment_reaches_the_env_layer(toy):
+    assert "toy_line" in suites() and embodiments.for_suite("toy_line") is toy
+    assert suite_info("toy_line").max_steps == 12 and protocol("toy_line").trials == 3
+    cfg = resolve_env_config(EnvConfig(suite="toy_line", cameras=["top"], image_size=16))
+    assert (cfg.render_quality, cfg.seed_rule) == ("fast", "per_trial")  # its protocol's, resolved
+    env = make_env(cfg)
+    obs = env.reset(EpisodeSpec("toy_line", "reach", 0, 5))
+    assert obs[OBS_STATE].shape == (toy.state_dim,)
+    with pytest.raises(ConfigError, match="seeds a task once and relies on stored initial states"):
+        resolve_env_config(EnvConfig(suite="toy_line", seed_rule="openpi"))
+
+
+def test_after_it_is_gone_its_suite_is_refused_by_name():
+    with pytest.raises(ConfigError, match="env.suite: unknown suite 'toy_line'"):
+        suite_info("toy_line")
+
+
+def test_each_profile_agrees_with_its_backend_and_each_list_exists_once():
+    from wamkit.data import sft_dataset
+    from wamkit.embodiments import libero, metaworld
+    from wamkit.envs import libero_env, metaworld_env
+
+    assert embodiments.names()[:2] == ["libero", "metaworld"]
+    for prof, mod in ((libero.PROFILE, libero_env), (metaworld.PROFILE, metaworld_env)):
+        assert (prof.state_dim, prof.action_dim, prof.fps) == (mod.STATE_DIM, mod.ACTION_DIM, mod.FPS)
+        assert mod.PROTOCOL is prof.protocol and embodiments.get(prof.name) is prof
+    assert (libero.PROFILE.state_dim, libero.PROFILE.action_dim) == (8, 7)  # LIBERO's published layout
+    assert (metaworld.PROFILE.state_dim, metaworld.PROFILE.action_dim) == (39, 4)
+    assert set(libero.TRAINING_SUITES) < set(libero.SUITES) and "libero_90" not in libero.TRAINING_SUITES
+    assert not hasattr(sft_dataset, "LIBERO_SUITES")  # the data stage reads the profile's mix
+    assert suites() == [*libero.SUITES, "metaworld"]
+    with pytest.raises(KeyError, match="unknown embodiment 'aloha'"):
+        embodiments.get("aloha")
