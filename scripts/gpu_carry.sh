@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Prepare what travels to the GPU machine (the device tool's `carry`; see docs/benchmarks.md).
+# Prepare what travels to the GPU machine (the device tool's `carry`; see docs/gpu_machine.md).
 #
 # That machine has CPython 3.12, torch and many packages, but no package registry. This script, run
 # here, downloads the cp312 wheels wamkit needs beyond its image into .whl/<group>/ and the GL loader

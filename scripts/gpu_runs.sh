@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU benchmark runs behind docs/benchmarks.md, grouped so that each group fits one call of at most
+# The GPU benchmark runs behind docs/benchmarks.md (how to run them: docs/gpu_machine.md), grouped so that each group fits one call of at most
 # 10 minutes on a 2-GPU H200 machine (nvidia-h200-x2); groups named together run in turn. Run on that machine, in the checkout's root,
 # after the carried wheels are in place (`source scripts/gpu_env.sh`; which groups of scripts/gpu_carry.sh
 # each needs is said below). Every command's output goes to $OUT/<name>.log (and its figures to
@@ -52,7 +52,7 @@
 #   bash scripts/gpu_runs.sh serve32-default  # core: the default step's server start (cold, warm) to 32,
 #                                          then Nano served against in-process at batch 8 and 32
 #
-# LIBERO-10 (docs/benchmarks.md, "LIBERO on the GPU machine"): three carries to one warm machine, then
+# LIBERO-10 (docs/gpu_machine.md, "LIBERO on the GPU machine"): three carries to one warm machine, then
 # the runs (each group one call; LIBERO_CONFIG_PATH and PYTHONPATH as in the libero section below):
 #   carry .libero_bundle/part-000:                         bash scripts/gpu_runs.sh libero-stash
 #   carry .whl/sim .whl/serve .gl:                         source scripts/gpu_env.sh
@@ -422,7 +422,7 @@ for k in ('time/step', 'time/save_s', 'time/save_write_s', 'time/save_wait_s'):
       --json "$OUT/libero_500$half.json"
     ;;
   libero-cosmos3)
-    # the Cosmos3-Nano-shaped server (30 steps, full 16-step chunks, CUDA-graph steps) on 8 episodes
+    # the Cosmos3-Nano-shaped server (30 steps, full 16-step chunks, its default step) on 8 episodes
     # (tasks 0-3 x 2 trials; serial on 4) cut at 160 steps: random weights never succeed, so every step
     # costs the same and env-steps/s carries over to 520-step episodes; auto P only, to fit one call
     run libero_cosmos3 570 $W bench eval --suite libero_10 --tasks 0,1,2,3 --trials 2 --serial-trials 1 \

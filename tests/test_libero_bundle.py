@@ -1,7 +1,7 @@
 """scripts/libero_bundle.py: what LIBERO's bundle for the GPU machine keeps, and that it installs whole.
 
 The full build (every LIBERO-10 task built and reset, about ten minutes here) is run by hand
-(docs/benchmarks.md); these tests check its selection and packing on a few files of the installed extra.
+(docs/gpu_machine.md); these tests check its selection and packing on a few files of the installed extra.
 """
 
 from __future__ import annotations

@@ -112,8 +112,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--front-end",
         choices=SERVE_FRONT_ENDS,
-        help="where the event loop runs: its own process, or a thread beside the model (default: "
-        "serve.front_end)",
+        help="where the event loop runs: thread (beside the model) or process (its own; experimental, no "
+        "gain measured); default: serve.front_end",
     )
 
 
