@@ -74,14 +74,22 @@ def installed_wheel(tmp_path_factory) -> Path:
     """wamkit as a user gets it: the wheel built from this checkout, installed into a fresh venv whose
     only other packages are this interpreter's dependencies (a .pth line; this checkout's editable
     install is not seen). Returns that venv's python, to run from outside the checkout."""
+    import shutil
     import subprocess
     import sys
     import sysconfig
     import venv
 
     root = tmp_path_factory.mktemp("wheel")
+    # built from a copy of what the sdist holds: setuptools writes build/ and egg-info beside its source
+    source = root / "source"
+    junk = shutil.ignore_patterns("__pycache__", "*.egg-info")
+    shutil.copytree(REPO / "src", source / "src", ignore=junk)
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        if (REPO / name).is_file():
+            shutil.copy2(REPO / name, source / name)
     build = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(root), str(REPO)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(root), str(source)],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert build.returncode == 0, build.stderr[-3000:]

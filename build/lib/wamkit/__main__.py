@@ -1,5 +1,0 @@
-import sys
-
-from wamkit.cli import main
-
-sys.exit(main())

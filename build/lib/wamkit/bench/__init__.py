@@ -1,1 +1,0 @@
-"""Throughput benchmarks. Each prints figures measured side by side in one run, and their ratios."""
