@@ -54,5 +54,14 @@ def test_each_profile_agrees_with_its_backend_and_each_list_exists_once():
     assert set(libero.TRAINING_SUITES) < set(libero.SUITES) and "libero_90" not in libero.TRAINING_SUITES
     assert not hasattr(sft_dataset, "LIBERO_SUITES")  # the data stage reads the profile's mix
     assert suites() == [*libero.SUITES, "metaworld"]
+    # the facts other projects define: Cosmos3's domain table (diffusers) and our representations
+    from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import _EMBODIMENT_TO_DOMAIN_ID
+
+    from wamkit.actions.representations import names as representations
+    from wamkit.models.cosmos3.presets import OPTIONS
+
+    assert libero.PROFILE.cosmos3_domain in _EMBODIMENT_TO_DOMAIN_ID
+    assert OPTIONS["domain_name"] == libero.PROFILE.cosmos3_domain
+    assert {libero.PROFILE.representation, metaworld.PROFILE.representation} <= set(representations())
     with pytest.raises(KeyError, match="unknown embodiment 'aloha'"):
         embodiments.get("aloha")

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from wamkit.config import ConfigError, _suggest
+from wamkit.embodiments import libero
 from wamkit.models.cosmos3 import ATTENTION_MODES
 from wamkit.models.cosmos3.recipe import LIBERO_VIEW_DESCRIPTION
 
@@ -73,7 +74,8 @@ OPTIONS: dict[str, Any] = {
     # transformer weights (a saved model is rebuilt from it, then its own weights are loaded). Set
     # automatically from model.pretrained, so a model trained from real weights keeps their VAE.
     "base": "",
-    "domain_name": "libero",  # embodiment whose action-head row is used (diffusers' domain table)
+    # embodiment whose action-head row is used (diffusers' domain table): LIBERO's, from its profile
+    "domain_name": libero.PROFILE.cosmos3_domain,
     "resolution_tier": 256,  # the pipeline's action canvas tier: 256 | 480 | 704 | 720
     "view_point": "concat_view",  # framing sentence of the action caption (cameras side by side)
     # appended to the framing sentence: which half of the side-by-side frame is which camera
