@@ -58,7 +58,8 @@
 #   carry .whl/sim .whl/serve .gl:                         source scripts/gpu_env.sh
 #   carry .libero_bundle/part-001 .libero_bundle/fingerprints.json:  bash scripts/gpu_runs.sh libero-install
 #   then: libero-render, libero-schedules, libero-500a, libero-500b (the 500 episodes in two calls),
-#   libero-cosmos3 (libero-cosmos3-16: 16 envs on the default step, one run per schedule)
+#   libero-cosmos3 (libero-cosmos3-16: 16 envs on the default step, one run per schedule;
+#   libero-cosmos3-fp8: the same, pipelined only, served in FP8)
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu_runs}
 mkdir -p "$OUT"
@@ -438,6 +439,15 @@ for k in ('time/step', 'time/save_s', 'time/save_write_s', 'time/save_wait_s'):
       --max-steps 160 --image-size 256 --render-quality "$QUALITY" --render-gpu "$RENDER_GPU" \
       --num-envs 16 --workers 16 --replan-interval 16 --model cosmos3 --preset nano --device cuda:0 \
       --fit-shapes --stages auto --repeats 1 --out "$OUT/libero_cosmos3_16" --json "$OUT/libero_cosmos3_16.json"
+    ;;
+  libero-cosmos3-fp8)
+    # the same 16 envs, pipelined (auto P) only, the server in serve.precision=fp8: what FP8's speed
+    # gives end to end (issue 32's projection beside bf16's)
+    run libero_cosmos3_fp8 480 $W bench eval --suite libero_10 --tasks 4,5,6,7 --trials 4 --schedules pipelined \
+      --max-steps 160 --image-size 256 --render-quality "$QUALITY" --render-gpu "$RENDER_GPU" \
+      --num-envs 16 --workers 16 --replan-interval 16 --model cosmos3 --preset nano --device cuda:0 \
+      --precision fp8 --fit-shapes --stages auto --repeats 1 --out "$OUT/libero_cosmos3_fp8" \
+      --json "$OUT/libero_cosmos3_fp8.json"
     ;;
   *)
     echo "unknown group '$group' (inference | cosmos3-all | serve-sft | serve-tiny | gpu-tests | serve | eval-tiny1b | eval | eval-2gpu | eval-2servers | train-tiny-2gpu | sft-compile-l8 | sft-compile | sft-save | sft-full | sft-disk | cosmos3-eval | train-cosmos3 | libero-stash |" \

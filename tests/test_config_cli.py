@@ -26,6 +26,16 @@ def test_preset_plus_overrides(tmp_path):
     assert cfg.serve.port == RunConfig().serve.port  # untouched defaults come from one place
 
 
+def test_one_task_index_is_a_list_of_one(tmp_path):
+    # env.tasks=4 (one LIBERO task by index) reads as the number 4 in YAML; it means the list ["4"]
+    preset = tmp_path / "p.yaml"
+    preset.write_text("env:\n  suite: libero_10\n")
+    assert load_config(preset, ["env.tasks=4"]).env.tasks == ["4"]
+    assert load_config(preset, ["env.tasks=4,5"]).env.tasks == ["4", "5"]
+    with pytest.raises(ConfigError, match="env.tasks: expected a list of"):
+        load_config(preset, ["env.tasks=true"])
+
+
 @pytest.mark.parametrize(
     "override, message",
     [

@@ -87,3 +87,28 @@ def test_the_torchao_backend_says_what_is_missing(monkeypatch):
     monkeypatch.setitem(sys.modules, "torchao.quantization", None)
     with pytest.raises(RuntimeError, match="FP8 through torchao needs the torchao package"):
         quantize_linears_torchao(nn.Sequential(nn.Linear(32, 32)))
+
+
+@pytest.mark.parametrize("dtype, autocast", [("bfloat16", None), ("float32", torch.bfloat16)])
+def test_served_fp8_autocasts_only_fp32_weights_and_caches_no_casts(monkeypatch, dtype, autocast):
+    """Served FP8 runs the rest of the model as ``auto`` would: bf16 weights as they are (Cosmos3's
+    bf16 build keeps its time embedder in fp32, trainable: an autocast around it would cache bf16
+    copies, freed when the context exits, under a CUDA graph captured inside it), fp32 weights under
+    bf16 autocast with the cast cache off."""
+    from wamkit.models import fp8
+    from wamkit.serve.loading import identity_spec
+    from wamkit.serve.policy import ServedPolicy
+
+    monkeypatch.setattr(fp8, "unsupported", lambda device: "")  # as on a GPU with FP8 tensor cores
+    ad = build_model(
+        ModelConfig(name="cosmos3", preset="tiny", options={"num_inference_steps": 2, "dtype": dtype}),
+        DEFAULT_IO,
+    )
+    assert any(p.dtype == torch.float32 for p in ad.module.parameters())  # the time embedder
+    policy = ServedPolicy(ad, identity_spec(ad.io), precision="fp8")
+    assert ad.fp8 and policy.autocast is autocast
+    assert policy.identity()["autocast"] == "fp8"
+    with policy.compute():
+        assert torch.is_autocast_enabled("cpu") is (autocast is not None)
+        if autocast is not None:
+            assert not torch.is_autocast_cache_enabled()

@@ -349,6 +349,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         (item,) = typing.get_args(tp) or (Any,)
         if isinstance(value, str) and item is str:
             value = [v for v in value.split(",") if v]  # tasks=a,b on the command line
+        elif item is str and isinstance(value, int) and not isinstance(value, bool):
+            value = [str(value)]  # tasks=4 (a LIBERO task index), which YAML reads as a number
         if not isinstance(value, list | tuple):
             raise ConfigError(f"{key}: expected a list of {_type_name(item)}, got {value!r}")
         return [_coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value)]

@@ -113,7 +113,10 @@ def _autocast(adapter: Any, precision: str) -> tuple[torch.dtype | None, str]:
             why = f"model {adapter.name!r} has no FP8 path (cosmos3 has)"
         if why:
             raise ConfigError(f"serve.precision=fp8: {why}; use auto, bf16 or fp32")
-        return torch.bfloat16, device  # what does not run in FP8 runs under bf16 autocast
+        # what does not run in FP8 runs in bf16: under autocast when the weights are fp32, as they
+        # are for bf16 weights (the rule of "auto")
+        fp32 = all(p.dtype == torch.float32 for p in module.parameters() if p.is_floating_point())
+        return (torch.bfloat16 if fp32 else None), device
     if precision == "bf16" and device != "cuda":
         raise ConfigError(
             f"serve.precision=bf16 needs the model on a CUDA device; it is on {device} (use auto or fp32)"
@@ -452,7 +455,9 @@ class ServedPolicy:
         """The context of a model call: bf16 autocast when ``serve.precision`` resolved to it."""
         if self.autocast is None:
             return contextlib.nullcontext()
-        return torch.autocast(self._device_type, dtype=self.autocast)
+        # no cast cache: the bf16 copies it keeps of fp32 weights are freed when the context exits,
+        # and a CUDA graph captured inside it would replay reads of that freed memory
+        return torch.autocast(self._device_type, dtype=self.autocast, cache_enabled=False)
 
     def infer(self, obs: dict[str, Any]) -> dict[str, np.ndarray]:
         """In-process equivalent of one server round trip (no batching with others)."""
