@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,6 +23,8 @@ from wamkit.serve.loading import load_served
 from wamkit.serve.policy import ServedPolicy
 
 from .conftest import spec_of
+
+FIXTURES = Path(__file__).parent / "fixtures" / "preprocess"
 
 IO = ModelIO(cameras=("image", "wrist_image"), image_size=24, state_dim=8, action_dim=7, chunk=4)
 
@@ -126,13 +129,20 @@ def test_spec_file_round_trip_and_bad_fields_are_named(dataset, tmp_path):
     back = PreprocessSpec.load(spec.save(tmp_path / "preprocess.json"))
     assert back.to_json() == spec.to_json() and back.stats_hash() == spec.stats_hash()
     data = spec.to_json()
-    del data["gripper"]
+    del data["steps"], data["chunk"]
     (tmp_path / "bad.json").write_text(json.dumps(data))
-    with pytest.raises(SpecError, match=r"bad\.json: missing gripper"):
+    with pytest.raises(SpecError, match=r"bad\.json: missing steps, chunk"):
         PreprocessSpec.load(tmp_path / "bad.json")
-    data = spec.to_json() | {"resize": "bicubic"}
+    data = spec.to_json()
+    data["steps"][-1]["method"] = "bicubic"
     (tmp_path / "bad.json").write_text(json.dumps(data))
-    with pytest.raises(SpecError, match=r"bad\.json: .*resize 'bicubic' is not one of"):
+    with pytest.raises(SpecError, match=r"bad\.json: steps\[5\] \(resize\): method 'bicubic' is not one of"):
+        PreprocessSpec.load(tmp_path / "bad.json")
+    # a file of format 1 names its own fields
+    old = json.loads((FIXTURES / "pattern_none.preprocess.json").read_text())
+    del old["gripper"]
+    (tmp_path / "bad.json").write_text(json.dumps(old))
+    with pytest.raises(SpecError, match=r"bad\.json: missing gripper"):
         PreprocessSpec.load(tmp_path / "bad.json")
     with pytest.raises(SpecError, match="does not fit the model.*image_size: spec 24, model 32"):
         spec.check_model(

@@ -82,7 +82,7 @@ class DataConfig:
     suite_weights: list[float] = field(default_factory=list)  # sampling ratios, same order as suites
     cameras: list[str] = field(default_factory=list)  # empty: the model's cameras
     chunk: int = 16  # action chunk length (frames)
-    representation: Literal["raw", "libero_rot6d"] = "raw"
+    representation: str = "raw"  # a registered action representation (wamkit.actions.representations)
     stats: str = ""  # stats file; empty: <root>/meta/wamkit_stats.json, computed if missing
     normalization: Literal["quantile", "mean_std", "min_max", "none"] = "quantile"
     clip: bool = False  # clip normalised actions to [-1, 1]

@@ -1,22 +1,31 @@
 """The preprocessing spec: everything between env data and model tensors, as one object and one file.
 
 A model is only correct with the exact transforms it was trained with. :class:`PreprocessSpec` holds
-all of them — action representation, normalisation kind and clipping, the stats, the gripper
-convention, chunk length, fps, image size and resize method, camera order — and *is* the transform:
-the training dataset and the server call the same instance's ``encode_state`` / ``encode_actions`` /
-``decode_actions`` / ``resize_images``, so the two cannot drift.
+them — a pipeline of registered steps (:mod:`wamkit.actions.steps`: gripper mapping, action
+representation, normalisation with its stats, clipping, resize, ...) plus the layout they act on
+(chunk length, fps, camera order, dimensions) — and *is* the transform: the training dataset and the
+server call the same instance's ``encode_state`` / ``encode_actions`` / ``decode_actions`` /
+``resize_images``, which run the same step objects, so the two cannot drift.
 
 It is written once, by training (``<run_dir>/preprocess.json``), copied into every checkpoint, serving
 directory and export, and read back from there by ``serve``, ``infer``, ``convert`` and (through the
 server's metadata) ``eval``. Nothing downstream fills in a missing field: a file without one is refused.
 
-File format (``preprocess.json``)::
+File format (``preprocess.json``, format 2)::
 
-    {"format": "wamkit-preprocess/1", "representation": "libero_rot6d", "normalization": "quantile",
-     "clip": false, "gripper": "env", "chunk": 16, "fps": 20, "image_size": 128,
-     "resize": "bilinear_antialias", "cameras": ["agentview", "wrist"],
+    {"format": "wamkit-preprocess/2",
+     "steps": [{"step": "gripper", "convention": "env"},
+               {"step": "representation", "name": "libero_rot6d"},
+               {"step": "normalize", "feature": "action", "kind": "quantile"},
+               {"step": "normalize", "feature": "observation.state", "kind": "quantile"},
+               {"step": "resize", "size": 128, "method": "bilinear_antialias"}],
+     "chunk": 16, "fps": 20, "cameras": ["agentview", "wrist"],
      "camera_sources": ["observation.images.image", "observation.images.wrist_image"],
      "state_dim": 8, "action_dim": 10, "env_action_dim": 7, "stats": {<a wamkit-stats/1 file>}}
+
+Format 1 (``wamkit-preprocess/1``: the fields ``representation``, ``normalization``, ``clip``,
+``gripper``, ``image_size`` and ``resize`` in place of ``steps``) still loads, as the steps those
+fields name, with identical outputs: checkpoints written before stay servable.
 
 Conventions: ``encode_actions`` takes actions as the *data* stores them (the gripper in the data's
 convention), ``decode_actions`` returns env commands (gripper -1 = open, +1 = close) and
@@ -34,18 +43,33 @@ from typing import Any
 
 import numpy as np
 
-from wamkit.actions.gripper import CONVENTIONS, get_convention
-from wamkit.actions.images import RESIZE_METHODS, resize_images
-from wamkit.actions.normalize import make_normalizer
+from wamkit.actions.gripper import CONVENTIONS
 from wamkit.actions.representations import get_representation
 from wamkit.actions.stats import FeatureStats, StatsError, StatsFile
+from wamkit.actions.steps import (
+    IMAGES,
+    NORMALIZATIONS,
+    ClipStep,
+    GripperStep,
+    NormalizeStep,
+    RepresentationStep,
+    ResizeStep,
+    Step,
+    StepError,
+    build_step,
+    standard_steps,
+)
 from wamkit.constants import ACTION, OBS_STATE
 from wamkit.files import SPEC_FILE, atomic_write_json, read_json
 
-FORMAT = "wamkit-preprocess/1"
-NORMALIZATIONS = ("quantile", "mean_std", "min_max", "none")
+FORMAT = "wamkit-preprocess/2"
+FORMAT_1 = "wamkit-preprocess/1"
+_LAYOUT = ("chunk", "fps", "cameras", "camera_sources", "state_dim", "action_dim", "env_action_dim")
+_FIELDS_1 = ("representation", "normalization", "clip", "gripper", "image_size", "resize")
+# what summary() reports, the fields of format 1 (metadata, plans and the served identity read them)
 _FIELDS = ("representation", "normalization", "clip", "gripper", "chunk", "fps", "image_size", "resize",
            "cameras", "camera_sources", "state_dim", "action_dim", "env_action_dim")  # fmt: skip
+__all__ = ["FORMAT", "NORMALIZATIONS", "PreprocessSpec", "SpecError"]
 
 
 class SpecError(ValueError):
@@ -57,18 +81,26 @@ def _need(ok: bool, where: str, msg: str) -> None:
         raise SpecError(f"{where}: {msg}")
 
 
+def build_steps(listed: Any, stats: StatsFile, where: str) -> tuple[Step, ...]:
+    """The step objects of a ``steps`` list (errors name the entry)."""
+    _need(
+        isinstance(listed, list) and len(listed) > 0,
+        where,
+        f"'steps' must be a non-empty list, got {listed!r}",
+    )
+    try:
+        return tuple(build_step(p, stats, f"steps[{i}]") for i, p in enumerate(listed))
+    except StepError as err:
+        raise SpecError(f"{where}: {err}") from None
+
+
 @dataclass(frozen=True)
 class PreprocessSpec:
     """Env data <-> model tensors (see the module docstring). Build with :meth:`create` or :meth:`load`."""
 
-    representation: str
-    normalization: str
-    clip: bool
-    gripper: str
+    steps: tuple[Step, ...]
     chunk: int
     fps: float | None  # None only for a model served without data (random init)
-    image_size: int
-    resize: str
     cameras: tuple[str, ...]
     camera_sources: tuple[str, ...]
     state_dim: int
@@ -84,8 +116,9 @@ class PreprocessSpec:
     def create(cls, stats: StatsFile, *, normalization: str, clip: bool, image_size: int, resize: str,
                cameras, camera_sources=(), chunk: int, gripper: str | None = None,
                state_dim: int | None = None) -> PreprocessSpec:  # fmt: skip
-        """A spec from a stats file and the training settings; representation, fps and the gripper
-        convention come from the stats metadata (``gripper`` overrides the latter).
+        """A spec of the standard steps (:func:`~wamkit.actions.steps.standard_steps`) from a stats
+        file and the training settings; representation, fps and the gripper convention come from the
+        stats metadata (``gripper`` overrides the latter).
 
         A stats file of actions only (cosmos' action stats: Cosmos3 takes no state) gets unit state
         statistics of ``state_dim`` (normalisation passes the state through), recorded in its metadata
@@ -106,10 +139,15 @@ class PreprocessSpec:
                 "stats file metadata has no 'gripper' convention; recompute it with `wamkit stats` "
                 f"(which detects it) or set data.gripper to one of {', '.join(CONVENTIONS)}"
             )
+        _need(normalization in NORMALIZATIONS, "preprocessing spec",
+              f"normalization {normalization!r} is not one of {', '.join(NORMALIZATIONS)}")  # fmt: skip
+        _need(OBS_STATE in stats.features, "preprocessing spec",
+              f"the stats have no '{OBS_STATE}' (give state_dim for identity state statistics)")  # fmt: skip
+        listed = standard_steps(representation=rep.name, normalization=normalization, clip=bool(clip),
+                                gripper=grip, image_size=int(image_size), resize=resize)  # fmt: skip
         action_dim = stats[ACTION].dim
         return cls(
-            representation=rep.name, normalization=normalization, clip=bool(clip), gripper=grip,
-            chunk=int(chunk), fps=meta.get("fps"), image_size=int(image_size), resize=resize,
+            steps=build_steps(listed, stats, "preprocessing spec"), chunk=int(chunk), fps=meta.get("fps"),
             cameras=tuple(cameras), camera_sources=tuple(camera_sources or ()),
             state_dim=stats[OBS_STATE].dim, action_dim=action_dim,
             env_action_dim=rep.env_dim_of(action_dim), stats=stats,
@@ -135,15 +173,54 @@ class PreprocessSpec:
         ones = [1.0] * dim
         return FeatureStats([0.0] * dim, ones, [-1.0] * dim, ones, [-1.0] * dim, ones, count=1)
 
+    # -- the steps ---------------------------------------------------------------------------------
+    def _of(self, feature: str) -> list[Step]:
+        return [s for s in self.steps if s.feature == feature]
+
+    def _one(self, kind: type, feature: str) -> Any:
+        found = [s for s in self._of(feature) if isinstance(s, kind)]
+        return found[0] if found else None
+
+    @property
+    def representation(self) -> str:
+        return self._one(RepresentationStep, ACTION).representation
+
+    @property
+    def gripper(self) -> str:
+        return self._one(GripperStep, ACTION).convention
+
+    @property
+    def normalization(self) -> str:
+        """The action's normalisation ("none" without a normalize step)."""
+        step = self._one(NormalizeStep, ACTION)
+        return step.kind if step is not None else "none"
+
+    @property
+    def clip(self) -> bool:
+        return self._one(ClipStep, ACTION) is not None
+
+    @property
+    def image_size(self) -> int:
+        return self._one(ResizeStep, IMAGES).size
+
+    @property
+    def resize(self) -> str:
+        return self._one(ResizeStep, IMAGES).method
+
     def validate(self, where: str = "preprocessing spec") -> None:
+        for kind in (RepresentationStep, GripperStep, ResizeStep):
+            n = sum(isinstance(s, kind) for s in self.steps)
+            _need(n == 1, where, f"steps: expected one '{kind.name}' step, found {n}")
+        for feature in (ACTION, OBS_STATE):
+            n = sum(isinstance(s, NormalizeStep) for s in self._of(feature))
+            _need(n <= 1, where, f"steps: at most one 'normalize' step of '{feature}', found {n}")
+        actions = self._of(ACTION)
+        env_side = [s.env_side for s in actions]
+        _need(env_side == sorted(env_side, reverse=True), where,
+              "steps: the gripper mapping (between env commands and stored actions) must come before "
+              "the other action steps")  # fmt: skip
         rep = get_representation(self.representation)
-        _need(self.normalization in NORMALIZATIONS, where,
-              f"normalization {self.normalization!r} is not one of {', '.join(NORMALIZATIONS)}")  # fmt: skip
-        _need(self.gripper in CONVENTIONS, where,
-              f"gripper {self.gripper!r} is not one of {', '.join(CONVENTIONS)}")  # fmt: skip
-        _need(self.resize in RESIZE_METHODS, where,
-              f"resize {self.resize!r} is not one of {', '.join(RESIZE_METHODS)}")  # fmt: skip
-        for name in ("chunk", "image_size", "state_dim", "action_dim"):
+        for name in ("chunk", "state_dim", "action_dim"):
             value = getattr(self, name)
             _need(
                 isinstance(value, int) and value > 0,
@@ -164,43 +241,45 @@ class PreprocessSpec:
               f"stats describe representation {stats_rep!r}, the spec says {self.representation!r}")  # fmt: skip
 
     # -- the transforms ----------------------------------------------------------------------------
-    def _norm(self, feature: str, clip: bool = False):
-        """The normalizer of ``feature``, built once per spec (it runs for every sample and request)."""
-        cache = self.__dict__.setdefault("_normalizers", {})  # frozen: the cache is not a field
-        key = (feature, clip)
-        if key not in cache:
-            cache[key] = make_normalizer(self.normalization, self.stats[feature], clip)
-        return cache[key]
-
     def encode_state(self, state) -> np.ndarray:
-        """Raw state (..., state_dim) -> normalised float32 (never clipped: states may leave the range)."""
-        return np.asarray(self._norm(OBS_STATE).normalize(np.asarray(state, np.float64)), np.float32)
+        """Raw state (..., state_dim) -> normalised float32 (the state's steps, in order)."""
+        x = np.asarray(state, np.float64)
+        for step in self._of(OBS_STATE):
+            x = step.forward(x)
+        return np.asarray(x, np.float32)
 
     def encode_actions(self, stored) -> np.ndarray:
         """Actions as the data stores them (..., env_action_dim) -> normalised model actions, float32."""
-        a = get_representation(self.representation).to_model(np.asarray(stored, np.float64))
-        return np.asarray(self._norm(ACTION, self.clip).normalize(a), np.float32)
+        x = np.asarray(stored, np.float64)
+        for step in self._of(ACTION):
+            if not step.env_side:
+                x = step.forward(x)
+        return np.asarray(x, np.float32)
 
     def decode_actions(self, model_actions, normalized: bool = True) -> np.ndarray:
         """Normalised model actions (..., action_dim) -> env commands (..., env_action_dim), float32.
         ``normalized=False``: the actions are already in the data's units (a server that undid the
-        normalisation itself); only the representation and the gripper are changed."""
-        a = np.asarray(model_actions, np.float64)
-        if normalized:
-            a = self._norm(ACTION).unnormalize(a)
-        a = np.array(get_representation(self.representation).to_env(a), np.float64)
-        a[..., -1] = get_convention(self.gripper).to_env(a[..., -1])
-        return a.astype(np.float32)
+        normalisation itself); the scaling steps are skipped, the representation and the gripper
+        changed."""
+        x = np.asarray(model_actions, np.float64)
+        for step in reversed(self._of(ACTION)):
+            if normalized or not step.scaling:
+                x = step.inverse(x)
+        return np.asarray(x, np.float64).astype(np.float32)
 
     def env_to_stored(self, env_actions) -> np.ndarray:
         """Env commands (..., env_action_dim) -> actions in the data's gripper convention."""
-        a = np.array(env_actions, np.float64)
-        a[..., -1] = get_convention(self.gripper).from_env(a[..., -1])
-        return a
+        x = np.array(env_actions, np.float64)
+        for step in self._of(ACTION):
+            if step.env_side:
+                x = step.forward(x)
+        return x
 
     def resize_images(self, img):
         """uint8 frames [..., H, W, 3] (NumPy or torch) -> [..., image_size, image_size, 3]."""
-        return resize_images(img, self.image_size, self.resize)
+        for step in self._of(IMAGES):
+            img = step.forward(img)
+        return img
 
     # -- checks ------------------------------------------------------------------------------------
     def check_model(self, io: Any, where: str = "preprocessing spec") -> None:
@@ -219,34 +298,51 @@ class PreprocessSpec:
 
     # -- the file ----------------------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
-        """Every field but the stats arrays (which are named by their hash): for metadata and plans."""
+        """Every field but the stats arrays (which are named by their hash): for metadata and plans.
+        The fields of format 1 (which clients read) and the steps."""
         out = {k: getattr(self, k) for k in _FIELDS}
         out["cameras"], out["camera_sources"] = list(self.cameras), list(self.camera_sources)
+        out["steps"] = [s.params() for s in self.steps]
         # the look the training frames were rendered with, where the data recorded it
         out["render_quality"] = self.stats.metadata.get("render_quality")
         return {**out, "stats_sha256": self.stats_hash()}
 
     def to_json(self) -> dict[str, Any]:
-        out = {"format": FORMAT, **self.summary(), "stats": self.stats.to_json()}
-        del out["stats_sha256"], out["render_quality"]  # both are read from the stats themselves
+        out: dict[str, Any] = {"format": FORMAT, "steps": [s.params() for s in self.steps]}
+        out.update({k: getattr(self, k) for k in _LAYOUT})
+        out["cameras"], out["camera_sources"] = list(self.cameras), list(self.camera_sources)
+        out["stats"] = self.stats.to_json()
         return out
 
     @classmethod
     def from_json(cls, data: Any, source: str = "preprocessing spec") -> PreprocessSpec:
         _need(isinstance(data, dict), source, "expected a JSON object at the top level")
+        fmt = data.get("format")
         _need(
-            data.get("format") == FORMAT, source, f"'format' is {data.get('format')!r}, expected {FORMAT!r}"
+            fmt in (FORMAT, FORMAT_1), source, f"'format' is {fmt!r}, expected {FORMAT!r} (or {FORMAT_1!r})"
         )
-        missing = [k for k in (*_FIELDS, "stats") if k not in data]
+        fields = (*(_FIELDS_1 if fmt == FORMAT_1 else ("steps",)), *_LAYOUT, "stats")
+        missing = [k for k in fields if k not in data]
         _need(not missing, source, f"missing {', '.join(missing)}")
         try:
             stats = StatsFile.from_json(data["stats"], source=f"{source}: stats")
         except StatsError as err:
             raise SpecError(str(err)) from None
-        kw = {k: data[k] for k in _FIELDS}
-        kw["cameras"], kw["camera_sources"] = tuple(kw["cameras"]), tuple(kw["camera_sources"])
+        if fmt == FORMAT_1:
+            one = {k: data[k] for k in _FIELDS_1}
+            _need(isinstance(one["clip"], bool), source, f"clip must be true or false, got {one['clip']!r}")
+            _need(one["normalization"] in NORMALIZATIONS, source,
+                  f"normalization {one['normalization']!r} is not one of {', '.join(NORMALIZATIONS)}")  # fmt: skip
+            listed = standard_steps(**one)
+        else:
+            listed = data["steps"]
+        kw = {k: data[k] for k in _LAYOUT}
+        for k in ("cameras", "camera_sources"):
+            _need(isinstance(kw[k], list), source, f"{k} must be a list, got {kw[k]!r}")
+            kw[k] = tuple(kw[k])
+        steps = build_steps(listed, stats, source)
         try:
-            return cls(**kw, stats=stats)
+            return cls(steps=steps, **kw, stats=stats)
         except SpecError as err:
             raise SpecError(f"{source}: {err}") from None
 
