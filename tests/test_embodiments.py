@@ -35,6 +35,43 @@ def test_a_registered_embodiment_reaches_the_env_layer(toy):
         resolve_env_config(EnvConfig(suite="toy_line", seed_rule="openpi"))
 
 
+def test_its_reference_clients_keys_reach_the_server_and_the_openpi_backend(toy):
+    import numpy as np
+
+    from wamkit.actions.spec import PreprocessSpec
+    from wamkit.constants import PROMPT, image_key
+    from wamkit.envs.suites import suite_info as info
+    from wamkit.eval.backends import openpi
+    from wamkit.models.base import ModelIO
+    from wamkit.serve.policy import RequestError, ServedPolicy
+
+    io = ModelIO(cameras=("top",), image_size=8, state_dim=1, action_dim=1, chunk=2)
+
+    class _NoModel:
+        name = "none"
+
+    _NoModel.io = io
+    spec = PreprocessSpec.identity(representation="raw", cameras=io.cameras, image_size=8, state_dim=1,
+                                   action_dim=1, chunk=2)  # fmt: skip
+    policy = ServedPolicy(_NoModel(), spec)
+    frame = np.full((8, 8, 3), 5, np.uint8)
+    req = policy.prepare({"toy/top_camera": frame, "toy/position": np.array([0.25]), PROMPT: "reach 1"})
+    np.testing.assert_array_equal(req.batch[image_key("top")][0], frame)
+    assert req.batch[OBS_STATE][0, 0] == 0.25
+    assert policy.metadata()["inputs"]["openpi_keys"]["toy/top_camera"] == image_key("top")
+    # openpi's LIBERO keys are still taken (every profile's keys are), each key once
+    assert "observation/image" in policy.metadata()["inputs"]["openpi_keys"]
+    with pytest.raises(RequestError, match="given twice"):
+        policy.prepare({"toy/top_camera": frame, image_key("top"): frame, OBS_STATE: [0.0], PROMPT: "x"})
+
+    keys = openpi.request_keys(info("toy_line"))
+    assert keys == (("toy/top_camera",), "toy/position")
+    sent = openpi.request(
+        {image_key("top"): frame, OBS_STATE: np.array([0.5]), "task": "reach 1"}, ("top",), keys
+    )
+    assert sorted(sent) == ["prompt", "toy/position", "toy/top_camera"]
+
+
 def test_after_it_is_gone_its_suite_is_refused_by_name():
     with pytest.raises(ConfigError, match="env.suite: unknown suite 'toy_line'"):
         suite_info("toy_line")

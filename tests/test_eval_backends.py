@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -108,7 +109,8 @@ def test_openpi_requests_are_openpi_clients_own_types():
         OBS_STATE: np.arange(8, dtype=np.float64),
         TASK: "put the bowl on the plate",
     }
-    got = openpi_msgpack.unpackb(packb(openpi.request(obs, ("agentview", "wrist"))))
+    keys = openpi.request_keys(SimpleNamespace(suite="libero_10"))  # the LIBERO profile's client keys
+    got = openpi_msgpack.unpackb(packb(openpi.request(obs, ("agentview", "wrist"), keys)))
     assert sorted(got) == ["observation/image", "observation/state", "observation/wrist_image", "prompt"]
     assert got["observation/image"].dtype == np.uint8 and got["observation/image"].shape == (8, 8, 3)
     assert (got["observation/wrist_image"] == 9).all()

@@ -24,6 +24,8 @@ PROFILE = embodiments.Embodiment(
     action_names=("dx",),
     gripper="none",
     protocol=embodiments.SuiteProtocol(render_quality="fast", seed_rule="per_trial", trials=3),
+    request_images=("toy/top_camera",),  # its (imagined) reference client's keys
+    request_state="toy/position",
 )
 
 

@@ -13,10 +13,6 @@ FRAME_INDEX = "frame_index"
 TIMESTAMP = "timestamp"
 INDEX = "index"
 TASK_INDEX = "task_index"
-# The request keys of the OpenPI protocol (openpi examples/libero/main.py:130-141), which wamkit's
-# server also takes and its evaluator's openpi backend sends: the cameras in the model's order, the state
-OPENPI_IMAGE_KEYS = ("observation/image", "observation/wrist_image")
-OPENPI_STATE_KEY = "observation/state"
 PROMPT = "prompt"  # the instruction's request key (TASK in datasets and model batches)
 
 

@@ -55,6 +55,10 @@ class Embodiment:
     representation: str = "raw"  # the action representation its models train in (wamkit.actions)
     training_suites: tuple[str, ...] = ()  # the suites a multi-suite training run mixes
     cosmos3_domain: str = ""  # Cosmos3's embodiment (domain) name, "" where it has none
+    # the request keys of its reference client (the OpenPI websocket protocol): one per camera, in the
+    # order of the model's cameras, and the state's; a wamkit server takes them as aliases
+    request_images: tuple[str, ...] = ()
+    request_state: str = ""
 
     @property
     def state_dim(self) -> int:
@@ -92,3 +96,14 @@ def suites() -> dict[str, Embodiment]:
 def for_suite(suite: str) -> Embodiment | None:
     """The embodiment of ``suite``, or None when no registered embodiment has it."""
     return suites().get(suite)
+
+
+def request_aliases() -> list[tuple[tuple[str, ...], str]]:
+    """Every registered embodiment's reference-client keys: ``(image keys in camera order, state
+    key)``, in registration order, those without any left out."""
+    out = []
+    for e in map(get, _MODULES):
+        keys = (e.request_images, e.request_state)
+        if (e.request_images or e.request_state) and keys not in out:
+            out.append(keys)
+    return out

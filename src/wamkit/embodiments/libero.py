@@ -44,4 +44,7 @@ PROFILE = Embodiment(
     representation="libero_rot6d",
     training_suites=TRAINING_SUITES,
     cosmos3_domain="libero",
+    # openpi's LIBERO client (examples/libero/main.py:130-141): the agent view, the wrist view, the state
+    request_images=("observation/image", "observation/wrist_image"),
+    request_state="observation/state",
 )

@@ -46,7 +46,8 @@ import torch
 
 from wamkit.actions.spec import PreprocessSpec
 from wamkit.config import SERVE_PRECISIONS, SERVE_WARM, ConfigError
-from wamkit.constants import OBS_STATE, OPENPI_IMAGE_KEYS, OPENPI_STATE_KEY, PROMPT, TASK, image_key
+from wamkit.constants import OBS_STATE, PROMPT, TASK, image_key
+from wamkit.embodiments import request_aliases
 from wamkit.models.base import weights_digest
 
 MODES = ("policy", "inverse_dynamics", "forward_dynamics")
@@ -218,8 +219,7 @@ class ServedPolicy:
                 "state_key": OBS_STATE,
                 "state_dim": io.state_dim,
                 "prompt_key": PROMPT,
-                "openpi_keys": {k: image_key(c) for k, c in zip(OPENPI_IMAGE_KEYS, io.cameras)}
-                | {OPENPI_STATE_KEY: OBS_STATE},
+                "openpi_keys": self._aliases(),
             },
             "action_space": {
                 "dim": io.action_dim if self.raw_actions else self.env_action_dim,
@@ -236,13 +236,22 @@ class ServedPolicy:
         }
 
     # -- parsing -----------------------------------------------------------------------------------
+    def _aliases(self) -> dict[str, str]:
+        """The request keys of the embodiments' reference clients (their profiles' ``request_images``
+        and ``request_state``: openpi's LIBERO keys, ...), to this model's keys; the first profile to
+        name a key keeps it."""
+        out: dict[str, str] = {}
+        for images, state in request_aliases():
+            for key, cam in zip(images, self.io.cameras):
+                out.setdefault(key, image_key(cam))
+            if state:
+                out.setdefault(state, OBS_STATE)
+        return out
+
     def _keymap(self) -> dict[str, str]:
         cams = self.io.cameras
-        keys = {image_key(c): image_key(c) for c in cams} | {
-            OBS_STATE: OBS_STATE,
-            OPENPI_STATE_KEY: OBS_STATE,
-        }
-        keys |= {k: image_key(c) for k, c in zip(OPENPI_IMAGE_KEYS, cams)}
+        keys = {image_key(c): image_key(c) for c in cams} | {OBS_STATE: OBS_STATE}
+        keys |= self._aliases()
         keys |= {PROMPT: TASK, TASK: TASK, FD_ACTIONS: FD_ACTIONS, GOAL_IMAGE: f"{GOAL_IMAGE}.{cams[0]}"}
         keys |= {f"{GOAL_IMAGE}.{c}": f"{GOAL_IMAGE}.{c}" for c in cams}
         keys |= {k: k for k in CONTROL_KEYS}
@@ -259,8 +268,8 @@ class ServedPolicy:
             if key not in keymap:
                 raise RequestError(
                     f"unknown key {key!r}; this model takes {', '.join(image_key(c) for c in self.io.cameras)}, "
-                    f"{OBS_STATE}, {PROMPT} (or the OpenPI keys {', '.join(OPENPI_IMAGE_KEYS[: len(self.io.cameras)])}, "
-                    f"{OPENPI_STATE_KEY}), and optionally mode, seed"
+                    f"{OBS_STATE}, {PROMPT} (or the OpenPI keys {', '.join(self._aliases())}), "
+                    "and optionally mode, seed"
                 )
             target = keymap[key]
             if target in got:
@@ -276,7 +285,8 @@ class ServedPolicy:
 
         if OBS_STATE not in got:
             raise RequestError(
-                f"request lacks {OBS_STATE} (or {OPENPI_STATE_KEY}): [state_dim={self.io.state_dim}]"
+                f"request lacks {OBS_STATE} (or "
+                f"{', '.join(k for k, v in self._aliases().items() if v == OBS_STATE)}): [state_dim={self.io.state_dim}]"
             )
         skey, state = got[OBS_STATE]
         state = _numeric(state, skey)

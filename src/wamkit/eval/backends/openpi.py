@@ -1,8 +1,9 @@
 """``eval.backend=openpi``: any OpenPI websocket server (openpi's ``scripts/serve_policy.py``,
 cosmos-framework's ``action_policy_server_robolab.py``, or wamkit's own).
 
-Such a server takes one observation per request, with openpi's LIBERO keys
-(openpi ``examples/libero/main.py:130-141``): ``observation/image`` and ``observation/wrist_image`` (the env's
+Such a server takes one observation per request, in the keys of the suite's reference client (its
+embodiment profile's ``request_images`` and ``request_state``; for LIBERO openpi's,
+``examples/libero/main.py:130-141``): ``observation/image`` and ``observation/wrist_image`` (the env's
 first and second camera, uint8 [H, W, 3] as rendered: the model's own transforms resize them),
 ``observation/state`` (the raw env state) and ``prompt``. It answers ``actions`` [H, D] (openpi) or
 ``action`` (cosmos-framework's RoboLab server, ``cosmos_framework/scripts/action_policy_server_robolab.py:624``)
@@ -25,7 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from wamkit.constants import OBS_STATE, OPENPI_IMAGE_KEYS, OPENPI_STATE_KEY, PROMPT, TASK, image_key
+from wamkit import embodiments
+from wamkit.constants import OBS_STATE, PROMPT, TASK, image_key
 from wamkit.eval.backends.base import BackendError, check_actions
 from wamkit.eval.remote import reply_timing, served_identity
 
@@ -34,10 +36,22 @@ REPLY_KEYS = ("actions", "action")
 MAX_CONNECTIONS = 8
 
 
-def request(obs: dict[str, Any], cameras: tuple[str, ...]) -> dict[str, Any]:
-    """One observation in openpi's LIBERO keys."""
-    req = {key: np.asarray(obs[image_key(cam)]) for key, cam in zip(OPENPI_IMAGE_KEYS, cameras)}
-    req[OPENPI_STATE_KEY] = np.asarray(obs[OBS_STATE], np.float32)
+def request_keys(suite: Any) -> tuple[tuple[str, ...], str]:
+    """``(image keys in camera order, state key)`` of the reference client of ``suite`` (a SuiteInfo,
+    or None: the first registered embodiment's, LIBERO's)."""
+    profile = embodiments.for_suite(suite.suite) if suite is not None else None
+    if profile is not None and profile.request_images and profile.request_state:
+        return profile.request_images, profile.request_state
+    return embodiments.request_aliases()[0]
+
+
+def request(
+    obs: dict[str, Any], cameras: tuple[str, ...], keys: tuple[tuple[str, ...], str]
+) -> dict[str, Any]:
+    """One observation in the reference client's keys (``keys``: :func:`request_keys`)."""
+    images, state = keys
+    req = {key: np.asarray(obs[image_key(cam)]) for key, cam in zip(images, cameras)}
+    req[state] = np.asarray(obs[OBS_STATE], np.float32)
     req[PROMPT] = str(obs[TASK])
     return req
 
@@ -54,13 +68,16 @@ class OpenPIPolicy:
                 NAME, self.url, f"eval.backend_options.connections={self.width}; expected >= 1"
             )
         self.dim = target.suite.action_dim if target.suite is not None else None
+        self.keys = request_keys(target.suite)
         self.clients = [patience.client(self.url)]  # connects now: an unreachable server fails here
         self.metadata: dict[str, Any] = dict(self.clients[0].metadata or {})
         self.identity = _identity(self.metadata)
         self._pool: ThreadPoolExecutor | None = None
 
     def _one(self, i: int, obs: dict[str, Any]) -> tuple[np.ndarray, float]:
-        reply = self.clients[i].infer(request(obs, self.cameras), timeout_s=self.patience.reply_timeout_s)
+        reply = self.clients[i].infer(
+            request(obs, self.cameras, self.keys), timeout_s=self.patience.reply_timeout_s
+        )
         if not isinstance(reply, dict):
             raise BackendError(NAME, self.url, f"reply: expected a map, got {type(reply).__name__}")
         key = next((k for k in REPLY_KEYS if k in reply), None)
