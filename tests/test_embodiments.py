@@ -102,3 +102,34 @@ def test_each_profile_agrees_with_its_backend_and_each_list_exists_once():
     assert {libero.PROFILE.representation, metaworld.PROFILE.representation} <= set(representations())
     with pytest.raises(KeyError, match="unknown embodiment 'aloha'"):
         embodiments.get("aloha")
+
+
+def test_a_run_resolves_its_auto_env_settings_once_and_backends_take_them_resolved(monkeypatch, tmp_path):
+    """run_eval resolves env.render_quality and env.seed_rule at its start; every later resolution in
+    the run finds nothing left (returns its input) and an env backend refuses an unresolved config."""
+    import importlib
+
+    from wamkit.envs import metaworld_env
+    from wamkit.eval import runner
+
+    suites_mod = importlib.import_module("wamkit.envs.suites")
+
+    calls = []
+    real = suites_mod.resolve_env_config
+
+    def spy(cfg):
+        out = real(cfg)
+        calls.append(out is not cfg)  # True: this call resolved something
+        return out
+
+    monkeypatch.setattr(suites_mod, "resolve_env_config", spy)
+    from .eval_helpers import eval_config
+
+    cfg = eval_config("ws://127.0.0.1:9", tmp_path / "out", "eval.server_timeout_s=0.2")
+    assert (cfg.env.render_quality, cfg.env.seed_rule) == ("auto", "auto")
+    with pytest.raises(Exception):  # nothing listens there: the run stops at its first connection
+        runner.run_eval(cfg, progress=False)
+    assert len(calls) >= 3 and calls[0] is True and not any(calls[1:]), calls  # plan, journal, ...
+
+    with pytest.raises(ConfigError, match=r"MetaWorldEnv: env.render_quality, env.seed_rule still 'auto'"):
+        metaworld_env.make(EnvConfig(suite="metaworld", tasks=["reach-v3"]))

@@ -183,9 +183,9 @@ class LiberoEnv:
     simulator (seconds); episodes of the same task reuse it."""
 
     def __init__(self, cfg: EnvConfig) -> None:
-        from wamkit.envs.suites import resolve_env_config
+        from wamkit.envs.suites import require_resolved
 
-        cfg = resolve_env_config(cfg)
+        require_resolved(cfg, "LiberoEnv")
         unknown = [c for c in cfg.cameras if c not in CAMERAS]
         if unknown:
             raise ConfigError(

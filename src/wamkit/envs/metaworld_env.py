@@ -174,9 +174,9 @@ class MetaWorldEnv:
     suite = SUITE
 
     def __init__(self, cfg: EnvConfig) -> None:
-        from wamkit.envs.suites import resolve_env_config
+        from wamkit.envs.suites import require_resolved
 
-        cfg = resolve_env_config(cfg)
+        require_resolved(cfg, "MetaWorldEnv")
         for cam in cfg.cameras:
             if cam not in CAMERAS:
                 raise ConfigError(

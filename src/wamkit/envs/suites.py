@@ -52,9 +52,27 @@ def protocol(suite: str) -> SuiteProtocol:
     return embodiments.for_suite(suite).protocol
 
 
+def unresolved(env_cfg: EnvConfig) -> list[str]:
+    """The ``env.*`` settings of ``env_cfg`` still ``auto``."""
+    return [f"env.{k}" for k in ("render_quality", "seed_rule") if getattr(env_cfg, k) == "auto"]
+
+
+def require_resolved(env_cfg: EnvConfig, where: str) -> None:
+    """Refuse an env config whose ``auto`` settings were not resolved (an env backend's constructor
+    takes what :func:`make_env` resolved; it does not resolve them again)."""
+    left = unresolved(env_cfg)
+    if left:
+        raise ConfigError(
+            f"{where}: {', '.join(left)} still 'auto'; build envs with wamkit.envs.make_env (or resolve "
+            "the config with resolve_env_config first)"
+        )
+
+
 def resolve_env_config(env_cfg: EnvConfig) -> EnvConfig:
-    """A copy of ``env_cfg`` with ``auto`` values replaced by the suite's protocol; a seed rule the suite
-    cannot honour raises :class:`ConfigError` naming ``env.seed_rule``."""
+    """``env_cfg`` with ``auto`` values replaced by the suite's protocol (a copy; ``env_cfg`` itself
+    when none is left, so a run resolves its config once, at its start, and what it passes down comes
+    back as it is); a seed rule the suite cannot honour raises :class:`ConfigError` naming
+    ``env.seed_rule``."""
     check_env_config(env_cfg)
     proto = protocol(env_cfg.suite)
     quality = proto.render_quality if env_cfg.render_quality == "auto" else env_cfg.render_quality
@@ -64,6 +82,8 @@ def resolve_env_config(env_cfg: EnvConfig) -> EnvConfig:
             f"env.seed_rule: {rule} seeds a task once and relies on stored initial states (LIBERO); "
             f"{env_cfg.suite} draws each episode's placement from its seed: use per_trial"
         )
+    if not unresolved(env_cfg):
+        return env_cfg
     return replace(env_cfg, render_quality=quality, seed_rule=rule)
 
 

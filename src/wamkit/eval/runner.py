@@ -20,6 +20,7 @@ episode after episode; ``tests/test_eval_reset.py``, ``tests/test_bench_eval_reu
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 import threading
@@ -143,15 +144,19 @@ def run_eval(
     host class of the local executor's workers (tests inject failing envs with it). ``env_workers``:
     workers from :func:`start_env_workers` for this run's envs and shape, owned (closed) by the caller.
     """
+    from wamkit.envs.suites import resolve_env_config
+
+    # the env's "auto" settings resolved once, here: everything below (plan, journal, workers, envs)
+    # gets them resolved
+    cfg = dataclasses.replace(cfg, env=resolve_env_config(cfg.env))
     env_cfg, ecfg = cfg.env, cfg.eval
     check_eval_config(ecfg)
     if env_workers is not None:
         _check_env_workers(env_workers, cfg, host_factory)
     episodes = plan_episodes(env_cfg, ecfg)
     from wamkit.envs import suite_info
-    from wamkit.envs.suites import resolve_env_config
 
-    info, look = suite_info(env_cfg.suite), resolve_env_config(env_cfg).render_quality
+    info, look = suite_info(env_cfg.suite), env_cfg.render_quality
 
     def connect_backend(url: str, e: EnvConfig, patience: Patience):
         target = Target(url, tuple(e.cameras), info, look, dict(ecfg.backend_options))
@@ -204,9 +209,11 @@ def start_env_workers(cfg: RunConfig, host_factory: Callable | None = None) -> E
     hand to every run of the same envs and shape (``run_eval(env_workers=...)``) and to close
     (``with start_env_workers(cfg) as workers:``). Their envs are built as the first call reaches them;
     their restart limit (``Executor.max_restarts``) counts over every run they serve."""
-    ecfg = cfg.eval
+    from wamkit.envs.suites import resolve_env_config
+
+    ecfg, env_cfg = cfg.eval, resolve_env_config(cfg.env)  # as run_eval resolves it
     return make_executor(
-        ecfg.executor, cfg.env, slots_per_worker(ecfg), ecfg.watchdog_s, host_factory, ecfg.ray_address
+        ecfg.executor, env_cfg, slots_per_worker(ecfg), ecfg.watchdog_s, host_factory, ecfg.ray_address
     )
 
 
