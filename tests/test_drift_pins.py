@@ -9,7 +9,7 @@ import importlib.util
 import pytest
 
 from wamkit.envs import LIBERO_SUITES
-from wamkit.envs.drift import PLANS, check_pins, compare, load_pins
+from wamkit.envs.drift import check_pins, compare, load_pins, plan
 
 needs_libero = pytest.mark.skipif(
     importlib.util.find_spec("libero") is None, reason="LIBERO extra not installed: run `make setup-libero`"
@@ -23,10 +23,24 @@ def test_pin_files_cover_every_suite_with_several_episodes():
         assert list(looks) == ["default"], suite  # LIBERO's protocol look
         assert len(looks["default"]) >= 2 and len({p["trial"] for p in looks["default"]}) >= 2
     mw = load_pins("metaworld")["pins"]["metaworld"]
-    assert set(mw) == {"fast", "default"} and len(mw["fast"]) == len(
-        PLANS["metaworld"]["episodes"]["metaworld"]
-    )
+    assert set(mw) == {"fast", "default"} and len(mw["fast"]) == len(plan("metaworld").episodes["metaworld"])
     assert all("state_after" in p for p in mw["fast"])
+
+
+def test_every_suite_of_a_pinned_embodiment_is_pinned_where_its_profile_says():
+    from wamkit import embodiments
+    from wamkit.envs.drift import pinned_embodiments
+
+    assert pinned_embodiments() == ["libero", "metaworld"]
+    for name in pinned_embodiments():
+        profile, pins = embodiments.get(name), load_pins(name)
+        assert set(plan(name).episodes) == set(profile.suites) == set(pins["pins"]), name
+        assert pins["cameras"] == list(plan(name).cameras)
+        for suite, looks in pins["pins"].items():
+            assert list(looks) == list(plan(name).looks)
+            assert [(p["task"], p["trial"]) for p in looks[plan(name).looks[0]]] == list(
+                plan(name).episodes[suite]
+            )
 
 
 def test_a_drift_names_task_trial_and_quantity():

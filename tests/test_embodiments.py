@@ -127,7 +127,7 @@ def test_a_run_resolves_its_auto_env_settings_once_and_backends_take_them_resolv
 
     cfg = eval_config("ws://127.0.0.1:9", tmp_path / "out", "eval.server_timeout_s=0.2")
     assert (cfg.env.render_quality, cfg.env.seed_rule) == ("auto", "auto")
-    with pytest.raises(Exception):  # nothing listens there: the run stops at its first connection
+    with pytest.raises(ConnectionError):  # nothing listens there: the run stops at its first connection
         runner.run_eval(cfg, progress=False)
     assert len(calls) >= 3 and calls[0] is True and not any(calls[1:]), calls  # plan, journal, ...
 

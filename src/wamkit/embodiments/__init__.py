@@ -30,6 +30,18 @@ class SuiteProtocol:
 
 
 @dataclass(frozen=True)
+class DriftPlan:
+    """The episode starts its drift pins fingerprint (``wamkit.envs.drift``): the cameras and looks
+    they are rendered in, ``episodes``: suite -> ``((task, trial), ...)``, and how many steps of the
+    scripted expert run after the reset before the state is pinned again (0: none)."""
+
+    cameras: tuple[str, ...]
+    looks: tuple[str, ...]
+    episodes: dict[str, tuple[tuple[str, int], ...]]
+    expert_steps: int = 0
+
+
+@dataclass(frozen=True)
 class Embodiment:
     """One embodiment's conventions, as data. ``suites``: the suites its env backend builds, with each
     one's ``max_steps`` (policy steps; settle steps excluded). ``cameras``: the camera names a config
@@ -59,6 +71,7 @@ class Embodiment:
     # order of the model's cameras, and the state's; a wamkit server takes them as aliases
     request_images: tuple[str, ...] = ()
     request_state: str = ""
+    drift: DriftPlan | None = None  # what its drift pins hold (None: no pins)
 
     @property
     def state_dim(self) -> int:

@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-from wamkit.embodiments import Embodiment, SuiteProtocol
+from wamkit.embodiments import DriftPlan, Embodiment, SuiteProtocol
 
 SUITES = {"libero_spatial": 220, "libero_object": 280, "libero_goal": 300, "libero_10": 520, "libero_90": 400}
 # the four suites of the published LIBERO training mix (libero_90 is not part of it)
@@ -47,4 +47,16 @@ PROFILE = Embodiment(
     # openpi's LIBERO client (examples/libero/main.py:130-141): the agent view, the wrist view, the state
     request_images=("observation/image", "observation/wrist_image"),
     request_state="observation/state",
+    # two tasks of each suite, the first's trial 0 and another's trial 2, after the settle steps
+    drift=DriftPlan(
+        cameras=("agentview", "wrist"),
+        looks=("default",),
+        episodes={
+            "libero_spatial": (("0", 0), ("5", 2)),
+            "libero_object": (("0", 0), ("6", 2)),
+            "libero_goal": (("0", 0), ("3", 2)),
+            "libero_10": (("0", 0), ("5", 2)),
+            "libero_90": (("0", 0), ("40", 2)),
+        },
+    ),  # fmt: skip
 )

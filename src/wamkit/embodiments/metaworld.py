@@ -9,7 +9,7 @@
 
 from __future__ import annotations
 
-from wamkit.embodiments import Embodiment, SuiteProtocol
+from wamkit.embodiments import DriftPlan, Embodiment, SuiteProtocol
 
 _OBJ = ("x", "y", "z", "qx", "qy", "qz", "qw")
 _NOW = ("hand_x", "hand_y", "hand_z", "gripper", *(f"obj1_{n}" for n in _OBJ), *(f"obj2_{n}" for n in _OBJ))
@@ -35,4 +35,11 @@ PROFILE = Embodiment(
     # openpi has no MetaWorld client: the names of its LIBERO client, for the one camera and the state
     request_images=("observation/image",),
     request_state="observation/state",
+    # three tasks in both looks, then 10 steps of the scripted expert (the physics)
+    drift=DriftPlan(
+        cameras=("corner",),
+        looks=("fast", "default"),
+        episodes={"metaworld": (("reach-v3", 0), ("pick-place-v3", 1), ("door-open-v3", 2))},
+        expert_steps=10,
+    ),
 )

@@ -2,11 +2,12 @@
 
 A MuJoCo, robosuite or renderer upgrade can change what an episode looks like without any error
 (LIBERO's floors rendered darker after MuJoCo 3.3.3; its start states broke after 3.4.0). The pins
-catch that: ``<backend>_pins.json`` beside ``libero_env.py`` / ``metaworld_env.py`` holds, per suite,
-for a few tasks and trials, a fingerprint made by the suite's protocol at 64 px:
+catch that: ``<embodiment>_pins.json`` in this folder holds, for the episodes its profile's ``drift``
+names (a few tasks and trials per suite), a fingerprint made by the suite's protocol at 64 px:
 
-- ``state``: the state after reset (LIBERO: after its 10 settle steps);
-- ``state_after``: MetaWorld only, the state after 10 steps of the scripted expert (physics);
+- ``state``: the state after reset (and the suite's settle steps);
+- ``state_after``: where the plan asks for it, the state after some steps of the scripted expert
+  (physics);
 - ``images``: per camera, a coarse signature: the mean of each colour channel over a 4 x 4 grid of
   blocks (uint8 grey levels), blind to single pixels, not to a darker floor or a moved object.
 
@@ -25,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from wamkit import embodiments
 from wamkit.config import EnvConfig
 from wamkit.constants import OBS_STATE, image_key
 from wamkit.envs.base import EpisodeSpec, stack_versions
@@ -34,27 +36,19 @@ HERE = Path(__file__).resolve().parent
 FORMAT = "wamkit.drift_pins/1"
 SIZE = 64
 GRID = 4
-EXPERT_STEPS = 10
 TOLERANCE = {"state": 1e-4, "image": 2.0}  # state units; grey levels of a block mean
-# backend -> the episodes pinned: suite -> [(task, trial)], and how they are observed
-PLANS: dict[str, dict[str, Any]] = {
-    "libero": {
-        "cameras": ["agentview", "wrist"],
-        "looks": ["default"],
-        "episodes": {
-            "libero_spatial": [("0", 0), ("5", 2)],
-            "libero_object": [("0", 0), ("6", 2)],
-            "libero_goal": [("0", 0), ("3", 2)],
-            "libero_10": [("0", 0), ("5", 2)],
-            "libero_90": [("0", 0), ("40", 2)],
-        },
-    },
-    "metaworld": {
-        "cameras": ["corner"],
-        "looks": ["fast", "default"],
-        "episodes": {"metaworld": [("reach-v3", 0), ("pick-place-v3", 1), ("door-open-v3", 2)]},
-    },
-}
+
+
+def plan(backend: str) -> Any:
+    """The pinned episodes of embodiment ``backend`` (its profile's ``drift``)."""
+    profile = embodiments.get(backend)
+    if profile.drift is None:
+        raise KeyError(f"embodiment {backend!r} declares no drift pins")
+    return profile.drift
+
+
+def pinned_embodiments() -> list[str]:
+    return [name for name in embodiments.names() if embodiments.get(name).drift is not None]
 
 
 def pins_path(backend: str) -> Path:
@@ -95,21 +89,21 @@ def make_fingerprints(backend: str, suites: list[str] | None = None, first_only:
     from wamkit.envs.base import episode_seed
     from wamkit.envs.suites import make_env, resolve_env_config
 
-    plan = PLANS[backend]
+    pins = plan(backend)
+    cameras = list(pins.cameras)
     out: dict[str, dict[str, list]] = {}
-    for suite, episodes in plan["episodes"].items():
+    for suite, episodes in pins.episodes.items():
         if suites is not None and suite not in suites:
             continue
-        for look in plan["looks"]:
-            cfg = resolve_env_config(_env_config(suite, plan["cameras"], look))
-            steps = EXPERT_STEPS if backend == "metaworld" else 0
+        for look in pins.looks:
+            cfg = resolve_env_config(_env_config(suite, cameras, look))
             env = make_env(cfg)
             try:
                 prints = []
                 for task, trial in episodes[:1] if first_only else episodes:
                     seed = episode_seed(cfg.seed_rule, 0, trial)
                     spec = EpisodeSpec(suite, task, trial, seed)
-                    prints.append(fingerprint(env, spec, plan["cameras"], steps))
+                    prints.append(fingerprint(env, spec, cameras, pins.expert_steps))
             finally:
                 env.close()
             out.setdefault(suite, {})[look] = prints
@@ -122,7 +116,7 @@ def write_pins(backend: str) -> Path:
         "format": FORMAT,
         "made_with": stack_versions(),
         "image_size": SIZE,
-        "cameras": PLANS[backend]["cameras"],
+        "cameras": list(plan(backend).cameras),
         "tolerance": TOLERANCE,
         "pins": make_fingerprints(backend),
     }
@@ -178,7 +172,7 @@ def check_pins(backend: str, suites: list[str] | None = None, first_only: bool =
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m wamkit.envs.drift", description=__doc__.split("\n")[0])
-    p.add_argument("backend", choices=list(PLANS))
+    p.add_argument("backend", choices=pinned_embodiments())
     p.add_argument("--write", action="store_true", help="regenerate the pins file with the installed stack")
     args = p.parse_args(argv)
     if args.write:
