@@ -54,6 +54,7 @@ from typing import Any
 
 import numpy as np
 
+from wamkit import embodiments
 from wamkit.config import SERVE_PRECISIONS, ConfigError, load_config
 from wamkit.constants import OBS_STATE, TASK, image_key
 from wamkit.files import atomic_write_json
@@ -69,7 +70,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-steps", type=int, default=40, help="policy steps per episode at most (default: 40)"
     )
     parser.add_argument("--image-size", type=int, default=64, help="camera resolution in px (default: 64)")
-    parser.add_argument("--cameras", default="", help="comma-separated cameras (default: the suite's first)")
+    parser.add_argument(
+        "--cameras",
+        default="",
+        help="comma-separated cameras (default: the suite's embodiment's default cameras)",
+    )
     parser.add_argument("--render-quality", default="fast", choices=["fast", "default"])
     parser.add_argument(
         "--render-gpu",
@@ -184,8 +189,9 @@ def _serve_args(args: argparse.Namespace, device: str = "") -> tuple[list[str], 
         return cmd, f"{name}, random weights, {device}, precision {args.precision}{fitted}"
     cmd = ["--model", "delay", "--random-init", "--device", "cpu"]
     cmd += ["--option", f"delay_ms={args.delay_ms}", "--option", f"per_obs_ms={args.per_obs_ms}"]
-    if args.suite.startswith("libero"):
-        cmd += ["--preset", "libero"]
+    profile = embodiments.for_suite(args.suite)
+    if profile is not None:  # the delay server of the suite's embodiment (its shapes)
+        cmd += ["--preset", profile.name]
     label = (
         f"FIXED-LATENCY DELAY SERVER (not a model): {args.delay_ms:g} ms per call + {args.per_obs_ms:g} ms "
         "per observation; measures the scheduler alone"
@@ -311,10 +317,10 @@ def _config(args, urls: list[str], out: Path, num_envs: int, stages: int, worker
         f"eval.calibrate_s={args.calibrate_s}",
         "eval.videos=0",
     ]
+    profile = embodiments.for_suite(args.suite)
+    cameras = cameras or (list(profile.default_cameras) if profile is not None else [])
     if cameras:
         overrides.append(f"env.cameras=[{', '.join(cameras)}]")
-    elif args.suite.startswith("libero"):
-        overrides.append("env.cameras=[agentview, wrist]")
     return load_config(None, overrides)
 
 

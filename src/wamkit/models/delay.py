@@ -37,19 +37,25 @@ from wamkit.config import ConfigError, ModelConfig
 from wamkit.constants import ACTION, ACTION_IS_PAD, OBS_STATE, image_key
 from wamkit.models.base import Mode, ModelIO, ParamGroup
 
-PRESETS: dict[str, ModelIO] = {
-    # MetaWorld: one 128 px camera, 39-D state, 4-D raw actions.
-    "small": ModelIO(),
-    "metaworld": ModelIO(),
-    # LIBERO: two cameras, 8-D state, 10-D rot6d actions (7-D env actions).
-    "libero": ModelIO(
-        cameras=("agentview", "wrist"),
-        image_size=128,
-        state_dim=8,
-        action_dim=10,
-        representation="libero_rot6d",
-    ),
-}
+
+def preset_io(name: str) -> ModelIO:
+    """The inputs of preset ``name``: ``small`` (MetaWorld's shapes), or an embodiment's (its profile:
+    default cameras at 128 px, its state, its actions in its representation), so every registered
+    embodiment has a delay server (``--preset libero``, ``--preset metaworld``, ...)."""
+    if name == "small":
+        return ModelIO()
+    from wamkit import embodiments
+    from wamkit.actions.representations import get_representation
+
+    if name not in embodiments.names():
+        have = ", ".join(["small", *embodiments.names()])
+        raise ConfigError(f"model.preset: '{name}' is not a delay preset (have: {have})")
+    profile = embodiments.get(name)
+    rep = get_representation(profile.representation)
+    return ModelIO(cameras=profile.default_cameras, image_size=128, state_dim=profile.state_dim,
+                   action_dim=rep.model_dim(profile.action_dim), representation=rep.name)  # fmt: skip
+
+
 OPTIONS = {"delay_ms": 0.0, "per_obs_ms": 0.0, "host_calls": 0}
 
 
@@ -150,8 +156,7 @@ class DelayModel:
 
 def build(cfg: ModelConfig, io: ModelIO | None = None, **_: Any) -> DelayModel:
     """Build the benchmark model; ``io`` (from a dataset or an export) overrides the preset's."""
-    if cfg.preset not in PRESETS:
-        raise ConfigError(f"model.preset: '{cfg.preset}' is not a delay preset (have: {', '.join(PRESETS)})")
+    preset = preset_io(cfg.preset)
     unknown = set(cfg.options) - set(OPTIONS)
     if unknown:
         raise ConfigError(
@@ -164,7 +169,7 @@ def build(cfg: ModelConfig, io: ModelIO | None = None, **_: Any) -> DelayModel:
             what = "whole number of calls" if key == "host_calls" else "number of ms"
             raise ConfigError(f"model.options.{key}: expected a non-negative {what}, got {value!r}")
     return DelayModel(
-        io or PRESETS[cfg.preset],
+        io or preset,
         cfg.preset,
         float(opts["delay_ms"]),
         float(opts["per_obs_ms"]),
@@ -172,4 +177,4 @@ def build(cfg: ModelConfig, io: ModelIO | None = None, **_: Any) -> DelayModel:
     )
 
 
-__all__ = ["DelayModel", "build", "PRESETS"]
+__all__ = ["DelayModel", "build", "preset_io"]
