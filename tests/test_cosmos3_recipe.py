@@ -17,11 +17,13 @@ from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import _ACTION_VIEWPOINT_T
 from wamkit.actions.idle import count_idle_frames  # noqa: E402
 from wamkit.config import ModelConfig  # noqa: E402
 from wamkit.constants import TASK, future_image_key  # noqa: E402
+from wamkit.embodiments.libero import PROFILE as _LIBERO  # noqa: E402
 from wamkit.models import build_model  # noqa: E402
 from wamkit.models.cosmos3 import recipe  # noqa: E402
 
 from .test_cosmos3_model import IO, STEPS, make_batch  # noqa: E402
 
+LIBERO_VIEWS = _LIBERO.cosmos3_view_description  # cosmos' LIBERO dataset's view layout
 CANVAS = dict(num_frames=17, fps=20.0, height=192, width=320)
 
 
@@ -42,14 +44,14 @@ def test_caption_is_the_pipelines_plus_cosmos_libero_fields():
         recipe.action_prompt(
             task,
             view_point="concat_view",
-            view_description=recipe.LIBERO_VIEW_DESCRIPTION,
+            view_description=LIBERO_VIEWS,
             idle_frames=0,
             chunk=16,
             **CANVAS,
         )
     )
     framing = full["cinematography"]["framing"]
-    assert framing == _ACTION_VIEWPOINT_TEMPLATES["concat_view"] + " " + recipe.LIBERO_VIEW_DESCRIPTION
+    assert framing == _ACTION_VIEWPOINT_TEMPLATES["concat_view"] + " " + LIBERO_VIEWS
     assert list(full["actions"][0]) == ["time", "description", "idle_frame"]
     assert full["actions"][0]["idle_frame"] == "0 out of 16."
     assert (full["resolution"], full["aspect_ratio"], full["duration"]) == (

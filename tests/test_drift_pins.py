@@ -8,7 +8,7 @@ import importlib.util
 
 import pytest
 
-from wamkit.envs import LIBERO_SUITES
+from wamkit.embodiments.libero import SUITES as LIBERO_SUITES
 from wamkit.envs.drift import check_pins, compare, load_pins, plan
 
 needs_libero = pytest.mark.skipif(

@@ -22,11 +22,6 @@ from typing import Any
 
 import numpy as np
 
-# cosmos' LIBERO dataset describes its concat_view layout (image left, wrist camera right) this way.
-LIBERO_VIEW_DESCRIPTION = (
-    "The left half shows the third-person view; the right half shows the wrist-mounted camera."
-)
-
 
 def action_prompt(
     description: str,

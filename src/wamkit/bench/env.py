@@ -20,10 +20,11 @@ from typing import Any
 
 import numpy as np
 
+from wamkit import embodiments
 from wamkit.config import EnvConfig
 from wamkit.envs.base import EpisodeSpec
 from wamkit.envs.host import EnvHost
-from wamkit.envs.suites import LIBERO_SUITES, suite_info
+from wamkit.envs.suites import suite_info
 from wamkit.envs.workers import EnvWorker
 
 DEFAULT_TASK = {"metaworld": "push-v3"}
@@ -37,10 +38,11 @@ class BenchHost(EnvHost):
         env, spec = self.envs[0], payload["spec"]
         info = suite_info(spec.suite)
         rng = np.random.default_rng(spec.seed)
+        scale = embodiments.for_suite(spec.suite).random_action_scale
         env.reset(spec)
         steps, resets, start = 0, 0, time.perf_counter()
         while time.perf_counter() - start < payload["seconds"]:
-            action = rng.uniform(-1, 1, info.action_dim) * (0.3 if spec.suite in LIBERO_SUITES else 1.0)
+            action = rng.uniform(-1, 1, info.action_dim) * scale
             _, _, terminated, truncated, _ = env.step(action)
             steps += 1
             if terminated or truncated:

@@ -67,6 +67,10 @@ class Embodiment:
     representation: str = "raw"  # the action representation its models train in (wamkit.actions)
     training_suites: tuple[str, ...] = ()  # the suites a multi-suite training run mixes
     cosmos3_domain: str = ""  # Cosmos3's embodiment (domain) name, "" where it has none
+    # the sentence of a Cosmos3 action caption saying which half of the side-by-side frame is which
+    # camera (its view layout), "" where it has none
+    cosmos3_view_description: str = ""
+    random_action_scale: float = 1.0  # the share of the action range random actions use (benchmarks)
     # the request keys of its reference client (the OpenPI websocket protocol): one per camera, in the
     # order of the model's cameras, and the state's; a wamkit server takes them as aliases
     request_images: tuple[str, ...] = ()

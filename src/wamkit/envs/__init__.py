@@ -18,11 +18,10 @@ from wamkit.envs.base import (
     render_info,
 )
 from wamkit.envs.host import EnvHost
-from wamkit.envs.suites import LIBERO_SUITES, expand_tasks, make_env, suite_info, suites
+from wamkit.envs.suites import expand_tasks, make_env, suite_info, suites
 
 __all__ = [
     "RENDER_QUALITIES",
-    "LIBERO_SUITES",
     "Env",
     "EnvHost",
     "EpisodeSpec",

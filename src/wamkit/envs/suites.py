@@ -1,6 +1,6 @@
 """Which module builds which suite: every registered embodiment's suites (``wamkit.embodiments``), to
-its env backend. Backends are imported only when used, so a MetaWorld user never imports LIBERO (an
-optional extra); an embodiment registered later (a plug-in, a test's toy) is seen at once."""
+its env backend. Backends are imported only when used, so a user of one simulator never imports another's
+(an optional extra); an embodiment registered later (a plug-in, a test's toy) is seen at once."""
 
 from __future__ import annotations
 
@@ -9,10 +9,7 @@ from dataclasses import replace
 
 from wamkit import embodiments
 from wamkit.config import ConfigError, EnvConfig, _suggest
-from wamkit.embodiments import libero
 from wamkit.envs.base import Env, SuiteInfo, SuiteProtocol, check_env_config
-
-LIBERO_SUITES = tuple(libero.SUITES)  # the LIBERO backend's suites (the profile's list)
 
 
 def suites() -> list[str]:
@@ -79,7 +76,7 @@ def resolve_env_config(env_cfg: EnvConfig) -> EnvConfig:
     rule = proto.seed_rule if env_cfg.seed_rule == "auto" else env_cfg.seed_rule
     if rule != "per_trial" and not embodiments.for_suite(env_cfg.suite).stored_initial_states:
         raise ConfigError(
-            f"env.seed_rule: {rule} seeds a task once and relies on stored initial states (LIBERO); "
+            f"env.seed_rule: {rule} seeds a task once and relies on stored initial states; "
             f"{env_cfg.suite} draws each episode's placement from its seed: use per_trial"
         )
     if not unresolved(env_cfg):

@@ -14,7 +14,6 @@ from typing import Any
 from wamkit.config import ConfigError, _suggest
 from wamkit.embodiments import libero
 from wamkit.models.cosmos3 import ATTENTION_MODES
-from wamkit.models.cosmos3.recipe import LIBERO_VIEW_DESCRIPTION
 
 _NANO = dict(
     head_dim=128,
@@ -79,7 +78,7 @@ OPTIONS: dict[str, Any] = {
     "resolution_tier": 256,  # the pipeline's action canvas tier: 256 | 480 | 704 | 720
     "view_point": "concat_view",  # framing sentence of the action caption (cameras side by side)
     # appended to the framing sentence: which half of the side-by-side frame is which camera
-    "view_description": LIBERO_VIEW_DESCRIPTION,
+    "view_description": libero.PROFILE.cosmos3_view_description,
     "fps": 20.0,  # dataset frame rate: in the caption and the mRoPE temporal positions
     "caption_dropout": 0.1,  # training: probability that the whole caption is replaced by ""
     "train_shift": 3.0,  # training noise levels: waver distribution warped by this shift (256 tier)

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from diffusers import UniPCMultistepScheduler
 
-from wamkit.actions.cosmos3 import LIBERO_VIEW_DESCRIPTION, action_prompt  # noqa: F401  (the recipe's caption)
+from wamkit.actions.cosmos3 import action_prompt  # noqa: F401  (the recipe's caption)
 from wamkit.device import to_device
 
 WAVER_MODE_S = 1.29  # the "waver" training-time distribution's mode parameter
