@@ -14,6 +14,12 @@ from wamkit.check.probe import DataView, EnvProbe
 from wamkit.check.report import Report
 
 # image orientations a dataset's frames may have relative to the env's (upright) frames
+# each its own inverse; UNDO: the slicing that brings such frames back to the env's orientation
+UNDO = {
+    "rotated 180°": "img[::-1, ::-1]",
+    "flipped upside down": "img[::-1]",
+    "mirrored left-right": "img[:, ::-1]",
+}
 ORIENTATIONS = {
     "as the env": lambda x: x,
     "rotated 180°": lambda x: x[..., ::-1, ::-1, :],
@@ -46,7 +52,7 @@ def check_action(data: DataView, env: EnvProbe, report: Report, names: tuple[str
             "error",
             f"actions are {dim}-D{guess}; the env takes {env.action_dim}-D [{', '.join(names)}]",
             "store the env's raw actions in the dataset; a training representation "
-            "(data.representation=libero_rot6d) is applied by the loader and decoded by the server",
+            "(data.representation) is applied by the loader and decoded by the server",
         )
         return
     lo, hi = data.actions.min(axis=0), data.actions.max(axis=0)
@@ -339,8 +345,8 @@ def check_images(data: DataView, env: EnvProbe, report: Report) -> None:
                 "image",
                 "error",
                 f"{cam}: the dataset's frames are {best} relative to the env's ({how}; grey-level distance {nums})",
-                "store frames as the env gives them (LIBERO: robosuite's render rotated 180°, img[::-1, ::-1], "
-                "as openpi's client and the published datasets do)",
+                f"store frames as the env gives them ({UNDO[best]} on these; the env backend already applies "
+                "the suite's own convention, as its reference client and published datasets do)",
             )
 
 

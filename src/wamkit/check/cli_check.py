@@ -1,6 +1,6 @@
 """``wamkit check DATASET --suite SUITE``: report where a dataset and a simulated suite disagree.
 
-``wamkit check --pins libero|metaworld`` instead checks the installed simulator stack against the
+``wamkit check --pins EMBODIMENT`` instead checks the installed simulator stack against the
 drift pins kept next to the env backends. Exit status 1 when an error (or a drift) is found.
 """
 
@@ -14,7 +14,9 @@ from wamkit.config import ConfigError
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("dataset", nargs="?", help="a LeRobot v3 dataset folder")
-    p.add_argument("--suite", help="the suite to compare with: metaworld or a LIBERO suite (libero_10, ...)")
+    from wamkit import embodiments
+
+    p.add_argument("--suite", help=f"the suite to compare with ({', '.join(embodiments.suites())})")
     p.add_argument(
         "--tasks", type=int, default=2, help="tasks of the dataset to reset the env for (default 2)"
     )
@@ -22,7 +24,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--replay", type=int, default=5, help="episodes to replay open-loop when the dataset has a "
                    "collect journal (default 5; 0: none)")  # fmt: skip
     p.add_argument("--json", dest="json_out", help="also write the report as JSON to this file")
-    p.add_argument("--pins", choices=["libero", "metaworld"], help="check the simulator stack against the "
+    pinned = [n for n in embodiments.names() if embodiments.get(n).drift is not None]
+    p.add_argument("--pins", choices=pinned, help="check the simulator stack against the "
                    "drift pins of this backend instead of a dataset")  # fmt: skip
 
 

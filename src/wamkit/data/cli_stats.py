@@ -26,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gripper", choices=list(CONVENTIONS), default=None,
                         help="the data's gripper convention (default: detected from the actions)")  # fmt: skip
     parser.add_argument("--finger-dims", default="",
-                        help="two state dims holding the finger positions, e.g. 6,7 for LIBERO: lets the "
+                        help="two state dims holding the finger positions, e.g. 6,7 for a Panda's [eef pos, axis-angle, fingers]: lets the "
                              "detection tell which gripper value means open")  # fmt: skip
     parser.add_argument("--image-stats", action="store_true",
                         help="also per-channel statistics of every camera (decodes the videos; slow)")  # fmt: skip

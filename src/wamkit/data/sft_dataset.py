@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from wamkit import embodiments
 from wamkit.actions.idle import count_idle_frames
 from wamkit.actions.representations import get_representation
 from wamkit.actions.spec import PreprocessSpec, SpecError
@@ -26,7 +27,6 @@ from wamkit.config import ConfigError, DataConfig
 from wamkit.constants import ACTION, ACTION_IS_PAD, IDLE_FRAMES, OBS_STATE, TASK, future_image_key, image_key
 from wamkit.data.dataset import LeRobotDataset
 from wamkit.data.meta import INFO, DatasetError, DatasetMeta
-from wamkit.embodiments import libero
 
 log = logging.getLogger(__name__)
 
@@ -61,10 +61,14 @@ def suite_roots(cfg: DataConfig) -> dict[str, Path]:
     if not found:
         raise DatasetError(f"data.root: {root} is not a LeRobot v3 dataset and holds none ({INFO} missing)")
     names = [p.name for p in found]
-    missing = [s for s in libero.TRAINING_SUITES if s not in names]
+    # the training mix of the embodiment these suites belong to (its profile's), to name what is missing
+    mix = next(
+        (e for e in map(embodiments.get, embodiments.names()) if set(names) & set(e.training_suites)), None
+    )
+    missing = [s for s in mix.training_suites if s not in names] if mix is not None else []
     log.warning(
         "data.suites is empty: auto-detected suites %s under %s%s; list them in data.suites to be explicit",
-        names, root, f" (a full LIBERO layout also has {missing})" if missing else "",
+        names, root, f" ({mix.name}'s full training mix also has {missing})" if missing else "",
     )  # fmt: skip
     if cfg.suite_weights and len(cfg.suite_weights) != len(found):
         raise ConfigError(

@@ -76,6 +76,9 @@ class Embodiment:
     request_images: tuple[str, ...] = ()
     request_state: str = ""
     drift: DriftPlan | None = None  # what its drift pins hold (None: no pins)
+    # the Python distributions of its simulator stack, whose versions a run records (a change can
+    # change what an episode looks like)
+    packages: tuple[str, ...] = ()
 
     @property
     def state_dim(self) -> int:
@@ -113,6 +116,11 @@ def suites() -> dict[str, Embodiment]:
 def for_suite(suite: str) -> Embodiment | None:
     """The embodiment of ``suite``, or None when no registered embodiment has it."""
     return suites().get(suite)
+
+
+def stack_packages() -> tuple[str, ...]:
+    """Every registered embodiment's simulator packages, each once, in registration order."""
+    return tuple(dict.fromkeys(p for e in map(get, _MODULES) for p in e.packages))
 
 
 def request_aliases() -> list[tuple[tuple[str, ...], str]]:

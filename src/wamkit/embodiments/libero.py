@@ -46,6 +46,7 @@ PROFILE = Embodiment(
     cosmos3_domain="libero",
     # cosmos' LIBERO dataset describes its concat_view layout (agent view left, wrist camera right) so
     cosmos3_view_description="The left half shows the third-person view; the right half shows the wrist-mounted camera.",
+    packages=("mujoco", "robosuite", "libero"),
     random_action_scale=0.3,  # OSC deltas over the full range fling the arm into its joint limits
     # openpi's LIBERO client (examples/libero/main.py:130-141): the agent view, the wrist view, the state
     request_images=("observation/image", "observation/wrist_image"),

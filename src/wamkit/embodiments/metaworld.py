@@ -32,6 +32,7 @@ PROFILE = Embodiment(
     # the placement comes from the episode's seed, so each trial is seeded; the fast look is what
     # `wamkit collect` records by default (a model is evaluated on the look it was trained on)
     protocol=SuiteProtocol(render_quality="fast", seed_rule="per_trial", trials=10),
+    packages=("mujoco", "metaworld"),
     # openpi has no MetaWorld client: the names of its LIBERO client, for the one camera and the state
     request_images=("observation/image",),
     request_state="observation/state",

@@ -28,7 +28,6 @@ RENDER_QUALITIES = ("default", "fast")
 # t with ``eval.seed + t`` right before its reset.
 SEQUENTIAL_SEEDS = {"openpi": 7, "openvla": 0}
 SEED_RULES = (*SEQUENTIAL_SEEDS, "per_trial")
-STACK = ("mujoco", "robosuite", "libero", "metaworld")
 
 Obs = dict[str, Any]
 StepResult = tuple[Obs, float, bool, bool, dict[str, Any]]
@@ -36,8 +35,8 @@ StepResult = tuple[Obs, float, bool, bool, dict[str, Any]]
 
 @dataclass(frozen=True)
 class EpisodeSpec:
-    """The name of one episode. ``trial`` indexes a stored initial state where the suite has them
-    (LIBERO); ``seed`` seeds every random draw of the episode (MetaWorld's object and goal positions)."""
+    """The name of one episode. ``trial`` indexes a stored initial state where the suite has them;
+    ``seed`` seeds every random draw of the episode (MetaWorld's object and goal positions)."""
 
     suite: str
     task: str
@@ -57,7 +56,7 @@ class EpisodeSpec:
 
 @dataclass(frozen=True)
 class SuiteInfo:
-    """What a suite offers. ``max_steps`` counts policy steps (LIBERO's settle steps excluded);
+    """What a suite offers. ``max_steps`` counts policy steps (a suite's settle steps excluded);
     ``fps`` is the control rate recorded in datasets (env steps per simulated second)."""
 
     suite: str
@@ -101,7 +100,9 @@ def installed_versions(names) -> dict[str, str | None]:
 def stack_versions() -> dict[str, str | None]:
     """Installed versions of the simulator stack (None: not installed) and the GL backend: a change of
     any of them can change what an episode looks like (see the drift pins)."""
-    return {**installed_versions(STACK), "MUJOCO_GL": os.environ.get("MUJOCO_GL")}
+    from wamkit import embodiments
+
+    return {**installed_versions(embodiments.stack_packages()), "MUJOCO_GL": os.environ.get("MUJOCO_GL")}
 
 
 @runtime_checkable

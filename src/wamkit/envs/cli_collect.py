@@ -26,7 +26,7 @@ _FLAGS = {
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="YAML preset (sections env, collect); flags and overrides win")
-    p.add_argument("--suite", help="metaworld (default) or a LIBERO suite")
+    p.add_argument("--suite", help="a suite with a scripted expert (default: metaworld)")
     p.add_argument("--tasks", help="comma-separated task names, or MT10 / MT50")
     p.add_argument("--cameras", help="comma-separated camera names (default: the suite's first)")
     p.add_argument("--episodes", type=int, help="episodes to keep per task")

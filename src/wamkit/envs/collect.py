@@ -56,7 +56,7 @@ def _check_collect(cfg: RunConfig) -> None:
     if cfg.env.suite != "metaworld":
         raise ConfigError(
             f"env.suite: {cfg.env.suite} has no scripted expert to collect with; use metaworld "
-            "(LIBERO datasets come from its recorded demonstrations)"
+            "(its datasets come from recorded demonstrations)"
         )
     check_env_config(cfg.env)
 

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import argparse
 
-from wamkit.config import load_config
+from wamkit.config import load_config, packaged_presets
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "config",
         nargs="?",
-        help="YAML preset: a file or a packaged preset's name (e.g. demo, libero_10_cosmos3); optional",
+        help=f"YAML preset: a file or a packaged preset's name ({', '.join(packaged_presets())}); optional",
     )
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.max_steps=10")
     parser.add_argument(
