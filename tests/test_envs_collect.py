@@ -102,6 +102,19 @@ def test_collect_refuses_bad_input(tmp_path, capsys):
     assert "env.suite" in capsys.readouterr().err
 
 
+def test_collect_with_a_proprioceptive_state(tmp_path):
+    """env.state=proprio: the dataset's state is the robot's own, 4-D with its names; the expert
+    still succeeds (it reads MetaWorld's whole observation)."""
+    out = tmp_path / "own"
+    args = ["collect", "--tasks", "reach-v3", "--workers", "1", "--episodes", "1", "--image-size", "32"]
+    assert cli_main([*args, "--out", str(out), "env.state=proprio"]) == 0
+    ds = LeRobotDataset(out)
+    feature = ds.meta.info["features"]["observation.state"]
+    assert feature["shape"] == [4] and feature["names"] == ["hand_x", "hand_y", "hand_z", "gripper"]
+    assert ds.num_episodes == 1 and _journal(out)[0]["success"]
+    assert ds[0]["observation.state"].shape == (4,)
+
+
 def test_only_successes_are_kept_unless_asked(tmp_path):
     """With a 5-step limit the experts fail: nothing is kept (every attempt journaled, the task given
     up after 2 * episodes + 10 attempts); with --keep-failed the failures are written."""
@@ -117,3 +130,14 @@ def test_only_successes_are_kept_unless_asked(tmp_path):
     ds = LeRobotDataset(out)
     assert ds.num_episodes == 2 and len(ds) == 10
     assert [e["success"] for e in _journal(out)] == [False, False]
+
+
+def test_check_reads_a_proprioceptive_dataset_as_such(tmp_path):
+    from wamkit.check import check_dataset
+
+    out = tmp_path / "own"
+    args = ["collect", "--tasks", "reach-v3", "--workers", "1", "--episodes", "2", "--image-size", "32"]
+    assert cli_main([*args, "--out", str(out), "env.state=proprio"]) == 0
+    report = check_dataset(out, "metaworld", tasks=1, trials=2)
+    assert not report.errors, report.text()
+    assert any(f.check == "state" and f.level == "ok" for f in report.findings), report.text()

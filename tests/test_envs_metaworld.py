@@ -137,3 +137,33 @@ def test_fast_render_differs_from_default_and_is_checked():
     check_render_quality({"fps": 10}, EnvConfig(render_quality="default"))  # not recorded: passes
     with pytest.raises(ValueError, match="render_quality='fast'.*'default'"):
         check_render_quality(info, EnvConfig(render_quality="default"))
+
+
+def test_a_proprioceptive_state_is_the_robots_own_and_the_expert_still_sees_everything():
+    """env.state=proprio keeps MetaWorld's hand xyz and gripper opening (obs[0:4]); objects, goal and
+    the previous step are left to the camera. The same seed gives the same episode as env.state=full."""
+    from wamkit import embodiments
+
+    assert suite_info("metaworld", "proprio").state_dim == 4 and suite_info("metaworld").state_dim == 39
+    assert embodiments.get("metaworld").state_names_of("proprio") == ("hand_x", "hand_y", "hand_z", "gripper")
+    assert suite_info("libero_10", "proprio").state_dim == 8  # LIBERO's state is the robot's own already
+    full, own = make_env(EnvConfig(image_size=32)), make_env(EnvConfig(image_size=32, state="proprio"))
+    try:
+        spec = EpisodeSpec("metaworld", "reach-v3", 0, 5)
+        a, b = full.reset(spec), own.reset(spec)
+        assert b[OBS_STATE].shape == (4,)
+        np.testing.assert_array_equal(b[OBS_STATE], a[OBS_STATE][:4])
+        np.testing.assert_array_equal(b[image_key("corner")], a[image_key("corner")])
+        for _ in range(200):  # the expert reads the full observation, not the policy's state
+            act = own.expert_action(b)
+            np.testing.assert_array_equal(act, full.expert_action(a))
+            (a, *_), (b, _, done, _, info) = full.step(act), own.step(act)
+            np.testing.assert_array_equal(b[OBS_STATE], a[OBS_STATE][:4])
+            if done:
+                break
+        assert info["success"], "the expert reaches the goal with a proprioceptive policy state"
+    finally:
+        full.close()
+        own.close()
+    with pytest.raises(ConfigError, match="env.state: 'objects' is not one of full, proprio"):
+        make_env(EnvConfig(state="objects"))

@@ -60,6 +60,11 @@ class EnvConfig:
     # Mesa's software renderer on a machine without a GPU); N renders on EGL device N (on a 2-GPU machine,
     # rendering on one GPU and serving on the other). Recorded in an evaluation's plan.json.
     render_gpu: int = -1
+    # What observation.state holds: "full", the suite's whole state (MetaWorld's 39-D: hand, gripper,
+    # two objects' pose, the previous step's copy, the goal; LIBERO's 8-D robot state), or "proprio",
+    # the robot's own part of it (MetaWorld: hand xyz and gripper opening, 4-D; LIBERO: all 8-D), for
+    # a policy that must find objects and goals in its camera frames.
+    state: Literal["full", "proprio"] = "full"
 
 
 @dataclass

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from wamkit import embodiments
 from wamkit.check.checks import (
     check_action,
     check_fps,
@@ -19,7 +20,7 @@ from wamkit.check.checks import (
     check_render,
     check_state,
 )
-from wamkit.check.probe import DataView, EnvProbe, env_config, probe_env, read_dataset
+from wamkit.check.probe import DataView, EnvProbe, env_config, probe_env, read_dataset, state_option
 from wamkit.check.replay import check_replay
 from wamkit.check.report import Finding, Report
 from wamkit.envs.base import EpisodeSpec, episode_seed
@@ -66,7 +67,8 @@ def check_dataset(
 
     data = read_dataset(root, suite)
     size = next(iter(data.first_frames.values())).shape[1] if data.first_frames else 64
-    cfg = resolve_env_config(env_config(suite, _env_cameras(data, suite), size, "auto"))
+    state = state_option(data, suite)
+    cfg = resolve_env_config(env_config(suite, _env_cameras(data, suite), size, "auto", state))
     own = env is None
     env = make_env(cfg) if own else env
     try:
@@ -77,7 +79,10 @@ def check_dataset(
         check_fps(data, probe, report)
         check_action(data, probe, report, mod.ACTION_NAMES)
         check_gripper(data, probe, report, mod.finger_width)
-        check_state(data, probe, report, mod.STATE_NAMES, mod.AXIS_ANGLE_DIMS, mod.STATE_SOURCE)
+        profile = embodiments.for_suite(suite)
+        kept = profile.state_dims(state)  # the dims the dataset's state holds, of the suite's whole state
+        axis = tuple(kept.index(d) for d in mod.AXIS_ANGLE_DIMS if d in kept)
+        check_state(data, probe, report, profile.state_names_of(state), axis, mod.STATE_SOURCE)
         check_images(data, probe, report)
         check_render(data, report, cfg.render_quality)
         check_replay(env, data, report, replay)

@@ -108,10 +108,28 @@ class EnvProbe:
         return f"{len(self.specs)} env resets over {len(tasks)} task(s), {self.suite} protocol"
 
 
-def env_config(suite: str, cameras: list[str], image_size: int, render_quality: str) -> EnvConfig:
+def env_config(
+    suite: str, cameras: list[str], image_size: int, render_quality: str, state: str = "full"
+) -> EnvConfig:
     return EnvConfig(
-        suite=suite, tasks=[], cameras=cameras, image_size=image_size, render_quality=render_quality
+        suite=suite,
+        tasks=[],
+        cameras=cameras,
+        image_size=image_size,
+        render_quality=render_quality,
+        state=state,
     )
+
+
+def state_option(data: DataView, suite: str) -> str:
+    """The ``env.state`` a dataset was recorded with, by its state width: ``proprio`` where that is
+    the robot's own part of the suite's state and narrower than the whole, else ``full``."""
+    from wamkit import embodiments
+
+    profile = embodiments.for_suite(suite)
+    own = profile.state_dims("proprio") if profile is not None else ()
+    width = data.states.shape[1] if data.states.ndim == 2 else 0
+    return "proprio" if profile is not None and width == len(own) < profile.state_dim else "full"
 
 
 def probe_env(env, specs: list[EpisodeSpec], cameras: list[str]) -> EnvProbe:
@@ -138,7 +156,7 @@ def probe_env(env, specs: list[EpisodeSpec], cameras: list[str]) -> EnvProbe:
     return EnvProbe(
         suite=env.suite,
         fps=info.fps,
-        state_dim=info.state_dim,
+        state_dim=len(states[-1]),  # what the env gives (env.state: full or the robot's own)
         action_dim=info.action_dim,
         specs=list(specs),
         texts=texts,

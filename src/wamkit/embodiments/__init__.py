@@ -76,6 +76,8 @@ class Embodiment:
     request_images: tuple[str, ...] = ()
     request_state: str = ""
     drift: DriftPlan | None = None  # what its drift pins hold (None: no pins)
+    # the state dims that are the robot's own (env.state=proprio); None: the whole state is
+    proprio_dims: tuple[int, ...] | None = None
     # the Python distributions of its simulator stack, whose versions a run records (a change can
     # change what an episode looks like)
     packages: tuple[str, ...] = ()
@@ -83,6 +85,18 @@ class Embodiment:
     @property
     def state_dim(self) -> int:
         return len(self.state_names)
+
+    def state_dims(self, state: str) -> tuple[int, ...]:
+        """The dims of the full state that ``env.state`` keeps: all for ``full``, the robot's own for
+        ``proprio``."""
+        if state == "full" or self.proprio_dims is None:
+            return tuple(range(self.state_dim))
+        if state != "proprio":
+            raise ValueError(f"env.state: {state!r} is not full or proprio")
+        return self.proprio_dims
+
+    def state_names_of(self, state: str) -> tuple[str, ...]:
+        return tuple(self.state_names[i] for i in self.state_dims(state))
 
     @property
     def action_dim(self) -> int:

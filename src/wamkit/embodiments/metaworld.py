@@ -1,7 +1,7 @@
 """MetaWorld v3's Sawyer (the default suite): 50 tasks, each with a scripted expert.
 
 - state [39]: MetaWorld's full observation: hand xyz, gripper opening, two objects' pose, the same 18
-  numbers of the previous step, the goal;
+  numbers of the previous step, the goal; ``env.state=proprio`` keeps the first 4 (the robot's own);
 - action [4]: ``[dx, dy, dz, gripper]`` in [-1, 1] (1 cm of mocap motion per unit), gripper -1 open,
   +1 close (MetaWorld's grab effort);
 - 80 Hz (frame_skip 5 x 2.5 ms), 500 steps, each trial's placement drawn from its seed.
@@ -33,6 +33,8 @@ PROFILE = Embodiment(
     # `wamkit collect` records by default (a model is evaluated on the look it was trained on)
     protocol=SuiteProtocol(render_quality="fast", seed_rule="per_trial", trials=10),
     packages=("mujoco", "metaworld"),
+    # hand xyz and the gripper opening (metaworld/envs/sawyer_xyz_env.py: _get_curr_obs_combined_no_goal)
+    proprio_dims=(0, 1, 2, 3),
     # openpi has no MetaWorld client: the names of its LIBERO client, for the one camera and the state
     request_images=("observation/image",),
     request_state="observation/state",

@@ -23,6 +23,7 @@ from wamkit.config import ConfigError, EnvConfig
 from wamkit.embodiments import SuiteProtocol  # noqa: F401  (re-exported: the protocol type)
 
 RENDER_QUALITIES = ("default", "fast")
+STATES = ("full", "proprio")  # env.state
 # Seed rules (docs/libero.md): the base seed of the rules that seed a task's env once and reset it for
 # trials 0, 1, 2, ... in order (openpi's LIBERO client seeds 7, OpenVLA's 0); ``per_trial`` seeds trial
 # t with ``eval.seed + t`` right before its reset.
@@ -138,6 +139,8 @@ def check_env_config(cfg: EnvConfig) -> None:
         raise ConfigError("env.cameras: at least one camera is needed")
     if cfg.max_steps < 0:
         raise ConfigError(f"env.max_steps: expected >= 0 (0: the suite's limit), got {cfg.max_steps}")
+    if cfg.state not in STATES:
+        raise ConfigError(f"env.state: {cfg.state!r} is not one of {', '.join(STATES)}")
     if cfg.render_gpu < -1:
         raise ConfigError(
             f"env.render_gpu: expected -1 (EGL's choice) or a GPU index >= 0, got {cfg.render_gpu}"

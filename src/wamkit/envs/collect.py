@@ -34,13 +34,16 @@ log = logging.getLogger(__name__)
 # command-line flag -> dotted config key
 def features_for(cfg: RunConfig) -> dict[str, dict[str, Any]]:
     """LeRobot v3 feature descriptions of a collected dataset."""
-    info = suite_info(cfg.env.suite)
+    from wamkit import embodiments
+
+    info = suite_info(cfg.env.suite, cfg.env.state)
+    names = list(embodiments.for_suite(cfg.env.suite).state_names_of(cfg.env.state))
     s = cfg.env.image_size
     feats: dict[str, dict[str, Any]] = {
         image_key(c): {"dtype": "video", "shape": [s, s, 3], "names": ["height", "width", "channel"]}
         for c in cfg.env.cameras
     }
-    feats[OBS_STATE] = {"dtype": "float32", "shape": [info.state_dim], "names": None}
+    feats[OBS_STATE] = {"dtype": "float32", "shape": [info.state_dim], "names": names}
     feats[ACTION] = {"dtype": "float32", "shape": [info.action_dim], "names": None}
     return feats
 

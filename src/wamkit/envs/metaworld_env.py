@@ -183,6 +183,8 @@ class MetaWorldEnv:
                     f"env.cameras: unknown MetaWorld camera '{cam}' (valid: {', '.join(CAMERAS)})"
                 )
         self.cfg = cfg
+        # env.state: the dims of MetaWorld's observation the state keeps (the expert reads all of them)
+        self._state_dims = list(PROFILE.state_dims(cfg.state))
         self._sims: dict[str, _TaskSim] = {}
         self._sim: _TaskSim | None = None
         self._spec: EpisodeSpec | None = None
@@ -195,7 +197,7 @@ class MetaWorldEnv:
     def _obs(self) -> Obs:
         assert self._sim is not None and self._spec is not None and self._raw is not None
         obs: Obs = {image_key(c): img for c, img in self._sim.renderer.render(self._sim.env.data).items()}
-        obs[OBS_STATE] = self._raw.astype(np.float32)
+        obs[OBS_STATE] = self._raw[self._state_dims].astype(np.float32)
         obs[TASK] = INSTRUCTIONS[self._spec.task]
         return obs
 
@@ -232,13 +234,15 @@ class MetaWorldEnv:
         return self._obs(), float(reward), success, truncated, out_info
 
     def expert_action(self, obs: Obs) -> np.ndarray:
-        """MetaWorld's scripted policy for the current task, float32 [4] in [-1, 1]."""
+        """MetaWorld's scripted policy for the current task, float32 [4] in [-1, 1]. It reads the whole
+        observation (objects and goal), whatever ``env.state`` gives the policy: ``obs`` must be the
+        last observation of this env."""
         if self._sim is None:
             raise RuntimeError("expert_action() before reset()")
         with warnings.catch_warnings():
             # the shipped experts use gains that saturate; MetaWorld warns on every call
             warnings.simplefilter("ignore", UserWarning)
-            a = self._sim.expert.get_action(np.asarray(obs[OBS_STATE], dtype=np.float64))
+            a = self._sim.expert.get_action(np.asarray(self._raw, dtype=np.float64))
         return np.clip(np.asarray(a, dtype=np.float32), -1.0, 1.0)
 
     def gl_info(self) -> dict[str, str]:

@@ -31,10 +31,12 @@ def backend(suite: str):
     return _backend(suite)
 
 
-def suite_info(suite: str) -> SuiteInfo:
-    """Tasks, max steps, state / action dims, fps and cameras of ``suite``."""
-    mod = _backend(suite)
-    return mod.suite_info(suite)
+def suite_info(suite: str, state: str = "full") -> SuiteInfo:
+    """Tasks, max steps, state / action dims, fps and cameras of ``suite``; the state dim is that of
+    ``env.state`` (``full``: the suite's whole state, ``proprio``: the robot's own part)."""
+    info = _backend(suite).suite_info(suite)
+    dims = embodiments.for_suite(suite).state_dims(state)
+    return info if len(dims) == info.state_dim else replace(info, state_dim=len(dims))
 
 
 def expand_tasks(suite: str, tasks: list[str]) -> list[str]:

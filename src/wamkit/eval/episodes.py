@@ -70,6 +70,7 @@ def plan_record(env_cfg: EnvConfig, eval_cfg: EvalConfig, server: dict[str, Any]
         "render_gpu": env_cfg.render_gpu,  # which renderer draws the frames is part of the stack
         "seed_rule": env_cfg.seed_rule,
         "hard_reset": env_cfg.hard_reset,
+        "state": env_cfg.state,
         "max_steps": env_cfg.max_steps,
         "trials": trials_per_task(env_cfg, eval_cfg),
         "seed": eval_cfg.seed if env_cfg.seed_rule == "per_trial" else episode_seed(env_cfg.seed_rule, 0, 0),

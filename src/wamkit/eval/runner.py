@@ -156,7 +156,7 @@ def run_eval(
     episodes = plan_episodes(env_cfg, ecfg)
     from wamkit.envs import suite_info
 
-    info, look = suite_info(env_cfg.suite), env_cfg.render_quality
+    info, look = suite_info(env_cfg.suite, env_cfg.state), env_cfg.render_quality
 
     def connect_backend(url: str, e: EnvConfig, patience: Patience):
         target = Target(url, tuple(e.cameras), info, look, dict(ecfg.backend_options))
