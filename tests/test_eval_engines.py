@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from wamkit.actions.normalize import make_normalizer
+
 pytest.importorskip("diffusers")
 
 from tests import engine_servers as es  # noqa: E402
@@ -119,7 +121,9 @@ def test_decoding_undoes_the_run_s_normalisation_and_rot6d(libero_dir):
     client = Cosmos3Client.load("sglang", target("http://x", libero_dir))
     a = es.toy_actions(np.full((4, 4, 3), 90, np.uint8), "x", 16, 10)
     env = client.decode(a[None], 1, "values", normalized=True)[0]
-    raw = client.spec._norm(ACTION).unnormalize(a.astype(np.float64))
+    raw = make_normalizer(client.spec.normalization, client.spec.stats[ACTION]).unnormalize(
+        a.astype(np.float64)
+    )
     want = from_rot6d_action(raw)  # rot6d -> axis-angle, as LIBERO's env takes it
     np.testing.assert_allclose(env[:, :6], want[:, :6], rtol=0, atol=1e-5)  # float32 of a float64 result
     np.testing.assert_array_equal(

@@ -73,6 +73,50 @@ def test_run_server_runs_the_model_on_the_main_thread_and_stops_on_ctrl_c(front_
     assert threads and all(t is threading.main_thread() for t in threads)
 
 
+def test_ctrl_c_on_the_main_thread_is_taken_between_calls():
+    """SIGINT during a model call lets that call finish and hand over its result (its done-callbacks
+    run: an interrupt between a future's result and its callbacks would leave a request waiting for
+    ever), then run() raises KeyboardInterrupt and the queued calls fail; a second SIGINT during a call
+    interrupts it at once. The SIGINT handler is restored afterwards."""
+    import _thread
+    import signal
+
+    from wamkit.serve.batcher import CallerThreadExecutor, ModelError
+
+    before = signal.getsignal(signal.SIGINT)
+    ex = CallerThreadExecutor()
+    woken = []
+
+    def call():
+        _thread.interrupt_main()  # Ctrl-C arrives while the model runs
+        time.sleep(0.05)  # the handler runs here, on the main thread, and only takes note
+        return 42
+
+    first = ex.submit(call)
+    first.add_done_callback(lambda f: woken.append(f.result()))
+    second = ex.submit(lambda: 1)
+    with pytest.raises(KeyboardInterrupt):
+        ex.run()
+    assert first.result(timeout=1) == 42 and woken == [42]
+    assert isinstance(second.exception(timeout=1), ModelError)
+    assert signal.getsignal(signal.SIGINT) is before
+
+    ex = CallerThreadExecutor()
+
+    def stuck():
+        _thread.interrupt_main()
+        time.sleep(0.05)
+        _thread.interrupt_main()  # the second Ctrl-C: the call itself is interrupted
+        time.sleep(5)
+        return 0
+
+    slow = ex.submit(stuck)
+    t0 = time.perf_counter()
+    with pytest.raises(KeyboardInterrupt):
+        ex.run()
+    assert time.perf_counter() - t0 < 4 and isinstance(slow.exception(timeout=1), ModelError)
+
+
 def test_caller_thread_executor_fails_what_an_interrupt_leaves():
     # Ctrl-C during a model call: that call and every queued one fail (none is left unanswered, which
     # would hold its connection and the server's stop forever), and no call is taken after

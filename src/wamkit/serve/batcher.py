@@ -36,6 +36,7 @@ import concurrent.futures
 import contextlib
 import logging
 import queue
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -77,10 +78,27 @@ class CallerThreadExecutor(Executor):
         """Run calls until :meth:`shutdown`; waiting wakes every ``poll_s`` so that Ctrl-C is seen while
         idle too. However it ends (shut down, or a KeyboardInterrupt, which it raises on), the call it
         was running and every call still queued fail with :class:`ModelError`, and no more are taken:
-        a request left unanswered would hold its connection, and the server's stop, forever."""
+        a request left unanswered would hold its connection, and the server's stop, forever.
+
+        On the main thread, Ctrl-C (SIGINT) is taken between calls: the call running finishes and
+        hands its result over, then run raises KeyboardInterrupt. An interrupt raised at any bytecode
+        could land after a future is marked done but before its callbacks wake the waiting request,
+        which would then wait forever. A second Ctrl-C during a call interrupts it at once."""
+        interrupted = threading.Event()
+        previous = None
+        if threading.current_thread() is threading.main_thread():
+
+            def on_sigint(signum: int, frame: Any) -> None:
+                if interrupted.is_set():  # the second: do not wait for the running call
+                    raise KeyboardInterrupt
+                interrupted.set()
+
+            previous = signal.signal(signal.SIGINT, on_sigint)
         future = None
         try:
             while True:
+                if interrupted.is_set():
+                    raise KeyboardInterrupt
                 try:
                     item = self._calls.get(timeout=poll_s)
                 except queue.Empty:
@@ -97,6 +115,8 @@ class CallerThreadExecutor(Executor):
                         future.set_result(result)
                 future = None
         finally:
+            if previous is not None:
+                signal.signal(signal.SIGINT, previous)
             if future is not None and not future.done():
                 future.set_exception(ModelError("server is shutting down"))
             self.shutdown()
