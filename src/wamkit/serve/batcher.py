@@ -92,6 +92,9 @@ class CallerThreadExecutor(Executor):
                 if interrupted.is_set():  # the second: do not wait for the running call
                     raise KeyboardInterrupt
                 interrupted.set()
+                log.warning(
+                    "interrupted: stopping after the model call running (Ctrl-C again to cut it short)"
+                )
 
             previous = signal.signal(signal.SIGINT, on_sigint)
         future = None
