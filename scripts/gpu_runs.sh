@@ -49,6 +49,7 @@
 #                                          Nano server started cold and warm at every bucket to 32
 #   bash scripts/gpu_runs.sh serve32-layers-speed  # core: compile_layers against compile at 1, 8, 32
 #   bash scripts/gpu_runs.sh serve32-table  # core + ao: stock, bf16 and both FP8 backends at 1, 8, 32
+#   bash scripts/gpu_runs.sh serve32-fp8-served  # core: Nano served in FP8 against in-process FP8, batch 2, 8
 #   bash scripts/gpu_runs.sh serve32-default  # core: the default step's server start (cold, warm) to 32,
 #                                          then Nano served against in-process at batch 8 and 32
 #
@@ -275,6 +276,12 @@ case "$group" in
     # recipe on the same layers, the model rebuilt for it) at batch 1, 8 and 32 (carry .whl/ao too)
     run cosmos3_table 590 $W bench cosmos3 --preset nano --steps 30 --batches 1,8,32 \
       --paths stock,fast+compile_layers,fast+compile+fp8,fast+compile+fp8_torchao --json "$OUT/cosmos3_table.json"
+    ;;
+  serve32-fp8-served)
+    # served FP8 (serve.precision=fp8) against in-process FP8 at batch 2 and 8, dynamic batching
+    # included: the served FP8 path answers (core carry)
+    CUDA_VISIBLE_DEVICES=0 run serve_fp8 560 $W bench serve --model cosmos3 --preset nano --device cuda \
+      --precision fp8 --batch 2,8 --concurrency 2,8 --max-batch 8 --seconds 15 --json "$OUT/serve_fp8.json"
     ;;
   serve32-start)
     run serve_start 580 $W bench serve-start --model cosmos3 --preset nano --max-batch ${START_BATCH:-2} \
