@@ -85,7 +85,7 @@ class CallerThreadExecutor(Executor):
         could land after a future is marked done but before its callbacks wake the waiting request,
         which would then wait forever. A second Ctrl-C during a call interrupts it at once."""
         interrupted = threading.Event()
-        previous = None
+        installed, previous = False, None
         if threading.current_thread() is threading.main_thread():
 
             def on_sigint(signum: int, frame: Any) -> None:
@@ -96,7 +96,7 @@ class CallerThreadExecutor(Executor):
                     "interrupted: stopping after the model call running (Ctrl-C again to cut it short)"
                 )
 
-            previous = signal.signal(signal.SIGINT, on_sigint)
+            previous, installed = signal.signal(signal.SIGINT, on_sigint), True
         future = None
         try:
             while True:
@@ -118,8 +118,8 @@ class CallerThreadExecutor(Executor):
                         future.set_result(result)
                 future = None
         finally:
-            if previous is not None:
-                signal.signal(signal.SIGINT, previous)
+            if installed:  # None: the previous handler was not set from Python; the default then
+                signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)
             if future is not None and not future.done():
                 future.set_exception(ModelError("server is shutting down"))
             self.shutdown()

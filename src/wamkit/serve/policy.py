@@ -115,7 +115,7 @@ def _autocast(adapter: Any, precision: str) -> tuple[torch.dtype | None, str]:
         if why:
             raise ConfigError(f"serve.precision=fp8: {why}; use auto, bf16 or fp32")
         # what does not run in FP8 runs in bf16: under autocast when the weights are fp32, as they
-        # are for bf16 weights (the rule of "auto")
+        # are for bf16 weights (the rule of "auto", on the GPU FP8 needs)
         fp32 = all(p.dtype == torch.float32 for p in module.parameters() if p.is_floating_point())
         return (torch.bfloat16 if fp32 else None), device
     if precision == "bf16" and device != "cuda":
@@ -249,12 +249,17 @@ class ServedPolicy:
         return out
 
     def _keymap(self) -> dict[str, str]:
+        """Request key -> model key (built once: it is read for every request)."""
+        cached = self.__dict__.get("_keys")
+        if cached is not None:
+            return cached
         cams = self.io.cameras
         keys = {image_key(c): image_key(c) for c in cams} | {OBS_STATE: OBS_STATE}
         keys |= self._aliases()
         keys |= {PROMPT: TASK, TASK: TASK, FD_ACTIONS: FD_ACTIONS, GOAL_IMAGE: f"{GOAL_IMAGE}.{cams[0]}"}
         keys |= {f"{GOAL_IMAGE}.{c}": f"{GOAL_IMAGE}.{c}" for c in cams}
         keys |= {k: k for k in CONTROL_KEYS}
+        self._keys = keys
         return keys
 
     def prepare(self, obs: Any) -> Request:
