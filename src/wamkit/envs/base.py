@@ -85,8 +85,9 @@ def episode_seed(seed_rule: str, base_seed: int, trial: int) -> int:
     raise ConfigError(f"env.seed_rule: {seed_rule!r} is not one of {SEED_RULES} (resolve 'auto' first)")
 
 
-def installed_versions(names) -> dict[str, str | None]:
-    """The installed version of each distribution in ``names`` (None: not installed)."""
+def installed_versions(names, paths: list[str] | None = None) -> dict[str, str | None]:
+    """The installed version of each distribution in ``names`` (None: not installed); ``paths``: more
+    folders to look in, after ``sys.path``."""
     from importlib import metadata
 
     out: dict[str, str | None] = {}
@@ -94,16 +95,23 @@ def installed_versions(names) -> dict[str, str | None]:
         try:
             out[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
-            out[name] = None
+            found = next(iter(metadata.distributions(name=name, path=paths)), None) if paths else None
+            out[name] = found.version if found is not None else None
     return out
 
 
 def stack_versions() -> dict[str, str | None]:
     """Installed versions of the simulator stack (None: not installed) and the GL backend: a change of
     any of them can change what an episode looks like (see the drift pins)."""
+    import sys
+
     from wamkit import embodiments
 
-    return {**installed_versions(embodiments.stack_packages()), "MUJOCO_GL": os.environ.get("MUJOCO_GL")}
+    # a backend that installs its simulator apart from sys.path says where (``site_paths()``)
+    backends = [sys.modules.get(embodiments.get(n).env_backend) for n in embodiments.names()]
+    paths = [p for m in backends if m is not None and hasattr(m, "site_paths") for p in m.site_paths()]
+    versions = installed_versions(embodiments.stack_packages(), paths)
+    return {**versions, "MUJOCO_GL": os.environ.get("MUJOCO_GL")}
 
 
 @runtime_checkable

@@ -192,7 +192,7 @@ class LiberoEnv:
                 f"env.cameras: unknown LIBERO camera(s) {unknown} (valid: {', '.join(CAMERAS)})"
             )
         self.suite, self.cfg = cfg.suite, cfg
-        self._tasks = {t.name: t for t in _task_map(cfg.suite)}
+        self._tasks = {t.name: t for t in self._task_list(cfg.suite)}
         self._env = None
         self._task: str | None = None
         self._init_states: Any = None
@@ -201,21 +201,35 @@ class LiberoEnv:
         # (task, seed) -> numpy global generator states before reset 0, 1, 2, ... of a task's env
         self._rng_states: dict[tuple[str, int], list[tuple]] = {}
 
-    def max_steps(self, spec: EpisodeSpec) -> int:
-        return self.cfg.max_steps or MAX_STEPS[self.suite]
+    # what a suite of another LIBERO-built benchmark changes (a subclass overrides these): where its
+    # tasks, step limits, task files and initial states come from
+    max_steps_of = MAX_STEPS
 
-    def _build(self, name: str) -> None:
+    def _task_list(self, suite: str) -> list[Any]:
+        return _task_map(suite)
+
+    def _expand(self, task: str) -> str:
+        return expand_tasks(self.suite, [task])[0]
+
+    def _task_files(self, task: Any) -> tuple[str, Any]:
+        """The task's bddl file and its stored initial states [N, D]."""
         import torch
         from libero.libero import get_libero_path
-        from libero.libero.envs import OffScreenRenderEnv
 
-        if self._env is not None:
-            self._env.close()
-        task = self._tasks[name]
         bddl = os.path.join(get_libero_path("bddl_files"), task.problem_folder, task.bddl_file)
         init_path = os.path.join(get_libero_path("init_states"), task.problem_folder, task.init_states_file)
         # LIBERO's own files, pickled numpy arrays: torch.load needs weights_only=False for them
-        self._init_states = torch.load(init_path, weights_only=False)
+        return bddl, torch.load(init_path, weights_only=False)
+
+    def max_steps(self, spec: EpisodeSpec) -> int:
+        return self.cfg.max_steps or self.max_steps_of[self.suite]
+
+    def _build(self, name: str) -> None:
+        if self._env is not None:
+            self._env.close()
+        bddl, self._init_states = self._task_files(self._tasks[name])
+        from libero.libero.envs import OffScreenRenderEnv
+
         with contextlib.redirect_stdout(io.StringIO()):  # robosuite / LIBERO print on construction
             self._env = OffScreenRenderEnv(
                 bddl_file_name=bddl,
@@ -295,7 +309,7 @@ class LiberoEnv:
     def reset(self, spec: EpisodeSpec) -> Obs:
         if spec.suite != self.suite:
             raise ValueError(f"episode {spec}: suite '{spec.suite}' given to the {self.suite} env")
-        name = expand_tasks(self.suite, [spec.task])[0]
+        name = self._expand(spec.task)
         if name != self._task:
             self._build(name)
         if not 0 <= spec.trial < len(self._init_states):

@@ -45,6 +45,13 @@ def expand_tasks(suite: str, tasks: list[str]) -> list[str]:
     return mod.expand_tasks(suite, tasks)
 
 
+def task_categories(suite: str) -> dict[str, str]:
+    """Task name -> its category, where the suite's own metadata groups its tasks (a robustness suite's
+    perturbations); ``{}`` for a suite that has none."""
+    fn = getattr(_backend(suite), "task_categories", None)
+    return dict(fn(suite)) if fn is not None else {}
+
+
 def protocol(suite: str) -> SuiteProtocol:
     """The suite's protocol defaults (render look, seed rule, trials per task); see docs/libero.md."""
     _backend(suite)  # an unknown suite is refused by name

@@ -70,11 +70,15 @@ def rate_of(records: Iterable[dict[str, Any]]) -> Rate:
     )
 
 
-def summarize(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
+def summarize(
+    records: Iterable[dict[str, Any]], categories: dict[str, dict[str, str]] | None = None
+) -> dict[str, Any]:
     """``{"suites": {suite: {"all": Rate, "tasks": {task: Rate}}}, "all": Rate}`` as plain dicts.
 
     Tasks keep the order in which they first appear; a suite's rate pools its episodes (so a task with
-    more trials weighs more, as the protocols count it).
+    more trials weighs more, as the protocols count it). ``categories``: suite -> task -> category,
+    for suites whose tasks fall in categories (a robustness suite's perturbations); such a suite also
+    gets ``"categories": {category: Rate}``, pooled the same way.
     """
     recs = list(records)
     by_suite: dict[str, dict[str, list[dict[str, Any]]]] = {}
@@ -87,6 +91,12 @@ def summarize(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
             "all": rate_of(pooled).to_dict(),
             "tasks": {task: rate_of(rs).to_dict() for task, rs in tasks.items()},
         }
+        of = (categories or {}).get(suite)
+        if of:
+            grouped: dict[str, list[dict[str, Any]]] = {}
+            for task, rs in tasks.items():
+                grouped.setdefault(of.get(task, "uncategorised"), []).extend(rs)
+            suites[suite]["categories"] = {c: rate_of(rs).to_dict() for c, rs in grouped.items()}
     return {"suites": suites, "all": rate_of(recs).to_dict()}
 
 

@@ -1,6 +1,7 @@
 """Reports people read: ``summary.json``, ``results.md`` and two plots, all from the journal.
 
-- ``summary.json``: per suite and task success (``success_once``) with Wilson 95% intervals,
+- ``summary.json``: per suite and task success (and per category, where the suite's metadata groups
+  its tasks: a robustness suite's perturbations) (``success_once``) with Wilson 95% intervals,
   ``success_at_end``, mean length/return, failure reasons, ``env_errors`` (the episodes recorded as
   ``env_error`` failures, with their message), the run's throughput (see :func:`throughput`: the
   efficiency against the calibrated, independent bound and the utilisation against the run's own busy
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from wamkit.envs.base import stack_versions
+from wamkit.envs.suites import task_categories
 from wamkit.eval.metrics import env_error_episodes, failure_reasons, summarize
 from wamkit.files import atomic_write_json, atomic_write_text
 
@@ -73,7 +75,8 @@ def throughput(timing: dict[str, Any]) -> dict[str, Any]:
 
 
 def build_summary(records: list[dict[str, Any]], timing: dict[str, Any] | None, plan: dict[str, Any]):
-    summary = summarize(records)
+    suites = dict.fromkeys(r["suite"] for r in records)
+    summary = summarize(records, {s: task_categories(s) for s in suites})
     summary["failures"] = failure_reasons(records)
     summary["env_errors"] = env_error_episodes(records)
     summary["plan"] = plan
@@ -109,6 +112,8 @@ def markdown_table(summary: dict[str, Any]) -> str:
     for suite, s in summary["suites"].items():
         for task, r in s["tasks"].items():
             lines.append(row(suite, task, r))
+        for category, r in s.get("categories", {}).items():
+            lines.append(row(suite, f"category: {category}", r))
         lines.append(row(suite, "all", s["all"], bold=True))
     for e in summary.get("env_errors", []):
         lines.append(f"\nenv error, counted as a failure: {e['episode']} ({e['error']})")

@@ -195,6 +195,12 @@ def run_eval(
         all_["episodes"],
         out,
     )
+    for suite, s in summary["suites"].items():
+        for category, r in s.get("categories", {}).items():
+            log.info(
+                "%s, %s: success %.1f%% (95%% CI %.1f-%.1f) over %d episodes",
+                suite, category, 100 * r["rate"], 100 * r["ci95"][0], 100 * r["ci95"][1], r["episodes"],
+            )  # fmt: skip
     return summary
 
 
