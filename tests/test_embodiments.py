@@ -90,7 +90,13 @@ def test_each_profile_agrees_with_its_backend_and_each_list_exists_once():
     assert (metaworld.PROFILE.state_dim, metaworld.PROFILE.action_dim) == (39, 4)
     assert set(libero.TRAINING_SUITES) < set(libero.SUITES) and "libero_90" not in libero.TRAINING_SUITES
     assert not hasattr(sft_dataset, "LIBERO_SUITES")  # the data stage reads the profile's mix
-    assert suites() == [*libero.SUITES, "metaworld"]
+    from wamkit.embodiments import libero_pro
+
+    assert suites() == [*libero.SUITES, "metaworld", *libero_pro.SUITES]
+    # LIBERO-PRO is LIBERO's robot and protocol on other suites: only what it declares apart differs
+    same = ("state_names", "action_names", "cameras", "fps", "protocol", "settle_steps", "gripper")
+    assert all(getattr(libero_pro.PROFILE, k) == getattr(libero.PROFILE, k) for k in same)
+    assert not set(libero_pro.SUITES) & set(libero.SUITES)
     # the facts other projects define: Cosmos3's domain table (diffusers) and our representations
     from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import _EMBODIMENT_TO_DOMAIN_ID
 

@@ -12,11 +12,10 @@
 - :mod:`wamkit.actions.spec`: the preprocessing spec, all of the above as one saved object.
 """
 
-from wamkit.actions import libero, normalize, rotations, stats
+from wamkit.actions import normalize, rotations, stats
 from wamkit.actions.stats import FeatureStats, StatsAccumulator, StatsError, StatsFile
 
 __all__ = [
-    "libero",
     "normalize",
     "rotations",
     "stats",

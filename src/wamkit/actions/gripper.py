@@ -69,7 +69,7 @@ CONVENTIONS: dict[str, GripperConvention] = {
     c.name: c
     for c in (
         GripperConvention("env", -1.0, 1.0, "the env command itself: -1 = open, +1 = close"),
-        GripperConvention("open_1", 1.0, 0.0, "g in [0, 1], 1 = open (NVIDIA's LIBERO data)"),
+        GripperConvention("open_1", 1.0, 0.0, "g in [0, 1], 1 = open (Cosmos3's published data)"),
         GripperConvention("close_1", 0.0, 1.0, "g in [0, 1], 1 = close"),
     )
 }

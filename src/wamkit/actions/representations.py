@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from wamkit.actions import libero
+from wamkit.constants import IDLE_FRAMES
 
 
 class RepresentationError(ValueError):
@@ -34,6 +35,9 @@ class Representation:
     env_dim: int | None  # the only env width it takes; None: any
     model_names: Callable[[Sequence[str] | None, int], list[str]]  # (env names, env dim) -> model names
     dim_change: int = 0  # D_model - D_env
+    # the sample extras (wamkit.constants, e.g. idle_frames) defined for its actions: what the data
+    # stage can compute beside a sample of this representation
+    extras: tuple[str, ...] = ()
 
     def model_dim(self, env_dim: int) -> int:
         """D_model for stored actions of width ``env_dim`` (refuses a width it cannot take)."""
@@ -102,5 +106,6 @@ register(
         env_dim=libero.ENV_ACTION_DIM,
         model_names=lambda _names, _dim: ["dx", "dy", "dz", *[f"rot6d_{i}" for i in range(6)], "gripper"],
         dim_change=libero.ROT6D_ACTION_DIM - libero.ENV_ACTION_DIM,
+        extras=(IDLE_FRAMES,),  # idle frames are counted on its 10-D chunks (wamkit.actions.idle)
     )
 )

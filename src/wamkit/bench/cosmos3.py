@@ -95,7 +95,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=0,
         metavar="N",
-        help="instead of the timed rows: N LIBERO-shaped requests predicted in fp32 (eager fast path), "
+        help="instead of the timed rows: N requests of the served shape (two cameras, 8-D state) predicted in fp32 (eager fast path), "
         "bf16 (fast+compile, the weights cast) and FP8 (fast+compile+fp8); the action and future-latent "
         "differences between them",
     )

@@ -11,7 +11,6 @@ episode ends); the N-process figure is the sum of all workers' steps over the pa
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import logging
 import os
@@ -51,10 +50,23 @@ class BenchHost(EnvHost):
         return {"steps": steps, "seconds": time.perf_counter() - start, "resets": resets}
 
 
+def default_suites() -> list[str]:
+    """The ``bench_suite`` of every registered embodiment whose simulator packages are installed."""
+    from wamkit import embodiments
+    from wamkit.envs.base import installed_versions
+
+    out = []
+    for e in map(embodiments.get, embodiments.names()):
+        if e.bench_suite and all(v is not None for v in installed_versions(e.packages).values()):
+            out.append(e.bench_suite)
+    return out
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    libero = importlib.util.find_spec("libero") is not None
     p.add_argument(
-        "--suites", default="metaworld,libero_10" if libero else "metaworld", help="comma-separated suites"
+        "--suites",
+        default=",".join(default_suites()),
+        help="comma-separated suites (default: each installed embodiment's benchmark suite)",
     )
     p.add_argument("--sizes", default="128,256", help="comma-separated square image sizes")
     p.add_argument("--qualities", default="default,fast", help="render qualities to compare")

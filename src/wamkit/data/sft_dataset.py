@@ -21,7 +21,7 @@ import torch
 
 from wamkit import embodiments
 from wamkit.actions.idle import count_idle_frames
-from wamkit.actions.representations import get_representation
+from wamkit.actions.representations import REGISTRY, get_representation
 from wamkit.actions.spec import PreprocessSpec, SpecError
 from wamkit.config import ConfigError, DataConfig
 from wamkit.constants import ACTION, ACTION_IS_PAD, IDLE_FRAMES, OBS_STATE, TASK, future_image_key, image_key
@@ -37,8 +37,9 @@ def _idle_frames(raw: dict[str, Any], spec: PreprocessSpec) -> int:
     return count_idle_frames(get_representation(spec.representation).to_model(steps), spec.fps)
 
 
-# name -> (representations it is defined for, function of the raw sample and the spec)
-SAMPLE_EXTRAS = {IDLE_FRAMES: (("libero_rot6d",), _idle_frames)}
+# name -> its function of the raw sample and the spec (the representations it is defined for say so:
+# Representation.extras)
+SAMPLE_EXTRAS = {IDLE_FRAMES: _idle_frames}
 
 
 def suite_roots(cfg: DataConfig) -> dict[str, Path]:
@@ -110,7 +111,7 @@ class TrainDataset(torch.utils.data.Dataset):
             else:
                 out[image_key(cam)] = self.spec.resize_images(frames)
         for name in self.extras:
-            out[name] = SAMPLE_EXTRAS[name][1](raw, self.spec)
+            out[name] = SAMPLE_EXTRAS[name](raw, self.spec)
         return out
 
 
@@ -126,9 +127,10 @@ def make_train_dataset(
             raise ValueError(
                 f"sample extra {name!r} is unknown; the data stage offers {', '.join(SAMPLE_EXTRAS)}"
             )
-        if spec.representation not in SAMPLE_EXTRAS[name][0]:
+        defined = [r.name for r in REGISTRY.values() if name in r.extras]
+        if spec.representation not in defined:
             raise SpecError(
-                f"the model asks for {name!r}, defined only for {SAMPLE_EXTRAS[name][0]} actions, "
+                f"the model asks for {name!r}, defined only for {defined} actions, "
                 f"but the data is {spec.representation!r}"
             )
     roots = suite_roots(data_cfg)

@@ -82,6 +82,7 @@ class Embodiment:
     # the Python distributions of its simulator stack, whose versions a run records (a change can
     # change what an episode looks like)
     packages: tuple[str, ...] = ()
+    bench_suite: str = ""  # the suite `wamkit bench env` measures unless told ("": none)
 
     @property
     def state_dim(self) -> int:

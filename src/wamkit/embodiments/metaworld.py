@@ -33,6 +33,7 @@ PROFILE = Embodiment(
     # `wamkit collect` records by default (a model is evaluated on the look it was trained on)
     protocol=SuiteProtocol(render_quality="fast", seed_rule="per_trial", trials=10),
     packages=("mujoco", "metaworld"),
+    bench_suite="metaworld",
     # hand xyz and the gripper opening (metaworld/envs/sawyer_xyz_env.py: _get_curr_obs_combined_no_goal)
     proprio_dims=(0, 1, 2, 3),
     # openpi has no MetaWorld client: the names of its LIBERO client, for the one camera and the state

@@ -112,13 +112,14 @@ def make_fingerprints(backend: str, suites: list[str] | None = None, first_only:
 
 def write_pins(backend: str) -> Path:
     """Make every pinned fingerprint with the installed stack and write ``<backend>_pins.json``."""
+    pins = make_fingerprints(backend)  # first: a backend that installs its stack apart is imported now
     data = {
         "format": FORMAT,
         "made_with": stack_versions(),
         "image_size": SIZE,
         "cameras": list(plan(backend).cameras),
         "tolerance": TOLERANCE,
-        "pins": make_fingerprints(backend),
+        "pins": pins,
     }
     text = json.dumps(data, indent=1)
     # one line per list of numbers: the file stays short and a drift shows as a one-line diff

