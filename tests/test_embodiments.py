@@ -88,6 +88,10 @@ def test_each_profile_agrees_with_its_backend_and_each_list_exists_once():
         assert mod.PROTOCOL is prof.protocol and embodiments.get(prof.name) is prof
     assert (libero.PROFILE.state_dim, libero.PROFILE.action_dim) == (8, 7)  # LIBERO's published layout
     assert (metaworld.PROFILE.state_dim, metaworld.PROFILE.action_dim) == (39, 4)
+    for prof in map(embodiments.get, embodiments.names()):  # a unit for every dim it names
+        assert len(prof.state_units) == prof.state_dim and len(prof.action_units) == prof.action_dim, (
+            prof.name
+        )
     assert set(libero.TRAINING_SUITES) < set(libero.SUITES) and "libero_90" not in libero.TRAINING_SUITES
     assert not hasattr(sft_dataset, "LIBERO_SUITES")  # the data stage reads the profile's mix
     from wamkit.embodiments import libero_pro

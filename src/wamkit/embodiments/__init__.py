@@ -83,6 +83,10 @@ class Embodiment:
     # change what an episode looks like)
     packages: tuple[str, ...] = ()
     bench_suite: str = ""  # the suite `wamkit bench env` measures unless told ("": none)
+    # one unit per state dim ("m", "rad", "1" for a unitless number) and per action dim (what an
+    # action of 1.0 means: "0.05 m" a delta of 5 cm; "command" for the gripper); () where not declared
+    state_units: tuple[str, ...] = ()
+    action_units: tuple[str, ...] = ()
 
     @property
     def state_dim(self) -> int:

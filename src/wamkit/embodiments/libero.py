@@ -48,6 +48,9 @@ PROFILE = Embodiment(
     cosmos3_view_description="The left half shows the third-person view; the right half shows the wrist-mounted camera.",
     packages=("mujoco", "robosuite", "libero"),
     bench_suite="libero_10",
+    state_units=("m", "m", "m", "rad", "rad", "rad", "m", "m"),
+    # robosuite's OSC_POSE (controllers/config/osc_pose.json): input [-1, 1] to 0.05 m and 0.5 rad
+    action_units=("0.05 m", "0.05 m", "0.05 m", "0.5 rad", "0.5 rad", "0.5 rad", "command"),
     random_action_scale=0.3,  # OSC deltas over the full range fling the arm into its joint limits
     # openpi's LIBERO client (examples/libero/main.py:130-141): the agent view, the wrist view, the state
     request_images=("observation/image", "observation/wrist_image"),

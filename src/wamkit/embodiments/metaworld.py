@@ -12,6 +12,8 @@ from __future__ import annotations
 from wamkit.embodiments import DriftPlan, Embodiment, SuiteProtocol
 
 _OBJ = ("x", "y", "z", "qx", "qy", "qz", "qw")
+_OBJ_UNITS = ("m", "m", "m", "1", "1", "1", "1")
+_NOW_UNITS = ("m", "m", "m", "1", *_OBJ_UNITS, *_OBJ_UNITS)
 _NOW = ("hand_x", "hand_y", "hand_z", "gripper", *(f"obj1_{n}" for n in _OBJ), *(f"obj2_{n}" for n in _OBJ))
 
 PROFILE = Embodiment(
@@ -34,6 +36,9 @@ PROFILE = Embodiment(
     protocol=SuiteProtocol(render_quality="fast", seed_rule="per_trial", trials=10),
     packages=("mujoco", "metaworld"),
     bench_suite="metaworld",
+    # the gripper: the pads' distance normalised to [0, 1]; quaternions are unitless
+    state_units=(*_NOW_UNITS, *_NOW_UNITS, "m", "m", "m"),
+    action_units=("0.01 m", "0.01 m", "0.01 m", "command"),  # SawyerXYZEnv.action_scale = 1/100
     # hand xyz and the gripper opening (metaworld/envs/sawyer_xyz_env.py: _get_curr_obs_combined_no_goal)
     proprio_dims=(0, 1, 2, 3),
     # openpi has no MetaWorld client: the names of its LIBERO client, for the one camera and the state
