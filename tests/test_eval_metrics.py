@@ -122,3 +122,42 @@ def test_reports_are_written(tmp_path):
     assert "utilisation 83%" in (tmp_path / "results.md").read_text()
     for png in ("success_per_task.png", "timeline.png"):
         assert (tmp_path / png).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_blank_images_sends_black_frames_of_the_rendered_shape_and_is_recorded(tmp_path):
+    """eval.blank_images (the vision control): the policy gets every camera image as uint8 zeros of
+    the shape the env rendered, the state and task unchanged; the plan records it, so a journal is
+    never resumed across the switch."""
+    import json
+
+    import numpy as np
+
+    from tests.eval_helpers import eval_config
+    from wamkit.eval.runner import run_eval
+
+    seen: list[dict] = []
+
+    class Policy:
+        identity = None
+
+        def __call__(self, obs_list):
+            seen.extend(obs_list)
+            return np.zeros((len(obs_list), 8, 4), np.float32), 0.001, len(obs_list)
+
+        def close(self):
+            pass
+
+    def factory(url, env_cfg, patience):
+        return Policy()
+
+    for blank in (False, True):
+        out = tmp_path / str(blank)
+        seen.clear()
+        cfg = eval_config("ws://unused:1", out, "eval.num_envs=1", "eval.pipeline_stages=1", "eval.workers=1",
+                          "eval.trials=1", "env.max_steps=8", "eval.calibrate_s=0", f"eval.blank_images={blank}")  # fmt: skip
+        run_eval(cfg, progress=False, policy_factory=factory)
+        images = [o["observation.images.corner"] for o in seen]
+        assert images and all(i.shape == (32, 32, 3) and i.dtype == np.uint8 for i in images)
+        assert all((i == 0).all() for i in images) == blank and any(i.any() for i in images) != blank
+        assert all(o["observation.state"].any() for o in seen)  # the state is sent as it is
+        assert json.loads((out / "plan.json").read_text())["blank_images"] is blank

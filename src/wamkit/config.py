@@ -227,6 +227,9 @@ class EvalConfig:
     workers: int = 2  # env worker processes
     replan_interval: int = 8  # actions applied from each chunk before asking again
     videos: int = 2  # episodes recorded as mp4 per task
+    # a control: every camera image the policy is sent is black (uint8 zeros of the rendered shape),
+    # so the success left is what the policy gets without vision; the videos still show the scene
+    blank_images: bool = False
     resume: bool = False
     watchdog_s: float = 300.0
     # seconds spent before the timed part measuring simulation and inference apart (the independent

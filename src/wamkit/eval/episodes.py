@@ -75,6 +75,7 @@ def plan_record(env_cfg: EnvConfig, eval_cfg: EvalConfig, server: dict[str, Any]
         "trials": trials_per_task(env_cfg, eval_cfg),
         "seed": eval_cfg.seed if env_cfg.seed_rule == "per_trial" else episode_seed(env_cfg.seed_rule, 0, 0),
         "replan_interval": eval_cfg.replan_interval,
+        "blank_images": eval_cfg.blank_images,
         "server": server,
         "stack": stack_versions(),
     }

@@ -45,7 +45,7 @@ KEY_FIELDS = ("suite", "task", "trial", "seed")
 # that lacks one is compared as if it recorded that value (before env.render_gpu, workers rendered on
 # EGL's choice of device, which is -1), so --resume of an older run is not refused for the key alone.
 # A key added to plan_record (episodes.py) whose old runs all had one value belongs here.
-ADDED_PLAN_KEYS: dict[str, Any] = {"render_gpu": -1, "state": "full"}
+ADDED_PLAN_KEYS: dict[str, Any] = {"render_gpu": -1, "state": "full", "blank_images": False}
 # The same for the server identity's fields (before serve.precision, no server used autocast).
 ADDED_IDENTITY_KEYS: dict[str, Any] = {"autocast": "off"}
 REQUIRED = KEY_FIELDS + ("success_once", "success_at_end", "length", "return")

@@ -29,9 +29,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from tqdm import tqdm
 
 from wamkit.config import ConfigError, EnvConfig, EvalConfig, RunConfig, ServeConfig
+from wamkit.constants import image_key
 from wamkit.envs.base import EpisodeSpec
 from wamkit.eval.backends import backend_module, connect
 from wamkit.eval.backends.base import Target
@@ -163,6 +165,8 @@ def run_eval(
         return connect(ecfg.backend, target, patience)
 
     make_policy = policy_factory or connect_backend
+    if ecfg.blank_images:
+        make_policy = _blanked(make_policy)
     out = Path(ecfg.out_dir)
     plan = plan_record(env_cfg, ecfg, server_location(ecfg))
     with Journal(out, plan, resume=resume or ecfg.resume) as journal:
@@ -244,6 +248,26 @@ def _open_workers(
     if env_workers is not None:
         return contextlib.nullcontext(env_workers)
     return start_env_workers(cfg, host_factory)
+
+
+class _BlankImages:
+    """A policy connection that sends every camera image black (``eval.blank_images``): the same
+    shapes and dtype, all zeros; everything else as given."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def __call__(self, obs_list: list[dict[str, Any]]) -> Any:
+        prefix = image_key("")
+        blank = [{k: np.zeros_like(v) if k.startswith(prefix) else v for k, v in o.items()} for o in obs_list]
+        return self._inner(blank)
+
+    def __getattr__(self, name: str) -> Any:  # identity, close, ...
+        return getattr(self._inner, name)
+
+
+def _blanked(make_policy):
+    return lambda *args, **kwargs: _BlankImages(make_policy(*args, **kwargs))
 
 
 def _probe(make_policy, url: str, env_cfg: EnvConfig, reply_s: float) -> dict[str, Any] | None:
