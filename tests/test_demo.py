@@ -45,7 +45,7 @@ def first_run(tmp_path_factory, installed_wheel):
 def test_demo_runs_every_stage_and_skips_finished_ones(first_run):
     out, run = first_run
     assert run.returncode == 0, run.stderr[-3000:]
-    for stage in ("collect", "stats", "train", "export", "eval"):
+    for stage in ("collect", "stats", "train", "export", "eval", "eval_blind", "report"):
         assert (out / "stages" / f"{stage}.done").is_file(), stage
     # the outputs a user is pointed at exist and hold what they claim
     assert (out / "data" / "meta" / "info.json").is_file()
@@ -62,9 +62,50 @@ def test_demo_runs_every_stage_and_skips_finished_ones(first_run):
 
     again = _demo(out)
     assert again.returncode == 0, again.stderr[-3000:]
-    for stage in ("collect", "stats", "train", "export", "eval"):
+    for stage in ("collect", "stats", "train", "export", "eval", "eval_blind", "report"):
         assert f"[demo] {stage}: already done, skipped" in again.stdout
     assert "| reach-v3 |" in again.stdout  # the table is printed again from the finished stage
+
+
+def test_demo_report_holds_the_runs_numbers(first_run):
+    """report.html (and report.json beside it): the loss curve, success per task with intervals equal
+    to the evaluation's summary, the blind-camera control from its own evaluation, rollout GIFs of
+    filmed episodes, forward dynamics; the demo's last line points to it."""
+    import re
+
+    from PIL import Image
+
+    out, run = first_run
+    report = out / "report"
+    page = (report / "report.html").read_text()
+    figures = json.loads((report / "report.json").read_text())
+    summary = json.loads((out / "eval" / "summary.json").read_text())
+    blind = json.loads((out / "eval_blind" / "summary.json").read_text())
+    assert (
+        figures["overall"] == summary["all"] and figures["tasks"] == summary["suites"]["metaworld"]["tasks"]
+    )
+    assert figures["blind_overall"] == blind["all"]
+    assert json.loads((out / "eval_blind" / "plan.json").read_text())["blank_images"] is True
+    for r, where in ((summary["all"], "overall"), (blind["all"], "blind")):
+        lo, hi = r["ci95"]
+        shown = re.search(rf'<b id="{where}">([^<]*)</b>', page).group(1)
+        assert shown.startswith(f"{100 * r['rate']:.1f}% ({r['success_once']}/{r['episodes']}")
+        assert f"{100 * lo:.1f}–{100 * hi:.1f}" in shown
+    for task in summary["suites"]["metaworld"]["tasks"]:
+        assert f"<td>{task}</td>" in page
+    with Image.open(report / "loss.png") as img:
+        assert img.size[0] > 100
+    assert figures["losses"]["action_loss_first"] > 0
+    assert figures["rollouts"], "no filmed episode became a GIF"
+    for r in figures["rollouts"]:
+        with Image.open(report / r["gif"]) as gif:
+            assert gif.n_frames > 1
+        assert f'src="{r["gif"]}"' in page
+    fd = figures["forward_dynamics"]
+    if fd is not None:  # the preset's model predicts frames
+        assert (report / "forward_dynamics.png").is_file() and fd["predictions"] > 0
+        assert f"model {fd['model_error']:.1f}" in page
+    assert run.stdout.rstrip().splitlines()[-1].startswith(f"Report: {report / 'report.html'}")
 
 
 def test_demo_refuses_a_bad_override(tmp_path):

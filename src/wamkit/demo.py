@@ -123,10 +123,35 @@ def run_demo(cfg: RunConfig, out: Path, fresh: bool = False) -> dict[str, Any]:
         },
     )
     evaluated = _stage(out, "eval", fresh, lambda: run_eval(cfg, resume=True))
+    # the vision control: the same model on the same episodes, its camera images sent black
+    blind_cfg = replace(
+        cfg, eval=replace(cfg.eval, out_dir=str(out / "eval_blind"), blank_images=True, videos=0)
+    )
+    blind = _stage(out, "eval_blind", fresh, lambda: run_eval(blind_cfg, resume=True))
+
+    def _report() -> dict[str, Any]:
+        from wamkit.demo_report import forward_dynamics, write_report
+
+        fd = forward_dynamics(cfg, Path(cfg.eval.serve_dir), out / "report" / "forward_dynamics.png")
+        page = write_report(out, cfg, evaluated, blind, expert_rates(cfg.data.root), fd)
+        return {"report": str(page), "forward_dynamics": fd}
+
+    reported = _stage(out, "report", fresh, _report)
 
     print()
     print(markdown_table(evaluated), end="")
     _print_expert_and_paths(evaluated, cfg)
+    b_all = blind["all"]
+    print(
+        f"\nVision control (cameras blanked, the same episodes): {b_all['rate']:.1%} of {b_all['episodes']} episodes"
+    )
+    fd = reported.get("forward_dynamics")
+    if fd:
+        print(
+            f"Forward dynamics ({fd['predictions']} held-out predictions, {fd['chunk']} steps ahead): mean pixel "
+            f"error {fd['model_error']:.1f} against {fd['copy_error']:.1f} for copying the current frame"
+        )
+    print(f"\nReport: {reported['report']}  (open it in a browser)")
     return evaluated
 
 

@@ -1,0 +1,312 @@
+"""The demo's report: ``<out>/report/report.html``, one page with pictures, readable with no server.
+
+- the training loss curve (``train/losses.jsonl``: the action loss and, with a world model, the
+  future-frame loss);
+- success per task on held-out seeds with Wilson 95% intervals (the evaluation's ``summary.json``),
+  beside the scripted expert's rate on the training seeds;
+- the vision control: the same model evaluated on the same episodes with its camera images sent
+  black (``eval.blank_images``): what is left without vision;
+- a grid of held-out rollouts as GIFs (made from the evaluation's videos), successes and failures;
+- forward dynamics: for a few held-out episodes, the frame ``chunk`` steps ahead that the model
+  predicts from the current frame and the scripted expert's next ``chunk`` actions, beside the real
+  one, with the mean pixel error against a copy-the-current-frame baseline.
+
+Every number on the page is read from the files the stages wrote (``report.json`` holds them too),
+so the page and the run's summaries cannot disagree.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from wamkit.config import RunConfig
+from wamkit.constants import OBS_STATE, TASK, image_key
+from wamkit.files import atomic_write_json, atomic_write_text
+
+REPORT = "report.html"
+FIGURES = "report.json"
+
+
+def loss_curve(losses: Path, png: Path) -> dict[str, float]:
+    """Plot ``losses.jsonl`` (step, action_loss, world_loss, loss) to ``png``; the first and last
+    values of each curve."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [json.loads(line) for line in losses.read_text().splitlines() if line.strip()]
+    if not rows:
+        raise ValueError(f"{losses}: no loss rows")
+    steps = np.array([r["step"] for r in rows])
+    fig, ax = plt.subplots(figsize=(6, 3.2), dpi=100)
+    out: dict[str, float] = {}
+    for key, label in (("action_loss", "action loss"), ("world_loss", "future-frame loss")):
+        if key not in rows[0]:
+            continue
+        y = np.array([r[key] for r in rows], np.float64)
+        k = max(1, len(y) // 50)  # a running mean over 2% of the run, for a readable curve
+        smooth = np.convolve(y, np.ones(k) / k, mode="valid")
+        ax.plot(steps[k - 1 :], smooth, label=label)
+        out[f"{key}_first"], out[f"{key}_last"] = float(y[:k].mean()), float(y[-k:].mean())
+    ax.set_yscale("log")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("flow-matching MSE")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png)
+    plt.close(fig)
+    return out
+
+
+def mp4_to_gif(mp4: Path, gif: Path, every: int = 4, fps: int = 20) -> Path:
+    """Every ``every``-th frame of ``mp4`` as an animated GIF (browsers play GIFs without codecs)."""
+    import av
+    from PIL import Image
+
+    with av.open(str(mp4)) as container:
+        frames = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
+    if not frames:
+        raise ValueError(f"{mp4}: no frames")
+    images = [Image.fromarray(f) for f in frames[::every]]
+    gif.parent.mkdir(parents=True, exist_ok=True)
+    images[0].save(gif, save_all=True, append_images=images[1:], duration=int(1000 / fps), loop=0)
+    return gif
+
+
+def rollout_grid(eval_dir: Path, report_dir: Path, per_outcome: int = 3) -> list[dict[str, Any]]:
+    """Up to ``per_outcome`` filmed successes and failures per task, as GIFs under ``report_dir``."""
+    from wamkit.eval.journal import read_journal
+
+    picked: list[dict[str, Any]] = []
+    counts: dict[tuple[str, bool], int] = {}
+    for r in read_journal(eval_dir / "episodes.jsonl").values():
+        video = r.get("video")
+        if not video or not (eval_dir / video).is_file():
+            continue
+        key = (str(r["task"]), bool(r["success_once"]))
+        if counts.get(key, 0) >= per_outcome:
+            continue
+        counts[key] = counts.get(key, 0) + 1
+        gif = mp4_to_gif(eval_dir / video, report_dir / "rollouts" / Path(video).with_suffix(".gif"))
+        picked.append(
+            {
+                "task": key[0],
+                "trial": int(r["trial"]),
+                "seed": int(r["seed"]),
+                "success": key[1],
+                "length": int(r["length"]),
+                "gif": str(gif.relative_to(report_dir)),
+            }
+        )
+    return sorted(picked, key=lambda p: (p["task"], not p["success"], p["trial"]))
+
+
+def _resize_area(img: np.ndarray, size: int) -> np.ndarray:
+    """uint8 [H, W, 3] -> [size, size, 3] by area averaging (H, W multiples of size)."""
+    h, w, c = img.shape
+    return img.reshape(size, h // size, size, w // size, c).astype(np.float64).mean(axis=(1, 3))
+
+
+def forward_dynamics(
+    cfg: RunConfig, serve_dir: Path, png: Path, episodes: int = 3, starts: tuple[int, ...] = (0, 24, 48)
+) -> dict[str, Any] | None:
+    """The model's predicted frame ``chunk`` steps ahead against the real one, on held-out seeds.
+
+    For each of ``episodes`` held-out episodes (the evaluation's seeds, one per task in turn) the
+    scripted expert runs; at each step in ``starts`` the model gets the current observation and the
+    expert's next ``chunk`` actions (``mode=forward_dynamics``) and predicts the first camera's frame
+    after them. The error is the mean absolute difference in grey levels (0-255) at the model's frame
+    resolution, against the copy-the-current-frame baseline. None for a model without frame tokens."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    from wamkit.envs import expand_tasks
+    from wamkit.serve.loading import load_served
+    from wamkit.serve.policy import FD_ACTIONS
+
+    policy = load_served(serve_dir, device="cpu")
+    if not getattr(policy.adapter, "future_frame_offsets", ()):
+        return None
+    chunk, cam = policy.io.chunk, policy.io.cameras[0]
+    tasks = expand_tasks(cfg.env.suite, list(cfg.env.tasks))
+    specs = [
+        (tasks[i % len(tasks)], i // len(tasks), cfg.eval.seed + i // len(tasks)) for i in range(episodes)
+    ]
+    # rendering needs a GL context made in a process that chose its GL platform first: a spawned one
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        played = pool.submit(_expert_rollouts, cfg.env, specs, max(starts) + chunk).result()
+    rows, pred_err, copy_err = [], [], []
+    for (task, _, _), (frames, actions) in zip(specs, played, strict=True):
+        for t in starts:
+            if t + chunk >= len(frames):
+                continue
+            now, later = frames[t], frames[t + chunk]
+            request = {image_key(c): now[image_key(c)] for c in policy.io.cameras}
+            request |= {OBS_STATE: now[OBS_STATE], TASK: now[TASK], "mode": "forward_dynamics", "seed": 0}
+            request[FD_ACTIONS] = np.stack(actions[t : t + chunk])
+            predicted = policy.infer(request)["frames"]
+            size = predicted.shape[0]
+            real = _resize_area(later[image_key(cam)], size)
+            current = _resize_area(now[image_key(cam)], size)
+            pred_err.append(float(np.abs(predicted.astype(np.float64) - real).mean()))
+            copy_err.append(float(np.abs(current - real).mean()))
+            rows.append((task, t, current.astype(np.uint8), predicted, real.astype(np.uint8)))
+    if not rows:
+        return None
+    _fd_picture(rows, chunk, png)
+    return {
+        "chunk": chunk,
+        "predictions": len(rows),
+        "model_error": float(np.mean(pred_err)),
+        "copy_error": float(np.mean(copy_err)),
+        "per_prediction": [
+            {"task": r[0], "step": r[1], "model_error": p, "copy_error": c}
+            for r, p, c in zip(rows, pred_err, copy_err, strict=True)
+        ],
+    }
+
+
+def _expert_rollouts(env_cfg: Any, specs: list[tuple[str, int, int]], steps: int) -> list[tuple[list, list]]:
+    """In a spawned process: each ``(task, trial, seed)`` played by the scripted expert for up to
+    ``steps`` steps; its observations and env actions."""
+    import os
+
+    os.environ.setdefault("MUJOCO_GL", "egl")
+    os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
+    from wamkit.envs import EpisodeSpec, make_env
+
+    out = []
+    env = make_env(env_cfg)
+    try:
+        for task, trial, seed in specs:
+            obs = env.reset(EpisodeSpec(env_cfg.suite, task, trial, seed))
+            frames, actions = [obs], []
+            for _ in range(steps):
+                a = np.asarray(env.expert_action(obs), np.float32)
+                obs, _, terminated, truncated, _ = env.step(a)
+                frames.append(obs)
+                actions.append(a)
+                if terminated or truncated:
+                    break
+            out.append((frames, actions))
+    finally:
+        env.close()
+    return out
+
+
+def _fd_picture(rows: list, chunk: int, png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(rows), 3, figsize=(5.4, 1.9 * len(rows)), dpi=100, squeeze=False)
+    for ax_row, (task, t, current, predicted, real) in zip(axes, rows, strict=True):
+        for ax, img, title in zip(
+            ax_row, (current, predicted, real), ("now", f"predicted +{chunk}", f"real +{chunk}"), strict=True
+        ):
+            ax.imshow(img, interpolation="nearest")
+            ax.set_xticks([])
+            ax.set_yticks([])
+            ax.set_title(f"{title}" if ax is not ax_row[0] else f"{task} t={t}: now", fontsize=7)
+    fig.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png)
+    plt.close(fig)
+
+
+def _rate(r: dict[str, Any]) -> str:
+    lo, hi = r["ci95"]
+    return (
+        f"{100 * r['rate']:.1f}% ({r['success_once']}/{r['episodes']}; 95% CI {100 * lo:.1f}–{100 * hi:.1f})"
+    )
+
+
+def write_report(
+    out: Path,
+    cfg: RunConfig,
+    evaluated: dict[str, Any],
+    blind: dict[str, Any] | None,
+    expert: dict[str, tuple[int, int]],
+    fd: dict[str, Any] | None,
+) -> Path:
+    """``<out>/report/report.html`` and ``report.json`` from the run's files (see the module doc)."""
+    report_dir = out / "report"
+    report_dir.mkdir(parents=True, exist_ok=True)
+    losses = loss_curve(Path(cfg.train.run_dir) / "losses.jsonl", report_dir / "loss.png")
+    rollouts = rollout_grid(Path(cfg.eval.out_dir), report_dir)
+    suite = cfg.env.suite
+    tasks = evaluated["suites"][suite]["tasks"]
+    blind_tasks = blind["suites"][suite]["tasks"] if blind else {}
+    figures = {
+        "overall": evaluated["all"],
+        "tasks": tasks,
+        "blind_overall": blind["all"] if blind else None,
+        "blind_tasks": blind_tasks,
+        "expert": {t: {"successes": ok, "episodes": n} for t, (ok, n) in expert.items()},
+        "losses": losses,
+        "forward_dynamics": fd,
+        "rollouts": rollouts,
+        "state": cfg.env.state,
+        "cameras": list(cfg.env.cameras),
+    }
+    atomic_write_json(report_dir / FIGURES, figures)
+
+    e = html.escape
+    rows = []
+    for task, r in tasks.items():
+        ok, n = expert.get(task, (0, 0))
+        b = blind_tasks.get(task)
+        expert_cell = f"{100 * ok / n:.0f}% ({ok}/{n})" if n else "-"
+        rows.append(
+            f"<tr><td>{e(task)}</td><td>{_rate(r)}</td><td>{_rate(b) if b else '-'}</td><td>{expert_cell}</td></tr>"
+        )
+    overall_blind = _rate(blind["all"]) if blind else "not run"
+    grid = "".join(
+        f'<figure class="{"ok" if p["success"] else "fail"}"><img src="{e(p["gif"])}" alt="rollout">'
+        f"<figcaption>{e(p['task'])} seed {p['seed']}: {'success' if p['success'] else 'failure'}"
+        f" ({p['length']} steps)</figcaption></figure>"
+        for p in rollouts
+    )
+    if fd:
+        fd_html = (
+            f"<p>Mean absolute pixel error of the frame {fd['chunk']} steps ahead over {fd['predictions']} "
+            f"predictions on held-out seeds: <b>model {fd['model_error']:.1f}</b> grey levels against "
+            f"<b>{fd['copy_error']:.1f}</b> for copying the current frame.</p>"
+            '<img src="forward_dynamics.png" alt="forward dynamics">'
+        )
+    else:
+        fd_html = "<p>This model has no frame tokens (model.options.world_weight is 0): no predictions.</p>"
+    loss_text = ", ".join(f"{k.replace('_', ' ')} {v:.4f}" for k, v in losses.items())
+    page = f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>wamkit demo report</title>
+<style>
+body {{ font-family: sans-serif; max-width: 60em; margin: 2em auto; color: #222; }}
+table {{ border-collapse: collapse; }} td, th {{ border: 1px solid #ccc; padding: 0.3em 0.6em; }}
+.grid {{ display: flex; flex-wrap: wrap; gap: 0.6em; }}
+figure {{ margin: 0; padding: 0.3em; border: 3px solid #ccc; }} figure.ok {{ border-color: #3a3; }}
+figure.fail {{ border-color: #c33; }} figcaption {{ font-size: 0.75em; max-width: 12em; }}
+figure img {{ width: 128px; image-rendering: pixelated; }}
+</style></head><body>
+<h1>wamkit demo: {e(suite)}, {e(cfg.model.name)}/{e(cfg.model.preset)}</h1>
+<p>State given to the policy: <code>{e(cfg.env.state)}</code>; cameras: {e(", ".join(cfg.env.cameras))}
+at {cfg.env.image_size} px. Held-out seeds from {cfg.eval.seed}.</p>
+<h2>Success on held-out seeds</h2>
+<p>Overall: <b id="overall">{_rate(evaluated["all"])}</b>. With the cameras blanked:
+<b id="blind">{overall_blind}</b>.</p>
+<table><tr><th>task</th><th>model</th><th>model, cameras blanked</th><th>scripted expert (training seeds)</th></tr>
+{"".join(rows)}</table>
+<h2>Training loss</h2><p>{e(loss_text)}</p><img src="loss.png" alt="loss curve">
+<h2>Forward dynamics</h2>{fd_html}
+<h2>Held-out rollouts</h2><div class="grid">{grid}</div>
+</body></html>
+"""
+    return atomic_write_text(report_dir / REPORT, page)
