@@ -34,7 +34,7 @@ test: lint setup-libero setup-libero-pro setup-engines
 	$(PY) -m pytest -m "not slow" -q
 	ATEN_CPU_CAPABILITY=default OMP_NUM_THREADS=1 $(PY) -m pytest -m "numerics and not slow" -q -p no:cacheprovider
 
-test-slow: setup-libero
+test-slow: setup-libero setup-libero-pro
 	$(PY) -m pytest -m slow -q
 
 demo: $(STAMP)
