@@ -124,7 +124,7 @@ def forward_dynamics(
     scripted expert runs; at each step in ``starts`` the model gets the current observation and the
     expert's next ``chunk`` actions (``mode=forward_dynamics``) and predicts the first camera's frame
     after them. The error is the mean absolute difference in grey levels (0-255) at the model's frame
-    resolution, against the copy-the-current-frame baseline. None for a model without frame tokens."""
+    resolution (all three frames area-averaged to it), against the copy-the-current-frame baseline. None for a model without frame tokens."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
@@ -136,6 +136,9 @@ def forward_dynamics(
     if not getattr(policy.adapter, "future_frame_offsets", ()):
         return None
     chunk, cam = policy.io.chunk, policy.io.cameras[0]
+    # compared at the resolution the model predicts frames in (tiny: world_res), where both the
+    # prediction and the copy baseline hold the same detail
+    size = int(getattr(getattr(policy.adapter, "cfg", None), "world_res", policy.io.image_size))
     tasks = expand_tasks(cfg.env.suite, list(cfg.env.tasks))
     specs = [
         (tasks[i % len(tasks)], i // len(tasks), cfg.eval.seed + i // len(tasks)) for i in range(episodes)
@@ -152,13 +155,12 @@ def forward_dynamics(
             request = {image_key(c): now[image_key(c)] for c in policy.io.cameras}
             request |= {OBS_STATE: now[OBS_STATE], TASK: now[TASK], "mode": "forward_dynamics", "seed": 0}
             request[FD_ACTIONS] = np.stack(actions[t : t + chunk])
-            predicted = policy.infer(request)["frames"]
-            size = predicted.shape[0]
+            predicted = _resize_area(policy.infer(request)["frames"], size)
             real = _resize_area(later[image_key(cam)], size)
             current = _resize_area(now[image_key(cam)], size)
-            pred_err.append(float(np.abs(predicted.astype(np.float64) - real).mean()))
+            pred_err.append(float(np.abs(predicted - real).mean()))
             copy_err.append(float(np.abs(current - real).mean()))
-            rows.append((task, t, current.astype(np.uint8), predicted, real.astype(np.uint8)))
+            rows.append((task, t, *(np.round(x).astype(np.uint8) for x in (current, predicted, real))))
     if not rows:
         return None
     _fd_picture(rows, chunk, png)
