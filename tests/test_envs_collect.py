@@ -115,6 +115,25 @@ def test_collect_with_a_proprioceptive_state(tmp_path):
     assert ds[0]["observation.state"].shape == (4,)
 
 
+def test_collected_gripper_convention_is_recorded_not_guessed(tmp_path):
+    """A MetaWorld expert's grab effort spans [0, 1] with 1 = close: read by its range alone it would
+    pass for open_1 (1 = open) and every grasp would be decoded as a release. wamkit collect records
+    that its actions are the env's commands, and the stats take that."""
+    import numpy as np
+
+    from wamkit.data import compute_stats
+
+    out = tmp_path / "push"
+    args = ["collect", "--tasks", "push-v3", "--workers", "1", "--episodes", "1", "--image-size", "32"]
+    assert cli_main([*args, "--out", str(out)]) == 0
+    ds = LeRobotDataset(out)
+    assert ds.meta.info["wamkit"]["gripper"] == "env"
+    grip = np.array([ds[i]["action"][-1] for i in range(len(ds))])
+    assert grip.min() >= 0.0 and grip.max() > 0.5  # the range alone cannot tell the polarity
+    meta = compute_stats(out).metadata
+    assert meta["gripper"] == "env" and "recorded" in meta["gripper_evidence"]
+
+
 def test_only_successes_are_kept_unless_asked(tmp_path):
     """With a 5-step limit the experts fail: nothing is kept (every attempt journaled, the task given
     up after 2 * episodes + 10 attempts); with --keep-failed the failures are written."""

@@ -45,7 +45,8 @@ def compute_stats(
     """The stats file of the dataset at ``root`` (see the module docstring for what is counted).
 
     The metadata records the gripper convention of the last action channel: ``gripper`` if given,
-    else detected from the actions' range and, with ``finger_dims`` (two state dims holding the finger
+    else the one the dataset's ``meta/info.json`` records (``wamkit.gripper``: ``wamkit collect``
+    writes ``env``), else detected from the actions' range and, with ``finger_dims`` (two state dims holding the finger
     positions, e.g. LIBERO's ``(6, 7)``), from which value precedes the fingers opening.
     """
     try:
@@ -100,7 +101,17 @@ def compute_stats(
                 width_acc.append(state[rows, finger_dims[0]] - state[rows, finger_dims[1]])
     if act_acc is None or state_acc is None:
         raise DatasetError(f"{meta.root}: no frames to compute statistics on")
-    if gripper is None:
+    recorded = (meta.info.get("wamkit") or {}).get("gripper")
+    if gripper is None and recorded is not None:
+        try:
+            get_convention(recorded)
+        except GripperError as err:
+            raise DatasetError(f"{meta.root}/meta/info.json: wamkit.gripper: {err}") from None
+        gripper, evidence = (
+            recorded,
+            "recorded in meta/info.json by the writer (wamkit collect: the env's own commands)",
+        )
+    elif gripper is None:
         try:
             widths = np.concatenate(width_acc) if width_acc else None
             episodes = np.concatenate(episode_acc)

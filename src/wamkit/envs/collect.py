@@ -71,6 +71,9 @@ def _open_writer(cfg: RunConfig, root: Path, journal: Journal):
     from wamkit.data.meta import INFO, PARTIAL
 
     extra, fps = render_info(cfg.env), suite_info(cfg.env.suite).fps
+    # the actions recorded are the env's own commands: their gripper convention is known, not guessed
+    # from their range (a MetaWorld expert's grab effort spans [0, 1] with 1 = close)
+    extra["gripper"] = "env"
     meta_file = next((root / f for f in (PARTIAL, INFO) if (root / f).is_file()), None)
     if meta_file is None:
         if journal.entries or (root.exists() and any(root.iterdir())):
