@@ -29,7 +29,12 @@ def test_collect_writes_a_readable_dataset_and_resumes(tmp_path, capsys):
     ds = LeRobotDataset(out)
     assert ds.num_episodes == 4 and ds.fps == 80
     info = ds.meta.info
-    assert info["wamkit"] == {"suite": "metaworld", "render_quality": "fast", "cameras": ["corner"]}
+    assert info["wamkit"] == {
+        "suite": "metaworld",
+        "render_quality": "fast",
+        "cameras": ["corner"],
+        "gripper": "env",
+    }
     check_render_quality(info, EnvConfig(render_quality="fast"))
     with pytest.raises(ValueError, match="render quality mismatch"):
         check_render_quality(info, EnvConfig(render_quality="default"))
