@@ -110,9 +110,13 @@ def rollout_grid(eval_dir: Path, report_dir: Path, per_outcome: int = 3) -> list
 
 
 def _resize_area(img: np.ndarray, size: int) -> np.ndarray:
-    """uint8 [H, W, 3] -> [size, size, 3] by area averaging (H, W multiples of size)."""
-    h, w, c = img.shape
-    return img.reshape(size, h // size, size, w // size, c).astype(np.float64).mean(axis=(1, 3))
+    """uint8 [H, W, 3] -> float [size, size, 3] by area averaging (PIL's box filter: any H, W)."""
+    from PIL import Image
+
+    if img.shape[0] == img.shape[1] == size:
+        return img.astype(np.float64)
+    box = Image.fromarray(np.asarray(img, np.uint8)).resize((size, size), Image.Resampling.BOX)
+    return np.asarray(box, np.float64)
 
 
 def forward_dynamics(
