@@ -1,4 +1,4 @@
-"""The two Cosmos3 LIBERO presets carry the published recipe (docs/cosmos3_libero.md cites each number)."""
+"""The two Cosmos3 LIBERO presets carry the published recipe (docs/cosmos3.md cites each number)."""
 
 from __future__ import annotations
 

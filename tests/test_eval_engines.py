@@ -20,7 +20,7 @@ from tests import engine_servers as es  # noqa: E402
 from tests.eval_helpers import eval_config, results  # noqa: E402
 from wamkit.actions.cosmos3 import action_canvas, action_prompt  # noqa: E402
 from wamkit.actions.gripper import get_convention  # noqa: E402
-from wamkit.actions.libero import from_rot6d_action  # noqa: E402
+from wamkit.actions.pose import from_rot6d_action  # noqa: E402
 from wamkit.actions.spec import PreprocessSpec  # noqa: E402
 from wamkit.actions.stats import FeatureStats, StatsFile  # noqa: E402
 from wamkit.config import ConfigError, ModelConfig  # noqa: E402

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy.spatial.transform import Rotation
 
-from wamkit.actions import libero
+from wamkit.actions import pose as libero
 
 
 def _actions(n: int, seed: int = 0) -> np.ndarray:

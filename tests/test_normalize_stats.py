@@ -138,7 +138,7 @@ def test_codec_libero_round_trip():
         ],
         axis=1,
     )
-    from wamkit.actions.libero import to_rot6d_action
+    from wamkit.actions.pose import to_rot6d_action
 
     stats = StatsFile(
         features={

@@ -39,30 +39,30 @@ class EnvConfig:
     """Which simulated tasks, and how they are observed. Shared by collect and eval."""
 
     suite: str = (
-        "metaworld"  # metaworld | libero_spatial | libero_object | libero_goal | libero_10 | libero_90
+        "metaworld"  # a suite of a registered embodiment (wamkit.embodiments.suites(); `wamkit envs`)
     )
     tasks: list[str] = field(default_factory=lambda: ["reach-v3"])  # task names (metaworld) or ids
     cameras: list[str] = field(default_factory=lambda: ["corner"])
     image_size: int = 128
     # "fast" turns off shadows, reflections and MSAA (about 10x cheaper on CPU). Recorded in datasets
     # and checked at eval: a model trained on one look must be evaluated on the same look.
-    # "auto": the suite's protocol look (LIBERO: default, as its published data; MetaWorld: fast).
+    # "auto": the suite's protocol look (its embodiment profile: the look of its published data).
     render_quality: Literal["auto", "default", "fast"] = "auto"
     max_steps: int = 0  # 0: the suite's own limit
-    # How episode seeds reach the simulator (docs/libero.md). openpi / openvla: the task's env is seeded
+    # How episode seeds reach the simulator (docs/eval.md). openpi / openvla: the task's env is seeded
     # once (7 / 0) and trial t starts from the random state t earlier resets leave; per_trial: trial t is
-    # seeded with eval.seed + t. "auto": LIBERO openpi, MetaWorld per_trial.
+    # seeded with eval.seed + t. "auto": the suite's protocol (its embodiment profile).
     seed_rule: Literal["auto", "openpi", "openvla", "per_trial"] = "auto"
-    # LIBERO: rebuild the simulator at every reset, as openpi's client does (seconds per reset); false
-    # reuses it and clears what it keeps (tested identical, see docs/libero.md).
+    # Suites built on stored initial states: rebuild the simulator at every reset, as openpi's client
+    # does (seconds per reset); false reuses it and clears what it keeps (tested identical to a rebuild).
     hard_reset: bool = False
     # Which GPU env workers render on with EGL (MUJOCO_GL=egl): -1 lets EGL choose (its first device;
     # Mesa's software renderer on a machine without a GPU); N renders on EGL device N (on a 2-GPU machine,
     # rendering on one GPU and serving on the other). Recorded in an evaluation's plan.json.
     render_gpu: int = -1
     # What observation.state holds: "full", the suite's whole state (MetaWorld's 39-D: hand, gripper,
-    # two objects' pose, the previous step's copy, the goal; LIBERO's 8-D robot state), or "proprio",
-    # the robot's own part of it (MetaWorld: hand xyz and gripper opening, 4-D; LIBERO: all 8-D), for
+    # two objects' pose, the previous step's copy, the goal), or "proprio", the robot's own part of it
+    # (the profile's proprio_dims; MetaWorld: hand xyz and gripper opening, 4-D), for
     # a policy that must find objects and goals in its camera frames.
     state: Literal["full", "proprio"] = "full"
 
@@ -219,7 +219,7 @@ class EvalConfig:
     # vllm_omni | cosmos_http
     backend: str = "wamkit"
     backend_options: dict[str, Any] = field(default_factory=dict)  # per backend (docs/eval.md)
-    trials: int = 0  # per task; 0: the suite's protocol (LIBERO 50, MetaWorld 10)
+    trials: int = 0  # per task; 0: the suite's protocol (its embodiment profile)
     seed: int = 1000  # env.seed_rule=per_trial: trial t uses seed + t; keep it apart from collection seeds
     num_envs: int = 4
     pipeline_stages: int = 2  # 0: auto (measured on a warm-up)
@@ -358,7 +358,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         if isinstance(value, str) and item is str:
             value = [v for v in value.split(",") if v]  # tasks=a,b on the command line
         elif item is str and isinstance(value, int) and not isinstance(value, bool):
-            value = [str(value)]  # tasks=4 (a LIBERO task index), which YAML reads as a number
+            value = [str(value)]  # tasks=4 (a task index), which YAML reads as a number
         if not isinstance(value, list | tuple):
             raise ConfigError(f"{key}: expected a list of {_type_name(item)}, got {value!r}")
         return [_coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
@@ -435,8 +435,7 @@ def packaged_presets() -> list[str]:
 
 def preset_path(path: str | Path) -> Path:
     """A YAML preset: the file at ``path`` when there is one; else, for ``NAME``, ``NAME.yaml`` or
-    ``configs/NAME.yaml``, the preset of that name shipped in the package (so ``wamkit train
-    libero_10_cosmos3`` and the docs' ``configs/demo.yaml`` work outside a source checkout)."""
+    ``configs/NAME.yaml``, the preset of that name shipped in the package (so ``wamkit train NAME`` and the docs' ``configs/demo.yaml`` work outside a source checkout)."""
     p = Path(path)
     if p.is_file():
         return p

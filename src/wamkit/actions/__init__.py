@@ -1,10 +1,10 @@
 """Pure action math shared by the data pipeline, the models and the server.
 
 - :mod:`wamkit.actions.rotations`: axis-angle, matrix, quaternion (xyzw / wxyz), rot6d.
-- :mod:`wamkit.actions.libero`: LIBERO's 7-D actions <-> 10-D rot6d actions, frame-wise relative <->
+- :mod:`wamkit.actions.pose`: 7-D delta-pose actions <-> 10-D rot6d actions, frame-wise relative <->
   absolute chunks.
 - :mod:`wamkit.actions.normalize`: quantile, mean/std and min/max normalizers with exact inverses.
-- :mod:`wamkit.actions.representations`: one record per action representation (``raw``, ``libero_rot6d``).
+- :mod:`wamkit.actions.representations`: one record per action representation.
 - :mod:`wamkit.actions.gripper`: gripper conventions of datasets and their map to the env command.
 - :mod:`wamkit.actions.images`: the one image resize kernel of training and serving.
 - :mod:`wamkit.actions.stats`: the stats file format (computing one from a dataset is

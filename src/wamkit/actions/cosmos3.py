@@ -5,8 +5,8 @@ SGLang, vLLM-Omni and cosmos-framework's HTTP server (:mod:`wamkit.eval.backends
 requests with the very same functions, so a caption or a canvas is never written down twice.
 
 - :func:`action_prompt`: the structured JSON action caption cosmos trains on (diffusers'
-  ``Cosmos3OmniPipeline._build_action_json_prompt`` plus the LIBERO view description and the
-  ``idle_frame`` entry; docs/cosmos3_libero.md cites both).
+  ``Cosmos3OmniPipeline._build_action_json_prompt`` plus the embodiment's view description and the
+  ``idle_frame`` entry; docs/cosmos3.md cites both).
 - :func:`side_by_side`: one observation's cameras as one frame, left to right in the model's camera
   order (cosmos' ``concat_view`` layout).
 - :func:`action_canvas`: the (height, width) diffusers places a frame of a given size on, for a

@@ -5,10 +5,10 @@ in the preprocessing spec), never of the code: the model trains on the values th
 preprocessing spec (:mod:`wamkit.actions.spec`) maps its output to the env command (and an env command
 back, for checks and replays).
 
-- ``env``: the stored value *is* the env command. LIBERO / robosuite: -1 = open, +1 = close
+- ``env``: the stored value *is* the env command. robosuite: -1 = open, +1 = close
   (continuous values in between pass through); MetaWorld's 4th action channel likewise.
-- ``open_1``: g in [0, 1], 1 = open, 0 = close (NVIDIA's LeRobot LIBERO data, hence Cosmos3 LIBERO
-  checkpoints). The env command is ``-sign(2g - 1)`` with the undecided 0.5 going to -1 (open): the
+- ``open_1``: g in [0, 1], 1 = open, 0 = close (NVIDIA's published LeRobot data of robosuite
+  suites, hence the Cosmos3 checkpoints trained on it). The env command is ``-sign(2g - 1)`` with the undecided 0.5 going to -1 (open): the
   mapping RLinf applies to Cosmos3 outputs; its inverse maps -1 -> 1 and +1 -> 0.
 - ``close_1``: g in [0, 1], 1 = close. Env command ``sign(2g - 1)`` (0.5 -> open), inverse -1 -> 0.
 
@@ -105,7 +105,7 @@ def detect_gripper(actions_gripper, finger_width=None, episodes=None) -> tuple[s
     """``(convention name, evidence)`` for a dataset's gripper action channel.
 
     Range decides between ``env`` (values below 0 occur) and the [0, 1] conventions; among those, the
-    polarity against ``finger_width`` (e.g. LIBERO's state[6] - state[7]) decides when it is clear
+    polarity against ``finger_width`` (e.g. the two finger joints' difference) decides when it is clear
     (|correlation| >= 0.1), otherwise ``open_1`` (the one published [0, 1] convention) is assumed and
     the evidence says so. A last channel with values outside [-1, 1] is no gripper encoding known here:
     it is passed through unchanged (``env``), and the evidence says that too.

@@ -1,12 +1,12 @@
 """Idle frames of an action chunk: steps where the robot holds still, as cosmos-framework counts them.
 
-Cosmos3's LIBERO captions say how many of the chunk's frames are idle (``idle_frame``: "k out of 16"),
+Cosmos3's action captions say how many of the chunk's frames are idle (``idle_frame``: "k out of 16"),
 so the model learns when to wait. A frame is idle when its translation, its rotation and its gripper
 change all stay under per-second thresholds (scaled by the data's fps), and it belongs to a run of at
 least three such frames. Thresholds: cosmos-framework ``base_dataset.py`` and ``pose_utils.py`` (cited
-in docs/cosmos3_libero.md).
+in docs/cosmos3.md).
 
-Input: one chunk in the ``libero_rot6d`` model layout before normalisation, ``[dpos(3), rot6d(6), g]``
+Input: one chunk in the delta-pose rot6d model layout (:mod:`wamkit.actions.pose`) before normalisation, ``[dpos(3), rot6d(6), g]``
 [T, 10] (frame-wise relative deltas).
 """
 

@@ -5,8 +5,9 @@ says how wide the model side is for a given env width, and names the model-side 
 is always the *last* channel on both sides, passed through unchanged (its convention is the data's;
 see :mod:`wamkit.actions.gripper`). Adding a representation is one :func:`register` call.
 
-- ``raw``: actions as stored (MetaWorld's 4-D ``[dx, dy, dz, gripper]``, LIBERO's 7-D, ...).
-- ``libero_rot6d``: LIBERO's 7-D ``[dpos, axis-angle, g]`` <-> 10-D ``[dpos, rot6d, g]``.
+- ``raw``: actions as stored (MetaWorld's 4-D ``[dx, dy, dz, gripper]``, ...).
+- ``libero_rot6d``: 7-D delta-pose ``[dpos, axis-angle, g]`` <-> 10-D ``[dpos, rot6d, g]``
+  (:mod:`wamkit.actions.pose`); named after the first suite that used it, which its saved files keep.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from wamkit.actions import libero
+from wamkit.actions import pose
 from wamkit.constants import IDLE_FRAMES
 
 
@@ -100,12 +101,12 @@ register(
 register(
     Representation(
         name="libero_rot6d",
-        doc="LIBERO [dpos, axis-angle, g] <-> [dpos, rot6d, g]",
-        to_model=libero.to_rot6d_action,
-        to_env=libero.from_rot6d_action,
-        env_dim=libero.ENV_ACTION_DIM,
+        doc="delta pose [dpos, axis-angle, g] <-> [dpos, rot6d, g]",
+        to_model=pose.to_rot6d_action,
+        to_env=pose.from_rot6d_action,
+        env_dim=pose.ENV_ACTION_DIM,
         model_names=lambda _names, _dim: ["dx", "dy", "dz", *[f"rot6d_{i}" for i in range(6)], "gripper"],
-        dim_change=libero.ROT6D_ACTION_DIM - libero.ENV_ACTION_DIM,
+        dim_change=pose.ROT6D_ACTION_DIM - pose.ENV_ACTION_DIM,
         extras=(IDLE_FRAMES,),  # idle frames are counted on its 10-D chunks (wamkit.actions.idle)
     )
 )

@@ -15,13 +15,13 @@ File format (``preprocess.json``, format 2)::
 
     {"format": "wamkit-preprocess/2",
      "steps": [{"step": "gripper", "convention": "env"},
-               {"step": "representation", "name": "libero_rot6d"},
+               {"step": "representation", "name": "raw"},
                {"step": "normalize", "feature": "action", "kind": "quantile"},
                {"step": "normalize", "feature": "observation.state", "kind": "quantile"},
                {"step": "resize", "size": 128, "method": "bilinear_antialias"}],
-     "chunk": 16, "fps": 20, "cameras": ["agentview", "wrist"],
-     "camera_sources": ["observation.images.image", "observation.images.wrist_image"],
-     "state_dim": 8, "action_dim": 10, "env_action_dim": 7, "stats": {<a wamkit-stats/1 file>}}
+     "chunk": 16, "fps": 80, "cameras": ["corner"],
+     "camera_sources": ["observation.images.corner"],
+     "state_dim": 4, "action_dim": 4, "env_action_dim": 4, "stats": {<a wamkit-stats/1 file>}}
 
 Format 1 (``wamkit-preprocess/1``: the fields ``representation``, ``normalization``, ``clip``,
 ``gripper``, ``image_size`` and ``resize`` in place of ``steps``) still loads, as the steps those

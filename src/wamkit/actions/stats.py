@@ -5,7 +5,7 @@ identically::
 
     {
       "format": "wamkit-stats/1",
-      "metadata": {"representation": "libero_rot6d", "fps": 20, "chunk": 16, "action_dim": 10,
+      "metadata": {"representation": "raw", "fps": 80, "chunk": 16, "action_dim": 4,
                    "feature_names": {"action": ["dx", ...]}, "render_quality": "fast", ...},
       "features": {"action": {"mean": [...], "std": [...], "min": [...], "max": [...],
                               "q01": [...], "q99": [...], "count": 12345}, ...}

@@ -1,9 +1,9 @@
 """Action statistics as cosmos-framework (and RLinf, which reuses them) write them, read as a stats file.
 
-The upstream layout (e.g. cosmos-framework's
-``data/generator/action/normalizer_stats/libero_native_frame_wise_relative_rot6d.json``)::
+The upstream layout (cosmos-framework's
+``data/generator/action/normalizer_stats/<embodiment>_native_frame_wise_relative_rot6d.json``)::
 
-    {"metadata": {"embodiment_type": "libero", "pose_convention": "frame_wise_relative",
+    {"metadata": {"embodiment_type": <embodiment>, "pose_convention": "frame_wise_relative",
                   "rotation_format": "6d", "action_dim": 10, "chunk_length": 16,
                   "skip_rotation_dims": [3, ..., 8], "num_samples_stats": 10000, ...},
      "global":     {"mean": [...], "std": [...], "min": [...], "max": [...], "q01": [...], "q99": [...]},
@@ -11,24 +11,27 @@ The upstream layout (e.g. cosmos-framework's
 
 ``global`` has the rotation dimensions (``skip_rotation_dims``) replaced by an identity range
 (q01 = -1, q99 = 1: rot6d left unnormalised); ``global_raw`` holds their real statistics. cosmos'
-LIBERO recipe normalises with ``global_raw`` (``action_normalization="quantile_rot"``), so that is
+robot SFT recipe normalises with ``global_raw`` (``action_normalization="quantile_rot"``), so that is
 the block read here when present, ``global`` otherwise. The file describes actions only (Cosmos3 has no
 proprio input), so the stats file has the single feature ``action``.
 
-Metadata set: ``representation`` (``libero_rot6d`` for a 10-D frame-wise-relative rot6d LIBERO file,
-else ``cosmos_<embodiment>``), ``chunk``, ``action_dim``, ``gripper`` (``open_1`` when the LIBERO
-gripper channel lies in [0, 1], NVIDIA's convention: 1 = open), ``fps`` (20 for LIBERO: cosmos computed
-its bundled LIBERO statistics on the 20 FPS conversion), and ``cosmos`` (the upstream metadata, kept).
+The file's ``embodiment_type`` is looked up among the embodiment profiles' ``cosmos3_domain``. When
+one names it, the file is frame-wise relative rot6d and its width is that profile's representation's,
+the metadata takes the profile's: ``representation``, ``fps`` (the rate of the dataset conversion
+cosmos computed its bundled statistics on), and ``gripper`` = ``open_1`` when the gripper channel lies
+in [0, 1] (NVIDIA's convention: 1 = open). Otherwise ``representation`` is ``cosmos_<embodiment>``.
+Always set: ``chunk``, ``action_dim`` and ``cosmos`` (the upstream metadata, kept).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from wamkit import embodiments
+from wamkit.actions.representations import get_representation
 from wamkit.actions.stats import STAT_KEYS, FeatureStats, StatsError, StatsFile
 
 BLOCKS = ("global_raw", "global")  # preferred first
-LIBERO_FPS = 20  # cosmos' bundled LIBERO statistics were computed on the 20 FPS conversion
 
 
 def is_cosmos_stats(data: Any) -> bool:
@@ -62,13 +65,17 @@ def _feature(block: dict[str, Any], count: int, where: str) -> FeatureStats:
     return FeatureStats(**vals, count=count)
 
 
-def _is_libero_rot6d(meta: dict[str, Any], dim: int) -> bool:
-    return (
-        meta.get("embodiment_type") == "libero"
-        and meta.get("pose_convention", "frame_wise_relative") == "frame_wise_relative"
-        and meta.get("rotation_format", "6d") == "6d"
-        and dim == 10
-    )
+def _native_profile(meta: dict[str, Any], dim: int) -> embodiments.Embodiment | None:
+    """The profile whose representation this file's actions are in (see the module docstring)."""
+    profile = embodiments.for_cosmos3_domain(str(meta.get("embodiment_type", "")))
+    if (
+        profile is None
+        or meta.get("pose_convention", "frame_wise_relative") != "frame_wise_relative"
+        or meta.get("rotation_format", "6d") != "6d"
+    ):
+        return None
+    rep = get_representation(profile.representation)
+    return profile if rep.env_dim_of(dim) == profile.action_dim else None
 
 
 def stats_from_cosmos(data: dict[str, Any], source: str = "cosmos stats") -> StatsFile:
@@ -84,9 +91,11 @@ def stats_from_cosmos(data: dict[str, Any], source: str = "cosmos stats") -> Sta
     declared = meta.get("action_dim")
     if declared is not None and declared != action.dim:
         raise StatsError(f"{source}: metadata.action_dim={declared} but '{name}' has {action.dim} dims")
-    libero = _is_libero_rot6d(meta, action.dim)
+    profile = _native_profile(meta, action.dim)
     out: dict[str, Any] = {
-        "representation": "libero_rot6d" if libero else f"cosmos_{meta.get('embodiment_type', 'unknown')}",
+        "representation": profile.representation
+        if profile
+        else f"cosmos_{meta.get('embodiment_type', 'unknown')}",
         "action_dim": action.dim,
         "source_format": "cosmos-action-stats",
         "cosmos_block": name,
@@ -94,8 +103,8 @@ def stats_from_cosmos(data: dict[str, Any], source: str = "cosmos stats") -> Sta
     }
     if isinstance(meta.get("chunk_length"), int):
         out["chunk"] = meta["chunk_length"]
-    if libero:
-        out["fps"] = LIBERO_FPS
+    if profile:
+        out["fps"] = profile.fps
         if action.min[-1] >= 0.0 and action.max[-1] <= 1.0:
             out["gripper"] = "open_1"
     return StatsFile(features={"action": action}, metadata=out)

@@ -1,8 +1,8 @@
 """``wamkit bench cosmos3``: Cosmos3 policy inference, stock and fast paths side by side in one run.
 
 The model is a size preset with random weights (``nano``: Cosmos3-Nano's shape, 36 layers, hidden
-4096; ~15.2B parameters) on LIBERO-sized requests: two ``--image-size`` views side by side, a LIBERO-10
-task per request (four different tasks, so a batch mixes prompt lengths), a 16-step chunk. For each
+4096; ~15.2B parameters) on requests of its recipe's embodiment: two ``--image-size`` views side by side, a
+task of its benchmark suite per request (four different tasks, so a batch mixes prompt lengths), a 16-step chunk. For each
 batch size every path predicts the very same batch with the same seed:
 
 - ``stock``: diffusers' ``Cosmos3OmniTransformer.forward`` over the packed requests (text and
@@ -117,7 +117,7 @@ class Row:
 
 
 def make_batch(io, b: int, seed: int = 0) -> dict[str, Any]:
-    """B synthetic LIBERO requests: random uint8 views, zero state, the four TASKS in turn."""
+    """B synthetic requests: random uint8 views, zero state, the four TASKS in turn."""
     from wamkit.constants import OBS_STATE, TASK, image_key
 
     rng = np.random.default_rng(seed)
@@ -264,7 +264,7 @@ def _diff(a: np.ndarray, b: np.ndarray) -> dict[str, float]:
 @torch.no_grad()
 def accuracy(args, device: torch.device) -> dict[str, Any]:
     """FP8 against bf16, and bf16 against fp32 (the yardstick of what rounding alone does), over
-    ``args.accuracy`` LIBERO-shaped requests: the same weights (built in fp32, then cast to bf16, then
+    ``args.accuracy`` requests of the recipe's shape: the same weights (built in fp32, then cast to bf16, then
     the generation tower quantized), the same seeds. Actions in the model's normalised space; latents:
     the generated future frames."""
     from wamkit.models.cosmos3.components import _cast

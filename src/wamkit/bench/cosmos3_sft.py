@@ -3,7 +3,7 @@
 A size preset with random weights (default ``nano_l8``: Nano width, 8 layers; 4.35B parameters, 1.57B
 trained) is built as the trainer runs it: fp32 weights (the master copy), bf16 autocast on CUDA, the
 Wan VAE in fp32 with autocast off. A step is the adapter's ``sft_loss`` + backward + AdamW over B
-synthetic LIBERO samples (two ``--image-size`` views side by side, the current frame and 16 future
+synthetic samples of the recipe's embodiment (two ``--image-size`` views side by side, the current frame and 16 future
 frames, a 16-step action chunk). For each batch size, three rows by default:
 
 - ``transformer``: the clip latents already on the device: the transformer's step alone;
@@ -57,7 +57,7 @@ from wamkit.models.base import compile_blocks
 PEAK_BF16 = 989.4e12  # H100/H200 SXM dense bf16
 PATHS = ("transformer", "encode", "cached", "cached_inline")
 DEFAULT_PATHS = ("transformer", "encode", "cached")
-LOADER_WORKERS = 8  # the cached row's reader processes by default (the LIBERO Cosmos3 recipes' num_workers)
+LOADER_WORKERS = 8  # the cached row's reader processes by default (the Cosmos3 recipes' num_workers)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -161,7 +161,7 @@ class SftBench:
         self.latents: dict[int, torch.Tensor] = {}
 
     def batch(self, b: int) -> dict[str, Any]:
-        """B synthetic samples: random uint8 views and future frames, random actions, the LIBERO tasks."""
+        """B synthetic samples: random uint8 views and future frames, random actions, the benchmark's tasks."""
         if b not in self.batches:
             from wamkit.bench.cosmos3 import make_batch
             from wamkit.constants import ACTION, ACTION_IS_PAD, IDLE_FRAMES, future_image_key

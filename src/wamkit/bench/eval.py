@@ -1,6 +1,6 @@
 """``wamkit bench eval``: the evaluator's env-steps/s for the same episodes under three schedules.
 
-(a) serial: one env, one observation per request (openpi's LIBERO loop);
+(a) serial: one env, one observation per request (openpi's client loop);
 (b) lock-step: all N envs stepped together, one batched request per step (LeRobot's ``AsyncVectorEnv``
     loop), which is the pipeline with P = 1;
 (c) pipelined: N envs in P stages, P in ``--stages`` (``auto``: measured on a warm-up).
@@ -10,14 +10,14 @@ journal); simulators are built before the clock starts, and each run calibrates 
 server at every batch size it will send). Each schedule runs ``--repeats`` times (2 by default), the
 schedules interleaved (a, b, c..., a, b, c...), so a slow spell of a shared machine hits all of them;
 each figure printed is the median over the repeats. ``--repeats 1`` is for runs too long to repeat (all
-500 LIBERO-10 episodes): the table then says it holds one run per schedule, not medians. Printed: wall
+500 episodes of a benchmark suite): the table then says it holds one run per schedule, not medians. Printed: wall
 time, env-steps/s, ratios to (a) and (b), the efficiency against the calibrated, independent bound and
 the utilisation of the run's own busy times (:func:`wamkit.eval.report.throughput`). Runs must agree episode by episode (the delay model is
 deterministic), which the benchmark checks.
 
 The env workers are started once per shape, (a)'s one env on one worker and the others' N envs over W
 workers, and every run of that shape reuses them (``run_eval(env_workers=...)``), where each run used
-to start its own: a LIBERO run spent half a minute building the simulators the previous run had built.
+to start its own: a run of robosuite envs spent half a minute building the simulators the previous run had built.
 Every episode still resets its env from its own seed, so results do not change, and every run still
 calibrates, on those workers. Local workers only: with ``--executor ray`` each run starts its own
 actors, as both shapes' actors at once would not fit a local Ray cluster (:func:`_shared_workers`).

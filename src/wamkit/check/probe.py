@@ -99,7 +99,7 @@ class EnvProbe:
     states: np.ndarray  # [K, S] after reset
     frames: dict[str, np.ndarray]  # camera -> uint8 [K, H, W, 3] after reset
     close_shrinks: bool  # the env's +1 gripper command closes the fingers (measured)
-    # every start a dataset of this suite may begin from -> [K, S] (LIBERO: right after set_init_state,
+    # every start a dataset of this suite may begin from -> [K, S] (stored initial states: right after setting one,
     # and after the settle steps, which reset returns); one entry, "reset", for an env with one start
     starts: dict[str, np.ndarray] = field(default_factory=dict)
 

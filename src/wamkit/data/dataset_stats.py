@@ -2,7 +2,7 @@
 
 ``action`` statistics are taken over **action chunks** as the training pipeline builds them: for
 every start frame, the next ``chunk`` actions of the episode, converted to the training representation
-(``libero_rot6d``: 10-D ``[dpos, rot6d, gripper]`` frame-wise relative deltas), padding steps excluded.
+(e.g. 10-D ``[dpos, rot6d, gripper]`` frame-wise relative deltas), padding steps excluded.
 ``observation.state`` statistics are over frames. Memory is bounded by one data file plus the
 accumulators' reservoirs, whatever the dataset size; results are deterministic for a given seed.
 
@@ -47,7 +47,7 @@ def compute_stats(
     The metadata records the gripper convention of the last action channel: ``gripper`` if given,
     else the one the dataset's ``meta/info.json`` records (``wamkit.gripper``: ``wamkit collect``
     writes ``env``), else detected from the actions' range and, with ``finger_dims`` (two state dims holding the finger
-    positions, e.g. LIBERO's ``(6, 7)``), from which value precedes the fingers opening.
+    positions, a profile's last two dims for a Panda), from which value precedes the fingers opening.
     """
     try:
         rep = get_representation(representation)

@@ -1,6 +1,6 @@
 """Small pattern datasets for tests, docs and benchmarks, written with :class:`LeRobotDatasetWriter`.
 
-Frames follow the pattern of the shared fixture ``libero_tiny``: red = (episode * 40 + frame * 6) mod 256,
+Frames follow the pattern of the shared fixtures' small two-camera dataset: red = (episode * 40 + frame * 6) mod 256,
 green = 60 * camera index, and a blue band (220) over the top (frame * 3) mod H rows. State and action
 values are deterministic too: ``state[d] = episode * 1000 + frame + d / 100`` and
 ``action[d] = -(episode * 1000 + frame) - d / 100``, so a test can tell every frame apart.

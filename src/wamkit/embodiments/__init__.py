@@ -1,6 +1,6 @@
 """What one embodiment is, declared once: its simulator backend and suites, cameras, state and action
 layouts, gripper convention, control rate and evaluation protocol (:class:`Embodiment`). One module
-per embodiment (``libero``, ``metaworld``), registered by name and imported when first asked for;
+per embodiment (see ``_MODULES``), registered by name and imported when first asked for;
 every other stage reads the profile instead of naming the embodiment.
 
 This is the bottom layer: a profile imports nothing of wamkit, so ``data/`` (which cannot import
@@ -87,6 +87,9 @@ class Embodiment:
     # action of 1.0 means: "0.05 m" a delta of 5 cm; "command" for the gripper); () where not declared
     state_units: tuple[str, ...] = ()
     action_units: tuple[str, ...] = ()
+    # the camera keys of its published datasets (LeRobot's ``observation.images.<key>``), in the
+    # order of ``default_cameras``; () where it has none
+    dataset_cameras: tuple[str, ...] = ()
 
     @property
     def state_dim(self) -> int:
@@ -136,6 +139,11 @@ def suites() -> dict[str, Embodiment]:
 def for_suite(suite: str) -> Embodiment | None:
     """The embodiment of ``suite``, or None when no registered embodiment has it."""
     return suites().get(suite)
+
+
+def for_cosmos3_domain(domain: str) -> Embodiment | None:
+    """The embodiment whose profile names Cosmos3's ``domain`` (embodiment) as its own, or None."""
+    return next((e for e in map(get, _MODULES) if domain and e.cosmos3_domain == domain), None)
 
 
 def stack_packages() -> tuple[str, ...]:

@@ -30,6 +30,7 @@ PROFILE = Embodiment(
         "wrist_image": "robot0_eye_in_hand",
     },
     default_cameras=("agentview", "wrist"),
+    dataset_cameras=("image", "wrist_image"),
     state_names=("eef_x", "eef_y", "eef_z", "eef_ax", "eef_ay", "eef_az", "finger_left", "finger_right"),
     state_source=(
         "robot0_eef_pos, robosuite's quat2axisangle(robot0_eef_quat) (xyzw, no antipodal flip), "

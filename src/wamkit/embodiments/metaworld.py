@@ -41,7 +41,7 @@ PROFILE = Embodiment(
     action_units=("0.01 m", "0.01 m", "0.01 m", "command"),  # SawyerXYZEnv.action_scale = 1/100
     # hand xyz and the gripper opening (metaworld/envs/sawyer_xyz_env.py: _get_curr_obs_combined_no_goal)
     proprio_dims=(0, 1, 2, 3),
-    # openpi has no MetaWorld client: the names of its LIBERO client, for the one camera and the state
+    # openpi has no MetaWorld client: the names its robosuite client uses, for the one camera and the state
     request_images=("observation/image",),
     request_state="observation/state",
     # three tasks in both looks, then 10 steps of the scripted expert (the physics)

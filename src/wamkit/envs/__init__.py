@@ -1,4 +1,5 @@
-"""Simulated benchmarks behind one interface: MetaWorld (default) and LIBERO (extra).
+"""Simulated benchmarks behind one interface: one env backend per embodiment (MetaWorld the default;
+the others are extras, see wamkit.embodiments).
 
 - :class:`EpisodeSpec` ``(suite, task, trial, seed)`` names a reproducible episode;
 - :func:`make_env` builds an :class:`Env` (``reset(spec)``, ``step(action)``, ``max_steps(spec)``,

@@ -24,8 +24,8 @@ from wamkit.embodiments import SuiteProtocol  # noqa: F401  (re-exported: the pr
 
 RENDER_QUALITIES = ("default", "fast")
 STATES = ("full", "proprio")  # env.state
-# Seed rules (docs/libero.md): the base seed of the rules that seed a task's env once and reset it for
-# trials 0, 1, 2, ... in order (openpi's LIBERO client seeds 7, OpenVLA's 0); ``per_trial`` seeds trial
+# Seed rules (docs/eval.md): the base seed of the rules that seed a task's env once and reset it for
+# trials 0, 1, 2, ... in order (openpi's clients seed 7, OpenVLA's 0); ``per_trial`` seeds trial
 # t with ``eval.seed + t`` right before its reset.
 SEQUENTIAL_SEEDS = {"openpi": 7, "openvla": 0}
 SEED_RULES = (*SEQUENTIAL_SEEDS, "per_trial")
@@ -100,9 +100,10 @@ def installed_versions(names, paths: list[str] | None = None) -> dict[str, str |
     return out
 
 
-def stack_versions() -> dict[str, str | None]:
+def stack_versions(packages: tuple[str, ...] | None = None) -> dict[str, str | None]:
     """Installed versions of the simulator stack (None: not installed) and the GL backend: a change of
-    any of them can change what an episode looks like (see the drift pins)."""
+    any of them can change what an episode looks like (see the drift pins). ``packages``: these
+    distributions only (one embodiment's ``packages``); None: every registered embodiment's."""
     import sys
 
     from wamkit import embodiments
@@ -110,7 +111,7 @@ def stack_versions() -> dict[str, str | None]:
     # a backend that installs its simulator apart from sys.path says where (``site_paths()``)
     backends = [sys.modules.get(embodiments.get(n).env_backend) for n in embodiments.names()]
     paths = [p for m in backends if m is not None and hasattr(m, "site_paths") for p in m.site_paths()]
-    versions = installed_versions(embodiments.stack_packages(), paths)
+    versions = installed_versions(embodiments.stack_packages() if packages is None else packages, paths)
     return {**versions, "MUJOCO_GL": os.environ.get("MUJOCO_GL")}
 
 

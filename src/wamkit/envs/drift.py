@@ -1,7 +1,7 @@
 """Simulator drift pins: small golden fingerprints of episode starts, kept next to each env backend.
 
 A MuJoCo, robosuite or renderer upgrade can change what an episode looks like without any error
-(LIBERO's floors rendered darker after MuJoCo 3.3.3; its start states broke after 3.4.0). The pins
+(a robosuite scene's floors rendered darker after MuJoCo 3.3.3; its start states broke after 3.4.0). The pins
 catch that: ``<embodiment>_pins.json`` in this folder holds, for the episodes its profile's ``drift``
 names (a few tasks and trials per suite), a fingerprint made by the suite's protocol at 64 px:
 
@@ -13,7 +13,7 @@ names (a few tasks and trials per suite), a fingerprint made by the suite's prot
 
 :func:`check_pins` rebuilds each fingerprint with the installed stack and returns one message per
 quantity that moved past its tolerance, naming suite, task, trial and the quantity. Regenerate a file
-(after a deliberate upgrade, reviewing the diff) with ``python -m wamkit.envs.drift --write libero``.
+(after a deliberate upgrade, reviewing the diff) with ``python -m wamkit.envs.drift --write <embodiment>``.
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ def write_pins(backend: str) -> Path:
     pins = make_fingerprints(backend)  # first: a backend that installs its stack apart is imported now
     data = {
         "format": FORMAT,
-        "made_with": stack_versions(),
+        "made_with": stack_versions(embodiments.get(backend).packages),  # its own stack
         "image_size": SIZE,
         "cameras": list(plan(backend).cameras),
         "tolerance": TOLERANCE,

@@ -29,8 +29,8 @@ def current_gl_info() -> dict[str, str]:
 class CameraRenderer:
     """Renders named cameras of one MuJoCo model to uint8 [size, size, 3] upright images.
 
-    A camera whose image-up axis points below the horizon (MetaWorld's ``corner`` cameras, LIBERO's
-    ``agentview`` in robosuite) renders upside down; ``rotate_180`` says which cameras to turn:
+    A camera whose image-up axis points below the horizon (MetaWorld's ``corner`` cameras,
+    robosuite's ``agentview``) renders upside down; ``rotate_180`` says which cameras to turn:
     ``"auto"`` decides per frame from the camera's orientation, a set names them explicitly.
     """
 

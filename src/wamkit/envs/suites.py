@@ -53,7 +53,7 @@ def task_categories(suite: str) -> dict[str, str]:
 
 
 def protocol(suite: str) -> SuiteProtocol:
-    """The suite's protocol defaults (render look, seed rule, trials per task); see docs/libero.md."""
+    """The suite's protocol defaults (render look, seed rule, trials per task): its profile's."""
     _backend(suite)  # an unknown suite is refused by name
     return embodiments.for_suite(suite).protocol
 

@@ -1,10 +1,10 @@
 """Which episodes an evaluation runs, named so that a rerun evaluates exactly the same ones.
 
-Episodes are tasks × trials (``eval.trials``; 0: the suite's protocol, LIBERO 50 and MetaWorld 10).
+Episodes are tasks × trials (``eval.trials``; 0: the suite's protocol, e.g. MetaWorld 10).
 The seed of trial ``t`` follows ``env.seed_rule`` (:func:`wamkit.envs.base.episode_seed`): ``per_trial``
 gives ``eval.seed + t``; ``openpi`` / ``openvla`` give every trial the seed the task's env is seeded
 with once (7 / 0), and the env starts trial ``t`` from the generator state ``t`` earlier resets leave
-(LIBERO also starts trial ``t`` from the task's stored ``initial_states[t]``). They are listed
+(a suite with stored initial states also starts trial ``t`` from ``initial_states[t]``). They are listed
 trial-major (trial 0 of every task, then trial 1, ...) so that a partial run covers every task evenly.
 """
 
@@ -17,7 +17,7 @@ from wamkit.envs.base import EpisodeSpec, episode_seed, stack_versions
 
 
 def suite_tasks(env_cfg: EnvConfig) -> list[str]:
-    """The suite's task names for ``env.tasks`` (groups such as MT10 and LIBERO indices resolved), or
+    """The suite's task names for ``env.tasks`` (groups such as MT10 and task indices resolved), or
     every task of the suite when it is empty."""
     from wamkit.envs import expand_tasks, suite_info
 

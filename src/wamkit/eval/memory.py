@@ -2,8 +2,8 @@
 ``/proc`` (Linux), and the up-front check that ``eval.num_envs`` fits the host.
 
 The check measures instead of guessing: worker 0 builds one env before the others are built, and the
-growth of its resident memory is the cost of one env (a LIBERO env takes 1.7–2.4 GB, a MetaWorld one
-tens of MB). ``num_envs`` envs on ``W`` workers then need about ``W x worker + num_envs x env``; a run
+growth of its resident memory is the cost of one env (a robosuite env takes 1.7–2.4 GB, a MetaWorld
+one tens of MB). ``num_envs`` envs on ``W`` workers then need about ``W x worker + num_envs x env``; a run
 that would not fit the host's available memory is refused before any other env is built, with the
 number of envs that would.
 """

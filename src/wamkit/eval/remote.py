@@ -10,7 +10,7 @@ of B strings. The reply's ``actions`` are env-ready chunks [B, H, action_dim].
 
 A wamkit server also sends its preprocessing spec (metadata ``preprocess``: fps, state and action
 widths, cameras; see :mod:`wamkit.actions.spec`). When the env's suite is known, a spec that does not
-fit it (a model trained on 10 FPS data evaluated at 20, a 4-D MetaWorld model on LIBERO, frames of
+fit it (a model trained on 10 FPS data evaluated at 20, a 4-D MetaWorld model on a 7-D arm, frames of
 the fast look evaluated on the default one) is refused before any episode runs. Other servers send no spec and are taken as they are.
 
 A wamkit server also names what it serves (metadata ``identity``: model name, weights hash, stats

@@ -6,7 +6,7 @@
   ``env_error`` failures, with their message), the run's throughput (see :func:`throughput`: the
   efficiency against the calibrated, independent bound and the utilisation against the run's own busy
   times), the plan (seed rule, render look, server identity, ...) and ``stack``: the simulator stack's
-  versions (mujoco, robosuite, libero, metaworld).
+  versions (the profiles' ``packages``: mujoco, metaworld, ...).
 - ``results.md``: the same as a markdown table (success in percent, interval in points).
 - ``success_per_task.png``: one bar per task with its interval.
 - ``timeline.png``: for each pipeline stage, when it simulated and when it waited for inference; with
@@ -161,7 +161,9 @@ def plot_success(summary: dict[str, Any], path: Path) -> Path:
     for suite, s in summary["suites"].items():
         for task, r in s["tasks"].items():
             label = task if len(summary["suites"]) == 1 else f"{suite}/{task}"
-            labels.append(label if len(label) <= 32 else label[:31] + "…")  # LIBERO names are sentences
+            labels.append(
+                label if len(label) <= 32 else label[:31] + "…"
+            )  # some suites name tasks by sentences
             rates.append(100 * r["rate"])
             lows.append(max(0.0, 100 * (r["rate"] - r["ci95"][0])))  # >= 0 despite rounding
             highs.append(max(0.0, 100 * (r["ci95"][1] - r["rate"])))

@@ -95,7 +95,7 @@ class ModelIO:
     state_dim: int = 39
     action_dim: int = 4
     chunk: int = 16
-    representation: str = "raw"  # "raw" | "libero_rot6d" (see wamkit.actions.representations)
+    representation: str = "raw"  # a name in wamkit.actions.representations
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -41,7 +41,7 @@ from wamkit.models.base import Mode, ModelIO, ParamGroup
 def preset_io(name: str) -> ModelIO:
     """The inputs of preset ``name``: ``small`` (MetaWorld's shapes), or an embodiment's (its profile:
     default cameras at 128 px, its state, its actions in its representation), so every registered
-    embodiment has a delay server (``--preset libero``, ``--preset metaworld``, ...)."""
+    embodiment has a delay server (``--preset <embodiment>``, e.g. ``--preset metaworld``)."""
     if name == "small":
         return ModelIO()
     from wamkit import embodiments

@@ -7,7 +7,7 @@ nothing here fills in a default. A directory without it predates the spec and is
 
 With random init there is no data, so the server uses :meth:`PreprocessSpec.identity`: stats under
 which quantile normalisation is the identity. State goes to the model unchanged and actions come back in
-the model's own scale (for ``libero_rot6d`` the rot6d -> axis-angle conversion still runs), which is
+the model's own scale (for a rot6d representation the rot6d -> axis-angle conversion still runs), which is
 what a throughput benchmark needs.
 """
 

@@ -13,8 +13,9 @@ sends ``prompt`` as a list of B strings):
   accepted and resized by the spec's method (the aspect ratio is not kept) to ``io.image_size``;
 - ``observation.state``: numbers [state_dim], raw env units (the server normalises them);
 - ``prompt`` (or ``task``): the instruction;
-- OpenPI LIBERO keys are accepted too: ``observation/image`` and ``observation/wrist_image`` map to
-  the model's first and second camera, ``observation/state`` to ``observation.state``;
+- the OpenPI keys of the embodiments' reference clients are accepted too (their profiles'
+  ``request_images`` and ``request_state``): e.g. ``observation/image`` and ``observation/wrist_image``
+  map to the model's first and second camera, ``observation/state`` to ``observation.state``;
 - optional ``mode`` (``policy`` | ``inverse_dynamics`` | ``forward_dynamics``) and ``seed`` (int);
 - ``inverse_dynamics`` also takes the goal frame of every camera, ``goal_image.<cam>`` (same form as
   the observation images; ``goal_image`` alone names the first camera's),
@@ -54,7 +55,7 @@ MODES = ("policy", "inverse_dynamics", "forward_dynamics")
 GOAL_IMAGE = "goal_image"  # inverse dynamics: f"{GOAL_IMAGE}.{cam}" per camera; bare: the first camera
 CONTROL_KEYS = ("mode", "seed")
 FD_ACTIONS = "actions"
-# warm-up's instruction: a LIBERO-length task, so that its caption falls in the text bucket of most
+# warm-up's instruction: a long benchmark task, so that its caption falls in the text bucket of most
 WARM_TASK = "put the black bowl on the plate and close the top drawer of the cabinet"
 
 
@@ -238,7 +239,7 @@ class ServedPolicy:
     # -- parsing -----------------------------------------------------------------------------------
     def _aliases(self) -> dict[str, str]:
         """The request keys of the embodiments' reference clients (their profiles' ``request_images``
-        and ``request_state``: openpi's LIBERO keys, ...), to this model's keys; the first profile to
+        and ``request_state``: openpi's keys, ...), to this model's keys; the first profile to
         name a key keeps it."""
         out: dict[str, str] = {}
         for images, state in request_aliases():

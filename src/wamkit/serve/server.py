@@ -350,7 +350,7 @@ def run_server(
     batching, answering) runs in a thread of this process. ``"process"``: it runs in a process of its
     own, which sends each batch here over a pipe, so its work never holds the interpreter lock that a
     launch-bound model's host thread needs between kernel launches; the batch crosses the pipe as a
-    pickle instead (3 MB for 32 LIBERO observations). On the H200 machine the two measured the same
+    pickle instead (3 MB for 32 observations of two 128 px cameras). On the H200 machine the two measured the same
     within the host's drift (docs/serve.md).
     """
     warm_up = functools.partial(warm_buckets, policy, list(warm), compile_cache)

@@ -110,7 +110,7 @@ def ema_decay(step: int, kind: str, power: float, rate: float) -> float:
 
     - ``inverse_power``: ``1 - t ** -power`` (``train.ema_power``);
     - ``edm2``: EDM2's power function ``(1 - 1/t) ** (gamma + 1)``, gamma from the relative width
-      ``train.ema_rate`` (cosmos' LIBERO recipe: 0.1, gamma = 6.94). Both start by copying the weights.
+      ``train.ema_rate`` (cosmos' robot SFT recipe: 0.1, gamma = 6.94). Both start by copying the weights.
     """
     t = step + 1
     if kind == "inverse_power":

@@ -22,7 +22,7 @@ _MODULES: dict[str, str] = {
     "openpi": "wamkit.eval.backends.openpi",  # any OpenPI websocket server (openpi's serve_policy, ...)
     "sglang": "wamkit.eval.backends.sglang",  # SGLang's diffusion server, /v1/actions/generations
     "vllm_omni": "wamkit.eval.backends.vllm_omni",  # vLLM-Omni, /v1/videos in action mode
-    "cosmos_http": "wamkit.eval.backends.cosmos_http",  # cosmos-framework's LIBERO server, /predict_batch
+    "cosmos_http": "wamkit.eval.backends.cosmos_http",  # cosmos-framework's policy server, /predict_batch
 }
 
 

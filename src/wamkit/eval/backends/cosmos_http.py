@@ -1,4 +1,4 @@
-"""``eval.backend=cosmos_http``: cosmos-framework's LIBERO policy server
+"""``eval.backend=cosmos_http``: cosmos-framework's policy server
 (``python -m cosmos_framework.scripts.action_policy_server_libero --checkpoint-path <model> --port 8000``).
 
 Its protocol ``cosmos-libero-eval-v1`` takes a batch: ``POST /predict_batch`` with

@@ -2,8 +2,8 @@
 cosmos-framework's ``action_policy_server_robolab.py``, or wamkit's own).
 
 Such a server takes one observation per request, in the keys of the suite's reference client (its
-embodiment profile's ``request_images`` and ``request_state``; for LIBERO openpi's,
-``examples/libero/main.py:130-141``): ``observation/image`` and ``observation/wrist_image`` (the env's
+embodiment profile's ``request_images`` and ``request_state``, which cite the client), e.g.
+``observation/image`` and ``observation/wrist_image`` (the env's
 first and second camera, uint8 [H, W, 3] as rendered: the model's own transforms resize them),
 ``observation/state`` (the raw env state) and ``prompt``. It answers ``actions`` [H, D] (openpi) or
 ``action`` (cosmos-framework's RoboLab server, ``cosmos_framework/scripts/action_policy_server_robolab.py:624``)
@@ -38,7 +38,7 @@ MAX_CONNECTIONS = 8
 
 def request_keys(suite: Any) -> tuple[tuple[str, ...], str]:
     """``(image keys in camera order, state key)`` of the reference client of ``suite`` (a SuiteInfo,
-    or None: the first registered embodiment's, LIBERO's)."""
+    or None: the first registered embodiment's)."""
     profile = embodiments.for_suite(suite.suite) if suite is not None else None
     if profile is not None and profile.request_images and profile.request_state:
         return profile.request_images, profile.request_state

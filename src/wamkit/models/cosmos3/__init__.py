@@ -2,7 +2,7 @@
 
 ``build(cfg, io)`` is registered as ``wamkit.models.cosmos3:build``. Presets: ``tiny`` (CPU tests),
 ``nano`` (Cosmos3-Nano's shape, random weights), ``nano_l8`` (Nano width, 8 layers: SFT on one GPU);
-``model.pretrained`` = a diffusers folder on disk (never downloaded). See docs/cosmos3_libero.md.
+``model.pretrained`` = a diffusers folder on disk (never downloaded). See docs/cosmos3.md.
 """
 
 from __future__ import annotations
@@ -11,21 +11,34 @@ from typing import Any
 
 import torch
 
+from wamkit import embodiments
+from wamkit.actions.representations import get_representation
 from wamkit.config import ModelConfig
 from wamkit.models.base import ModelIO
 
 # model.options.attention (models/cosmos3/packing.py): auto = flex on CUDA, mask elsewhere
 ATTENTION_MODES = ("auto", "mask", "loop", "flex")
 
-# LIBERO through LeRobot's key names: agent view and wrist camera, 8-D state, 10-D rot6d actions.
-DEFAULT_IO = ModelIO(
-    cameras=("image", "wrist_image"),
-    image_size=256,
-    state_dim=8,
-    action_dim=10,
-    chunk=16,
-    representation="libero_rot6d",
-)
+# The embodiment of cosmos-framework's published SFT recipe (docs/cosmos3.md): its profile gives the
+# presets' domain name and view description, and the default IO below.
+RECIPE_EMBODIMENT = "libero"
+
+
+def _recipe_io() -> ModelIO:
+    """The recipe's IO: its published datasets' cameras at 256 px, its state, 16-step chunks of its
+    actions in its representation (two views, 8-D state, 10-D rot6d actions)."""
+    e = embodiments.get(RECIPE_EMBODIMENT)
+    return ModelIO(
+        cameras=e.dataset_cameras or e.default_cameras,
+        image_size=256,
+        state_dim=e.state_dim,
+        action_dim=get_representation(e.representation).model_dim(e.action_dim),
+        chunk=16,
+        representation=e.representation,
+    )
+
+
+DEFAULT_IO = _recipe_io()
 
 
 def build(cfg: ModelConfig, io: ModelIO | None = None, device: Any = None, **_: Any):

@@ -1,6 +1,6 @@
 """The cosmos3 adapter: NVIDIA Cosmos3 (diffusers ``Cosmos3OmniTransformer``) behind wamkit's protocol.
 
-The LIBERO SFT example, as cosmos-framework builds it (docs/cosmos3_libero.md cites each fact):
+The robot SFT example, as cosmos-framework builds it (docs/cosmos3.md cites each fact):
 
 - video: the current frame and the ``chunk`` = 16 frames after it (``future_frame_offsets`` 1..16, the
   data stage's ``observation.future_images.<cam>`` [B, 16, H, W, 3]), each frame the cameras side by
@@ -11,7 +11,7 @@ The LIBERO SFT example, as cosmos-framework builds it (docs/cosmos3_libero.md ci
   data stage supplies it, else the field is left out as cosmos does), duration, fps, canvas size; no
   system prompt. In training the caption is dropped (``""``) with probability ``caption_dropout``; at
   inference ``idle_frame`` is "0 out of 16".
-- actions: ``io.chunk`` tokens of ``io.action_dim`` (10-D ``[dpos, rot6d, g]`` for LIBERO, already
+- actions: ``io.chunk`` tokens of ``io.action_dim`` (10-D ``[dpos, rot6d, g]`` for a delta-pose arm, already
   normalised, the gripper in the data's own convention) through the ``domain_name`` row of the heads.
 - noise: one sigma per sample for vision and actions, waver-distributed and shifted by ``train_shift``
   (:func:`recipe.train_sigmas`); ``x_t = (1 - s) x0 + s noise``, velocity target ``noise - x0``.
@@ -103,7 +103,7 @@ class Cosmos3Adapter(Cosmos3Inference):
         self.sample_extras: tuple[str, ...] = (
             (IDLE_FRAMES,) if IDLE_FRAMES in get_representation(io.representation).extras else ()
         )
-        # idle_frame at inference: 0 as cosmos' LIBERO server; None leaves the field out (the prompt
+        # idle_frame at inference: 0 as cosmos' policy server; None leaves the field out (the prompt
         # diffusers' pipeline builds)
         self.inference_idle_frames: int | None = 0
         self.fp8 = False  # use_fp8(): the generation tower's linear layers quantized (serving only)
@@ -509,7 +509,7 @@ class Cosmos3Adapter(Cosmos3Inference):
 
     # -- protocol: accounting ---------------------------------------------------------------------
     def _nominal_request(self) -> tuple[list[str], tuple[int, int], tuple[int, ...]]:
-        """One request of ``io``'s size with a typical LIBERO task: its caption, canvas and latent shape."""
+        """One request of ``io``'s size with a typical benchmark task: its caption, canvas and latent shape."""
         frame = np.zeros((self.io.image_size, self.io.image_size * len(self.io.cameras), 3), np.uint8)
         canvas = self._canvas(frame)
         hw = canvas.size
@@ -519,14 +519,14 @@ class Cosmos3Adapter(Cosmos3Inference):
         return [self.prompt(task, hw, 0)], hw, shape
 
     def nominal_layout(self) -> PackedLayout:
-        """The layout of one request of ``io``'s size with a typical LIBERO task (for FLOP counts)."""
+        """The layout of one request of ``io``'s size with a typical benchmark task (for FLOP counts)."""
         if self._nominal is None:
             texts, hw, shape = self._nominal_request()
             self._nominal = self._layout(texts, hw, shape, (0,), ())
         return self._nominal
 
     def flops_per_sample(self) -> float:
-        """Training FLOPs of one nominal LIBERO sample (see :func:`towers.train_flops`)."""
+        """Training FLOPs of one nominal sample (see :func:`towers.train_flops`)."""
         lay = self.nominal_layout()
         return train_flops(self.module, lay.und_len, lay.sequence_length - lay.und_len)
 

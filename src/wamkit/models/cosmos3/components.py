@@ -246,7 +246,7 @@ def head_width(sd: dict[str, torch.Tensor], hidden: int) -> int | None:
 def slice_heads(sd: dict[str, torch.Tensor], width: int, hidden: int, source: str) -> dict[str, torch.Tensor]:
     """Action-head tensors of a ``W``-wide checkpoint cut to their first ``width`` channels.
 
-    Exact for a checkpoint trained with zero-padded channels (cosmos pads LIBERO's 10 channels to
+    Exact for a checkpoint trained with zero-padded channels (cosmos pads a 10-D action's channels to
     ``max_action_dim`` = 64 and zeroes them in every input and output): the input projection's extra
     rows multiply zeros, the output projection's extra columns are discarded. Rows are
     ``fc.weight`` [domains, in * out] viewed as [domains, in, out]."""

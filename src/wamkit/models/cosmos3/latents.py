@@ -16,7 +16,7 @@ The **fingerprint** is everything a latent depends on (:data:`FINGERPRINT_FIELDS
 hash and dtype, the canvas tier, the image size and resize kernel, the cameras and which dataset
 features feed them, the chunk and the future-frame offsets, the fps. A run whose settings give another
 fingerprint is refused with the fields that differ. Stored latents are ``dtype`` (bfloat16 by default,
-half the disk; the on-the-fly encode is fp32: docs/cosmos3_libero.md says what that changes).
+half the disk; the on-the-fly encode is fp32: docs/cosmos3.md says what that changes).
 
 The **contents** name the data itself (:func:`dataset_contents`): per suite, a digest of its LeRobot
 dataset's files, so a run whose data has the same suite names and lengths but other frames (another

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from wamkit import embodiments
 from wamkit.config import ConfigError, _suggest
-from wamkit.embodiments import libero
-from wamkit.models.cosmos3 import ATTENTION_MODES
+from wamkit.models.cosmos3 import ATTENTION_MODES, RECIPE_EMBODIMENT
+
+_RECIPE = embodiments.get(RECIPE_EMBODIMENT)
 
 _NANO = dict(
     head_dim=128,
@@ -73,12 +75,12 @@ OPTIONS: dict[str, Any] = {
     # transformer weights (a saved model is rebuilt from it, then its own weights are loaded). Set
     # automatically from model.pretrained, so a model trained from real weights keeps their VAE.
     "base": "",
-    # embodiment whose action-head row is used (diffusers' domain table): LIBERO's, from its profile
-    "domain_name": libero.PROFILE.cosmos3_domain,
+    # embodiment whose action-head row is used (diffusers' domain table): the recipe's, from its profile
+    "domain_name": _RECIPE.cosmos3_domain,
     "resolution_tier": 256,  # the pipeline's action canvas tier: 256 | 480 | 704 | 720
     "view_point": "concat_view",  # framing sentence of the action caption (cameras side by side)
     # appended to the framing sentence: which half of the side-by-side frame is which camera
-    "view_description": libero.PROFILE.cosmos3_view_description,
+    "view_description": _RECIPE.cosmos3_view_description,
     "fps": 20.0,  # dataset frame rate: in the caption and the mRoPE temporal positions
     "caption_dropout": 0.1,  # training: probability that the whole caption is replaced by ""
     "train_shift": 3.0,  # training noise levels: waver distribution warped by this shift (256 tier)

@@ -1,10 +1,10 @@
-"""The Cosmos3 LIBERO training example and sampling schedule, as cosmos-framework trains them.
+"""The Cosmos3 robot training example and sampling schedule, as cosmos-framework trains them.
 
-Each piece names the upstream fact it reproduces (file and line in docs/cosmos3_libero.md):
+Each piece names the upstream fact it reproduces (file and line in docs/cosmos3.md):
 
 - **Prompt**: the structured JSON action caption of diffusers'
   ``Cosmos3OmniPipeline._build_action_json_prompt`` (framing, action time and description, duration,
-  fps, canvas resolution, aspect ratio), plus the two fields cosmos training adds for LIBERO: the
+  fps, canvas resolution, aspect ratio), plus the two fields cosmos training adds for robot data: the
   dataset's view description appended to the framing sentence, and ``idle_frame`` = ``"k out of N."``
   inside the action entry. No system prompt. In training the whole caption is replaced by ``""`` with
   probability ``caption_dropout``; at inference ``k`` is 0.

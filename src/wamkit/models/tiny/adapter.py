@@ -6,6 +6,8 @@ Modes differ only in which generation tokens are noisy: ``policy`` denoises acti
 frame, when the model uses frames) from the observation; ``forward_dynamics`` gives clean actions
 (t = 0) and denoises the future frame; ``inverse_dynamics`` gives a clean goal frame and denoises
 actions. Training mixes the modes per sample (``forward_dynamics_prob``, ``inverse_dynamics_prob``).
+With ``world_residual`` the frame head instead predicts the clean change from the current frame (its
+loss is the MSE on it, and sampling turns it into the velocity ``(x_t - x0) / t``).
 """
 
 from __future__ import annotations
@@ -162,6 +164,18 @@ class TinyAdapter:
             )
         return patchify(to_unit_range(img, self.cfg.world_res), self.cfg.world_patch)
 
+    def _current_frame(self, batch: dict[str, Any]) -> torch.Tensor:
+        """The first camera's current frame as frame tokens: what a residual frame head adds to."""
+        key = image_key(self.io.cameras[0])
+        return self._frame_latent(batch[key], key)
+
+    def _frame_velocity(self, out: torch.Tensor, x_t: torch.Tensor, t: float) -> torch.Tensor:
+        """The frame head's output as a velocity: as is, or from a clean estimate (``world_residual``),
+        ``v = (x_t - x0) / t``, so that the last Euler step (to t = 0) lands exactly on the estimate."""
+        if not self.cfg.world_residual:
+            return out.float()
+        return (x_t - out.float()) / t
+
     def _frames_to_images(self, tokens: torch.Tensor) -> np.ndarray:
         x = unpatchify(tokens.float(), self.cfg.world_patch)
         size = self.io.image_size
@@ -208,6 +222,8 @@ class TinyAdapter:
                     "provide it or build the model with model.options.world_weight=0"
                 )
             x_frm = self._frame_latent(batch[key][:, 0], key)  # [B, K=1, H, W, 3] -> [B, H, W, 3]
+            if self.cfg.world_residual:
+                x_frm = x_frm - self._current_frame(batch)
             t_frm = torch.where(is_id, torch.zeros_like(t), t)
             eps_frm = torch.randn_like(x_frm)
             gen["frames"] = (1 - t_frm)[:, None, None] * x_frm + t_frm[:, None, None] * eps_frm
@@ -222,7 +238,8 @@ class TinyAdapter:
         loss = out["action_loss"]
         if v_frm is not None:
             fw = (~is_id).float()
-            ferr = (v_frm.float() - (eps_frm - x_frm)).pow(2).mean((1, 2))
+            target = x_frm if self.cfg.world_residual else eps_frm - x_frm
+            ferr = (v_frm.float() - target).pow(2).mean((1, 2))
             out["world_loss"] = (ferr * fw).sum() / fw.sum().clamp_min(1.0)
             loss = loss + self.cfg.world_weight * out["world_loss"]
         out["loss"] = loss
@@ -271,6 +288,8 @@ class TinyAdapter:
             x_frm = self._frame_latent(inputs.pop("goal_images"), "goal_images")
             if x_frm.shape[0] != b:
                 raise ValueError(f"goal_images: expected {b} images, got {x_frm.shape[0]}")
+            if self.cfg.world_residual:
+                x_frm = x_frm - self._current_frame(batch)
             x_act = torch.randn(chunk_shape, generator=gen_rng, device=dev)
             denoise_act = True
         if inputs:
@@ -289,7 +308,9 @@ class TinyAdapter:
             if denoise_act:
                 x_act = x_act + (t_next - t_now) * v_act.float()
             if denoise_frm:
-                x_frm = x_frm + (t_next - t_now) * v_frm.float()
+                x_frm = x_frm + (t_next - t_now) * self._frame_velocity(v_frm, x_frm, t_now)
         if mode == "forward_dynamics":
+            if self.cfg.world_residual:
+                x_frm = x_frm + self._current_frame(batch)
             return {"frames": self._frames_to_images(x_frm)}
         return {"actions": x_act.float().cpu().numpy().astype(np.float32)}

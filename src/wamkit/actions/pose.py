@@ -1,7 +1,11 @@
-"""LIBERO action math: 7-D env actions, the 10-D rot6d training actions, relative <-> absolute chunks.
+"""Delta-pose action math: 7-D env actions, the 10-D rot6d training actions, relative <-> absolute chunks.
+
+An arm driven by an operational-space pose controller (robosuite's OSC_POSE) takes these actions; the
+embodiment profiles that do name the ``rot6d`` representation (``Embodiment.representation``).
+
 
 - env action (..., 7): ``[dx, dy, dz, rx, ry, rz, g_env]``, ``r`` an axis-angle rotation delta,
-  ``g_env`` -1 = open, +1 = close (what LIBERO's env takes).
+  ``g_env`` -1 = open, +1 = close (robosuite's gripper command).
 - training action (..., 10): ``[dx, dy, dz, rot6d(6), g]`` with the same gripper value as stored
   (a dataset's gripper convention and its map to the env command live in :mod:`wamkit.actions.gripper`).
 
@@ -23,7 +27,6 @@ from wamkit.actions.rotations import (
 
 ENV_ACTION_DIM = 7
 ROT6D_ACTION_DIM = 10
-STATE_DIM = 8  # eef pos (3) + eef axis-angle (3) + gripper qpos (2)
 
 
 def _check(a: np.ndarray, n: int, name: str) -> np.ndarray:
