@@ -2,6 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.wamkit-setup
+DEMO_STAMP := $(VENV)/.wamkit-setup-demo
 export MUJOCO_GL ?= egl
 export PYOPENGL_PLATFORM ?= egl
 
@@ -12,6 +13,11 @@ $(STAMP): pyproject.toml scripts/setup.sh
 	touch $(STAMP)
 
 setup: $(STAMP)
+
+# What the demo needs: the package without its extras (in a fully set-up venv this costs seconds)
+$(DEMO_STAMP): pyproject.toml scripts/setup.sh
+	WAMKIT_EXTRAS= bash scripts/setup.sh
+	touch $(DEMO_STAMP)
 
 setup-libero: $(STAMP)
 	bash scripts/setup_libero.sh
@@ -37,7 +43,7 @@ test: lint setup-libero setup-libero-pro setup-engines
 test-slow: setup-libero setup-libero-pro
 	$(PY) -m pytest -m slow -q
 
-demo: $(STAMP)
+demo: $(DEMO_STAMP)
 	$(VENV)/bin/wamkit demo
 
 clean:

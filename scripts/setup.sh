@@ -41,8 +41,17 @@ if ! "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
 fi
 
 # 4. The package, editable, with the test tools and the extras the test suite exercises (Cosmos3
-#    through diffusers, Ray). LIBERO has its own step: scripts/setup_libero.sh.
-"$PIP" install -q -e ".[dev,cosmos3,ray]"
+#    through diffusers, Ray). LIBERO has its own step: scripts/setup_libero.sh. `make demo` asks for
+#    the package alone (WAMKIT_EXTRAS= ): the demo needs none of the extras, and skipping them is a
+#    minute of a fresh clone's set-up.
+EXTRAS=${WAMKIT_EXTRAS-dev,cosmos3,ray}
+if [ -n "$EXTRAS" ]; then
+  "$PIP" install -q -e ".[$EXTRAS]"
+else
+  "$PIP" install -q -e .
+  echo "[setup] ready for the demo: $("$VENV/bin/python" -c 'import torch, wamkit; print("wamkit", wamkit.__version__, "torch", torch.__version__)')"
+  exit 0
+fi
 
 # 5. openpi-client (the reference OpenPI client used by the interoperability tests). Its metadata
 #    pins numpy<2, which conflicts with everything else here; its code runs on numpy 2, so it is

@@ -137,6 +137,13 @@ def test_collected_gripper_convention_is_recorded_not_guessed(tmp_path):
     assert grip.min() >= 0.0 and grip.max() > 0.5  # the range alone cannot tell the polarity
     meta = compute_stats(out).metadata
     assert meta["gripper"] == "env" and "recorded" in meta["gripper_evidence"]
+    # wamkit check reads the record too: no warning that the data is open_1, and the polarity (the
+    # measured one, which a recorded convention does not replace) agrees with the env
+    from wamkit.check import check_dataset
+
+    found = check_dataset(out, "metaworld", tasks=1, trials=1).of("gripper")
+    assert found and found[0].level == "ok" and "recorded as env" in found[0].message, found
+    assert not [f for f in found if f.level in ("warn", "error")], found
 
 
 def test_only_successes_are_kept_unless_asked(tmp_path):

@@ -78,7 +78,19 @@ def check_gripper(data: DataView, env: EnvProbe, report: Report, width_of) -> No
         )
         return
     width = width_of(data.states) if data.states.shape[1] == env.state_dim else None
-    name, evidence = detect_gripper(g, width)
+    recorded = (data.info.get("wamkit") or {}).get("gripper")
+    if recorded is not None and recorded not in CONVENTIONS:
+        report.add(
+            "gripper",
+            "error",
+            f"meta/info.json: wamkit.gripper is {recorded!r}, not a known convention",
+            f"one of {', '.join(CONVENTIONS)}",
+        )
+        return
+    if recorded is not None:  # the writer said what it stored (wamkit collect: the env's commands)
+        name, evidence = recorded, f"recorded as {recorded} in meta/info.json (wamkit.gripper)"
+    else:
+        name, evidence = detect_gripper(g, width)
     env_says = "+1 closes the fingers" if env.close_shrinks else "+1 opens the fingers (unexpected)"
     if name != "env":
         report.add(
