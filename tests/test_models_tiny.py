@@ -109,6 +109,33 @@ def test_predict_is_deterministic_for_a_seed_in_every_mode():
     assert inv.shape == p1.shape and not np.allclose(inv, other)  # the goal frame is used
 
 
+def test_residual_frame_head_starts_from_a_copy_of_the_current_frame():
+    """world_residual: the frame head's output is the clean change from the current frame. With the
+    head zeroed (what training starts near), forward dynamics returns the current frame itself, at
+    the frame resolution, whatever the seed, and the world loss is the change's mean square."""
+    a = make({**WORLD, "world_residual": True})
+    with torch.no_grad():
+        a.module.frame_out.weight.zero_()
+        a.module.frame_out.bias.zero_()
+    batch = random_batch(IO, 3)
+    frames = a.predict(batch, mode="forward_dynamics", actions=batch["action"], seed=1)["frames"]
+    copy = a._frames_to_images(a._current_frame(batch))
+    np.testing.assert_array_equal(frames, copy)
+    np.testing.assert_array_equal(
+        frames, a.predict(batch, mode="forward_dynamics", actions=batch["action"], seed=2)["frames"]
+    )
+    key = future_image_key("corner")
+    change = a._frame_latent(batch[key][:, 0], key) - a._current_frame(batch)
+    torch.manual_seed(0)  # sft_loss draws its times first, then the modes: redo it to know them
+    torch.distributions.Beta(1.5, 1.0).sample((3,))
+    modes = torch.rand(3)
+    keep = ~((modes >= WORLD["forward_dynamics_prob"]) & (modes < 0.5))  # not inverse dynamics
+    torch.manual_seed(0)
+    loss = a.sft_loss(batch)["world_loss"]
+    want = change.pow(2).mean((1, 2))[keep].mean()
+    torch.testing.assert_close(loss, want, rtol=1e-5, atol=0)
+
+
 def test_cached_prefix_matches_the_training_pass():
     a = make(WORLD)
     a.module.eval()

@@ -169,12 +169,14 @@ class TinyAdapter:
         key = image_key(self.io.cameras[0])
         return self._frame_latent(batch[key], key)
 
-    def _frame_velocity(self, out: torch.Tensor, x_t: torch.Tensor, t: float) -> torch.Tensor:
-        """The frame head's output as a velocity: as is, or from a clean estimate (``world_residual``),
-        ``v = (x_t - x0) / t``, so that the last Euler step (to t = 0) lands exactly on the estimate."""
+    def _frame_step(self, out: torch.Tensor, x_t: torch.Tensor, t_now: float, t_next: float) -> torch.Tensor:
+        """One Euler step of the frames from the head's output: a velocity, or a clean estimate x0
+        (``world_residual``: velocity ``(x_t - x0) / t``; the last step, to t = 0, is x0 itself)."""
         if not self.cfg.world_residual:
+            return x_t + (t_next - t_now) * out.float()
+        if t_next == 0.0:
             return out.float()
-        return (x_t - out.float()) / t
+        return x_t + (t_next - t_now) * (x_t - out.float()) / t_now
 
     def _frames_to_images(self, tokens: torch.Tensor) -> np.ndarray:
         x = unpatchify(tokens.float(), self.cfg.world_patch)
@@ -308,7 +310,7 @@ class TinyAdapter:
             if denoise_act:
                 x_act = x_act + (t_next - t_now) * v_act.float()
             if denoise_frm:
-                x_frm = x_frm + (t_next - t_now) * self._frame_velocity(v_frm, x_frm, t_now)
+                x_frm = self._frame_step(v_frm, x_frm, t_now, t_next)
         if mode == "forward_dynamics":
             if self.cfg.world_residual:
                 x_frm = x_frm + self._current_frame(batch)
