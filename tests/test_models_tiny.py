@@ -110,13 +110,11 @@ def test_predict_is_deterministic_for_a_seed_in_every_mode():
 
 
 def test_residual_frame_head_starts_from_a_copy_of_the_current_frame():
-    """world_residual: the frame head's output is the clean change from the current frame. With the
-    head zeroed (what training starts near), forward dynamics returns the current frame itself, at
-    the frame resolution, whatever the seed, and the world loss is the change's mean square."""
+    """world_residual: the frame head's output is the clean change from the current frame. The head
+    starts at zero, so an untrained model's forward dynamics returns the current frame itself, at the
+    frame resolution, whatever the seed, and the world loss is the change's mean square."""
     a = make({**WORLD, "world_residual": True})
-    with torch.no_grad():
-        a.module.frame_out.weight.zero_()
-        a.module.frame_out.bias.zero_()
+    assert not a.module.frame_out.weight.any() and not a.module.frame_out.bias.any()
     batch = random_batch(IO, 3)
     frames = a.predict(batch, mode="forward_dynamics", actions=batch["action"], seed=1)["frames"]
     copy = a._frames_to_images(a._current_frame(batch))

@@ -187,6 +187,10 @@ class TinyWAM(nn.Module):
         self.gen_norm = nn.LayerNorm(w)
         self.action_out = nn.Linear(w, io.action_dim)
         self.apply(self._init)
+        if self.n_frame and cfg.world_residual:
+            # a residual frame head starts as the copy-the-current-frame forecast exactly: a random head
+            # would add a change of ~0.02 * sqrt(width) (tens of grey levels) that training must unlearn
+            nn.init.zeros_(self.frame_out.weight)
 
     @staticmethod
     def _init(m: nn.Module) -> None:
