@@ -110,9 +110,9 @@ def test_predict_is_deterministic_for_a_seed_in_every_mode():
 
 
 def test_residual_frame_head_starts_from_a_copy_of_the_current_frame():
-    """world_residual: the frame head's output is the clean change from the current frame. The head
-    starts at zero, so an untrained model's forward dynamics returns the current frame itself, at the
-    frame resolution, whatever the seed, and the world loss is the change's mean square."""
+    """world_residual: the frame head regresses the change from the current frame. It starts at zero,
+    so an untrained model's forward dynamics returns the current frame itself, at the frame
+    resolution, whatever the seed, and the world loss is the change's mean square."""
     a = make({**WORLD, "world_residual": True})
     assert not a.module.frame_out.weight.any() and not a.module.frame_out.bias.any()
     batch = random_batch(IO, 3)

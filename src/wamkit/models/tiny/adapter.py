@@ -6,8 +6,9 @@ Modes differ only in which generation tokens are noisy: ``policy`` denoises acti
 frame, when the model uses frames) from the observation; ``forward_dynamics`` gives clean actions
 (t = 0) and denoises the future frame; ``inverse_dynamics`` gives a clean goal frame and denoises
 actions. Training mixes the modes per sample (``forward_dynamics_prob``, ``inverse_dynamics_prob``).
-With ``world_residual`` the frame head instead predicts the clean change from the current frame (its
-loss is the MSE on it, and sampling turns it into the velocity ``(x_t - x0) / t``).
+With ``world_residual`` the frame is not diffused: its tokens enter as zeros at t = 1 and the head
+regresses the change from the current frame (MSE), so a forecast is the expected next frame, one pass,
+and an untrained (zero) head forecasts a copy of the current frame.
 """
 
 from __future__ import annotations
@@ -169,14 +170,11 @@ class TinyAdapter:
         key = image_key(self.io.cameras[0])
         return self._frame_latent(batch[key], key)
 
-    def _frame_step(self, out: torch.Tensor, x_t: torch.Tensor, t_now: float, t_next: float) -> torch.Tensor:
-        """One Euler step of the frames from the head's output: a velocity, or a clean estimate x0
-        (``world_residual``: velocity ``(x_t - x0) / t``; the last step, to t = 0, is x0 itself)."""
-        if not self.cfg.world_residual:
-            return x_t + (t_next - t_now) * out.float()
-        if t_next == 0.0:
-            return out.float()
-        return x_t + (t_next - t_now) * (x_t - out.float()) / t_now
+    def _frame_noise(self, shape: tuple[int, ...], gen_rng: torch.Generator | None) -> torch.Tensor:
+        """The frame tokens sampling starts from: noise, or zeros for a regressed (residual) head."""
+        if self.cfg.world_residual:
+            return torch.zeros(shape, device=self.device)
+        return torch.randn(shape, generator=gen_rng, device=self.device)
 
     def _frames_to_images(self, tokens: torch.Tensor) -> np.ndarray:
         x = unpatchify(tokens.float(), self.cfg.world_patch)
@@ -228,6 +226,9 @@ class TinyAdapter:
                 x_frm = x_frm - self._current_frame(batch)
             t_frm = torch.where(is_id, torch.zeros_like(t), t)
             eps_frm = torch.randn_like(x_frm)
+            if self.cfg.world_residual:  # zeros at t = 1 to forecast; the clean change as a goal
+                t_frm = torch.where(is_id, torch.zeros_like(t), torch.ones_like(t))
+                eps_frm = torch.zeros_like(x_frm)
             gen["frames"] = (1 - t_frm)[:, None, None] * x_frm + t_frm[:, None, None] * eps_frm
             gen["t_frames"] = t_frm
         v_act, v_frm = self.module(prefix=prefix, gen=gen)
@@ -272,7 +273,7 @@ class TinyAdapter:
         denoise_act = denoise_frm = False
         if mode == "policy":
             x_act = torch.randn(chunk_shape, generator=gen_rng, device=dev)
-            x_frm = torch.randn(frame_shape, generator=gen_rng, device=dev) if self.module.n_frame else None
+            x_frm = self._frame_noise(frame_shape, gen_rng) if self.module.n_frame else None
             denoise_act, denoise_frm = True, x_frm is not None
         elif mode == "forward_dynamics":
             self._needs_frames(mode)
@@ -281,7 +282,7 @@ class TinyAdapter:
             x_act = self._tensor(inputs.pop("actions"), torch.float32)
             if tuple(x_act.shape) != chunk_shape:
                 raise ValueError(f"actions: expected shape {list(chunk_shape)}, got {list(x_act.shape)}")
-            x_frm = torch.randn(frame_shape, generator=gen_rng, device=dev)
+            x_frm = self._frame_noise(frame_shape, gen_rng)
             denoise_frm = True
         else:
             self._needs_frames(mode)
@@ -300,19 +301,22 @@ class TinyAdapter:
         prefix = self._prefix(batch)
         cache = self.module(prefix=prefix)
         times = shifted_times(num_steps, self.cfg.time_shift)
-        zero = torch.zeros(b, device=dev)
+        zero, one = torch.zeros(b, device=dev), torch.ones(b, device=dev)
         for t_now, t_next in zip(times[:-1], times[1:]):
             t = torch.full((b,), t_now, device=dev)
             gen = {"actions": x_act, "t_actions": t if denoise_act else zero, "state": prefix["state"]}
             if x_frm is not None:
-                gen["frames"], gen["t_frames"] = x_frm, (t if denoise_frm else zero)
+                t_frm = (one if self.cfg.world_residual else t) if denoise_frm else zero
+                gen["frames"], gen["t_frames"] = x_frm, t_frm
             v_act, v_frm = self.module(gen=gen, cache=cache)
             if denoise_act:
                 x_act = x_act + (t_next - t_now) * v_act.float()
-            if denoise_frm:
-                x_frm = self._frame_step(v_frm, x_frm, t_now, t_next)
+            if denoise_frm and self.cfg.world_residual:
+                forecast = v_frm.float()  # the expected change: its input stays zeros at t = 1
+            elif denoise_frm:
+                x_frm = x_frm + (t_next - t_now) * v_frm.float()
         if mode == "forward_dynamics":
             if self.cfg.world_residual:
-                x_frm = x_frm + self._current_frame(batch)
+                x_frm = forecast + self._current_frame(batch)
             return {"frames": self._frames_to_images(x_frm)}
         return {"actions": x_act.float().cpu().numpy().astype(np.float32)}

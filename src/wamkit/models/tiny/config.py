@@ -30,9 +30,9 @@ class TinyConfig:
     world_res: int = 32  # the future-frame "latent": the first camera's future frame at world_res px
     world_patch: int = 8  # pixels per side of one future-frame token
     world_weight: float = 0.0  # weight of the future-frame flow-matching loss; 0 drops the frame tokens
-    # the frame head predicts the future frame's change from the current frame, as a clean estimate
-    # (x0, not a velocity): an untrained head then copies the current frame, and learning can only
-    # improve on that. False: it predicts the frame itself as a velocity (the velocity form of actions).
+    # the frame head regresses the future frame's change from the current frame (its expected value;
+    # not diffused: the frame tokens enter as zeros at t = 1). It starts at zero, so an untrained
+    # model forecasts a copy of the current frame. False: the frame is flow-matched as the actions are.
     world_residual: bool = False
     forward_dynamics_prob: float = 0.0  # share of training samples in forward-dynamics mode
     inverse_dynamics_prob: float = 0.0  # share of training samples in inverse-dynamics mode
