@@ -242,7 +242,8 @@ class TinyAdapter:
         if v_frm is not None:
             fw = (~is_id).float()
             target = x_frm if self.cfg.world_residual else eps_frm - x_frm
-            ferr = (v_frm.float() - target).pow(2).mean((1, 2))
+            diff = v_frm.float() - target
+            ferr = (diff.abs() if self.cfg.world_loss == "l1" else diff.pow(2)).mean((1, 2))
             out["world_loss"] = (ferr * fw).sum() / fw.sum().clamp_min(1.0)
             loss = loss + self.cfg.world_weight * out["world_loss"]
         out["loss"] = loss

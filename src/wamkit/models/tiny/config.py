@@ -34,6 +34,9 @@ class TinyConfig:
     # not diffused: the frame tokens enter as zeros at t = 1). It starts at zero, so an untrained
     # model forecasts a copy of the current frame. False: the frame is flow-matched as the actions are.
     world_residual: bool = False
+    # the regressed change's loss (world_residual only): "l1" forecasts its median, which keeps the
+    # still background exactly still; "mse" its mean, which spreads a moving arm's blur over every pixel
+    world_loss: str = "mse"
     forward_dynamics_prob: float = 0.0  # share of training samples in forward-dynamics mode
     inverse_dynamics_prob: float = 0.0  # share of training samples in inverse-dynamics mode
     num_steps: int = 5  # Euler steps at inference
@@ -63,6 +66,13 @@ class TinyConfig:
             raise bad("num_steps", f"must be >= 1, got {self.num_steps}")
         if self.time_shift <= 0:
             raise bad("time_shift", f"must be > 0, got {self.time_shift}")
+        if self.world_loss not in ("mse", "l1"):
+            raise bad("world_loss", f"must be mse or l1, got {self.world_loss!r}")
+        if self.world_loss == "l1" and not self.world_residual:
+            raise bad(
+                "world_loss",
+                "l1 needs world_residual=true (a diffused frame is trained by its velocity's MSE)",
+            )
         if self.world_weight < 0:
             raise bad("world_weight", f"must be >= 0, got {self.world_weight}")
         for key in ("forward_dynamics_prob", "inverse_dynamics_prob"):
