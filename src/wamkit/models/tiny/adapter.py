@@ -7,7 +7,7 @@ frame, when the model uses frames) from the observation; ``forward_dynamics`` gi
 (t = 0) and denoises the future frame; ``inverse_dynamics`` gives a clean goal frame and denoises
 actions. Training mixes the modes per sample (``forward_dynamics_prob``, ``inverse_dynamics_prob``).
 With ``world_residual`` the frame is not diffused: its tokens enter as zeros at t = 1 and the head
-regresses the change from the current frame (MSE), so a forecast is the expected next frame, one pass,
+regresses the change from the current frame (``world_loss``: MSE, its mean, or L1, its median), one pass,
 and an untrained (zero) head forecasts a copy of the current frame.
 """
 
