@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
+from wamkit.serve.lifetime import PARENT_PID_ENV
+
 
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
@@ -46,8 +48,9 @@ def start_server_process(
     cmd += ["--host", host, "--port", str(port)]
     log_file = open(log_path, "w+") if log_path else tempfile.TemporaryFile("w+")  # noqa: SIM115
     proc = subprocess.Popen(
-        cmd, stdout=log_file, stderr=subprocess.STDOUT, text=True, env={**os.environ, **(env or {})}
-    )
+        cmd, stdout=log_file, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, **(env or {}), PARENT_PID_ENV: str(os.getpid())},
+    )  # fmt: skip
     srv = ServerProcess(proc, host, port, log_file)
     try:
         srv.wait_ready(timeout_s)

@@ -27,6 +27,7 @@ from wamkit.config import (
     load_config,
     parse_override,
 )
+from wamkit.serve.lifetime import exit_with_parent
 from wamkit.serve.loading import load_served, random_init
 from wamkit.serve.policy import ServedPolicy
 from wamkit.serve.server import run_server, warm_buckets
@@ -159,6 +160,7 @@ def build_policy(args: argparse.Namespace, cfg: RunConfig) -> ServedPolicy:
 
 
 def main(args: argparse.Namespace) -> int:
+    exit_with_parent()  # a server an evaluation started ends with it, however it ends
     cfg = resolve_config(args)
     t0 = time.perf_counter()
     policy = build_policy(args, cfg)
