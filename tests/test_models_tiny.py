@@ -134,6 +134,29 @@ def test_residual_frame_head_starts_from_a_copy_of_the_current_frame():
     torch.testing.assert_close(loss, want, rtol=1e-5, atol=0)
 
 
+def test_residual_frame_tokens_hold_the_current_frame_patch_by_patch():
+    """world_residual: each future-frame token is given its patch of the current frame (frame_now_in),
+    and the frame loss reaches those weights once the head is no longer zero."""
+    a = make({**WORLD, "world_residual": True})
+    torch.nn.init.normal_(a.module.frame_out.weight, std=0.02)  # past the copy-forecast start
+    batch = random_batch(IO, 2)
+    prefix = a._prefix(batch)
+    now = a._current_frame(batch)
+    gen = {
+        "actions": torch.randn(2, IO.chunk, IO.action_dim),
+        "t_actions": torch.zeros(2),
+        "state": prefix["state"],
+        "frames": torch.zeros_like(now),
+        "t_frames": torch.ones(2),
+    }
+    with torch.no_grad():
+        given = a.module(prefix=prefix, gen={**gen, "frames_now": now})[1]
+        other = a.module(prefix=prefix, gen={**gen, "frames_now": now.flip(1)})[1]
+    assert not torch.allclose(given, other)  # same prefix, other patches under the tokens
+    a.sft_loss(batch)["world_loss"].backward()
+    assert a.module.frame_now_in.weight.grad.abs().sum() > 0
+
+
 def test_cached_prefix_matches_the_training_pass():
     a = make(WORLD)
     a.module.eval()
@@ -201,8 +224,9 @@ def test_param_groups_and_keys_to_select():
         make({**FAST, "keys_to_select": ["nothing_like_this"]})
 
 
-def test_flops_per_sample_matches_torch_flop_counter():
-    a = make({**WORLD, "stem_channels": [16]})
+@pytest.mark.parametrize("residual", [False, True])
+def test_flops_per_sample_matches_torch_flop_counter(residual):
+    a = make({**WORLD, "stem_channels": [16], "world_residual": residual})
     batch = random_batch(IO, 2)
     # the math attention backend is made of matmuls the counter sees (the fused CPU kernel it does not)
     with sdpa_kernel(SDPBackend.MATH):

@@ -6,9 +6,9 @@ Modes differ only in which generation tokens are noisy: ``policy`` denoises acti
 frame, when the model uses frames) from the observation; ``forward_dynamics`` gives clean actions
 (t = 0) and denoises the future frame; ``inverse_dynamics`` gives a clean goal frame and denoises
 actions. Training mixes the modes per sample (``forward_dynamics_prob``, ``inverse_dynamics_prob``).
-With ``world_residual`` the frame is not diffused: its tokens enter as zeros at t = 1 and the head
-regresses the change from the current frame (``world_loss``: MSE, its mean, or L1, its median), one pass,
-and an untrained (zero) head forecasts a copy of the current frame.
+With ``world_residual`` the frame is not diffused: its tokens enter as zeros at t = 1, each with its patch
+of the current frame added, and the head regresses the change from the current frame (``world_loss``:
+MSE, its mean, or L1, its median), one pass; an untrained (zero) head forecasts a copy of the current frame.
 """
 
 from __future__ import annotations
@@ -137,7 +137,10 @@ class TinyAdapter:
         fwd += 2 * n_img * w * c_in * (cfg.patch // 2 ** len(cfg.stem_channels)) ** 2
         fwd += 2 * (io.state_dim * w + w * w)  # state MLP
         fwd += 2 * io.chunk * (io.action_dim * w + 3 * w * w + w * io.action_dim)  # action in/mix/out
-        fwd += 2 * self.module.n_frame * 2 * w * self.module.frame_dim  # frame in/out
+        frame_layers = (
+            3 if self.module.n_frame and cfg.world_residual else 2
+        )  # in, out (, the current frame in)
+        fwd += 2 * self.module.n_frame * frame_layers * w * self.module.frame_dim
         return 3.0 * fwd
 
     # ---------------------------------------------------------------------------------------------
@@ -235,6 +238,8 @@ class TinyAdapter:
                 eps_frm = torch.zeros_like(x_frm)
             gen["frames"] = (1 - t_frm)[:, None, None] * x_frm + t_frm[:, None, None] * eps_frm
             gen["t_frames"] = t_frm
+            if self.cfg.world_residual:
+                gen["frames_now"] = self._current_frame(batch)
         v_act, v_frm = self.module(prefix=prefix, gen=gen)
 
         weight = (~is_fd).float()[:, None].expand(b, self.io.chunk)
@@ -305,6 +310,7 @@ class TinyAdapter:
 
         prefix = self._prefix(batch)
         cache = self.module(prefix=prefix)
+        frames_now = self._current_frame(batch) if x_frm is not None and self.cfg.world_residual else None
         times = shifted_times(num_steps, self.cfg.time_shift)
         zero, one = torch.zeros(b, device=dev), torch.ones(b, device=dev)
         for t_now, t_next in zip(times[:-1], times[1:]):
@@ -313,6 +319,8 @@ class TinyAdapter:
             if x_frm is not None:
                 t_frm = (one if self.cfg.world_residual else t) if denoise_frm else zero
                 gen["frames"], gen["t_frames"] = x_frm, t_frm
+                if frames_now is not None:
+                    gen["frames_now"] = frames_now
             v_act, v_frm = self.module(gen=gen, cache=cache)
             if denoise_act:
                 x_act = x_act + (t_next - t_now) * v_act.float()

@@ -31,8 +31,9 @@ class TinyConfig:
     world_patch: int = 8  # pixels per side of one future-frame token
     world_weight: float = 0.0  # weight of the future-frame flow-matching loss; 0 drops the frame tokens
     # the frame head regresses the future frame's change from the current frame (its expected value;
-    # not diffused: the frame tokens enter as zeros at t = 1). It starts at zero, so an untrained
-    # model forecasts a copy of the current frame. False: the frame is flow-matched as the actions are.
+    # not diffused: the frame tokens enter as zeros at t = 1, each holding its patch of the current
+    # frame). It starts at zero, so an untrained model forecasts a copy of the current frame.
+    # False: the frame is flow-matched as the actions are.
     world_residual: bool = False
     # the regressed change's loss (world_residual only): "l1" forecasts its median, which keeps the
     # still background exactly still; "mse" its mean, which spreads a moving arm's blur over every pixel

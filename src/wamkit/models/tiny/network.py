@@ -183,6 +183,10 @@ class TinyWAM(nn.Module):
             self.frame_in = nn.Linear(self.frame_dim, w)
             self.frame_pos = nn.Parameter(torch.randn(self.n_frame, w) * 0.02)
             self.frame_out = nn.Linear(w, self.frame_dim)
+            if cfg.world_residual:
+                # the current frame's patches, each under its own future-frame token: the change is
+                # then a local edit of pixels the token holds, not a frame redrawn from image features
+                self.frame_now_in = nn.Linear(self.frame_dim, w)
         self.blocks = nn.ModuleList(JointBlock(cfg, last=i == cfg.depth - 1) for i in range(cfg.depth))
         self.gen_norm = nn.LayerNorm(w)
         self.action_out = nn.Linear(w, io.action_dim)
@@ -220,6 +224,8 @@ class TinyWAM(nn.Module):
             return a
         t_frm = self.time_mlp(time_features(gen["t_frames"], w).to(dtype))
         f = self.frame_in(gen["frames"].to(dtype)) + t_frm[:, None] + self.frame_pos
+        if "frames_now" in gen:
+            f = f + self.frame_now_in(gen["frames_now"].to(dtype))
         return torch.cat([a, f], dim=1)
 
     def heads(self, xg: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
