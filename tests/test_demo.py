@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 SMALL = [
@@ -28,6 +29,9 @@ SMALL = [
 ]
 
 
+STAGES = ("collect", "stats", "train", "export", "eval", "eval_blind", "chance", "report")
+
+
 def _demo(out, *extra, python=sys.executable):
     """The demo with its default (packaged) preset, run from ``out``: with ``python`` the installed
     wheel's (the first run below), outside the source checkout."""
@@ -45,7 +49,7 @@ def first_run(tmp_path_factory, installed_wheel):
 def test_demo_runs_every_stage_and_skips_finished_ones(first_run):
     out, run = first_run
     assert run.returncode == 0, run.stderr[-3000:]
-    for stage in ("collect", "stats", "train", "export", "eval", "eval_blind", "report"):
+    for stage in STAGES:
         assert (out / "stages" / f"{stage}.done").is_file(), stage
     # the outputs a user is pointed at exist and hold what they claim
     assert (out / "data" / "meta" / "info.json").is_file()
@@ -62,7 +66,7 @@ def test_demo_runs_every_stage_and_skips_finished_ones(first_run):
 
     again = _demo(out)
     assert again.returncode == 0, again.stderr[-3000:]
-    for stage in ("collect", "stats", "train", "export", "eval", "eval_blind", "report"):
+    for stage in STAGES:
         assert f"[demo] {stage}: already done, skipped" in again.stdout
     assert "| reach-v3 |" in again.stdout  # the table is printed again from the finished stage
 
@@ -86,6 +90,11 @@ def test_demo_report_holds_the_runs_numbers(first_run):
     )
     assert figures["blind_overall"] == blind["all"]
     assert json.loads((out / "eval_blind" / "plan.json").read_text())["blank_images"] is True
+    chance = json.loads((out / "stages" / "chance.done").read_text())
+    assert figures["chance"]["all"] == chance["all"] and chance["all"]["episodes"] == blind["all"]["episodes"]
+    c = chance["all"]
+    shown = re.search(r'<b id="chance">([^<]*)</b>', page).group(1)
+    assert shown.startswith(f"{100 * c['rate']:.1f}% ({c['successes']}/{c['episodes']}")
     for r, where in ((summary["all"], "overall"), (blind["all"], "blind")):
         lo, hi = r["ci95"]
         shown = re.search(rf'<b id="{where}">([^<]*)</b>', page).group(1)
@@ -102,9 +111,18 @@ def test_demo_report_holds_the_runs_numbers(first_run):
             assert gif.n_frames > 1
         assert f'src="{r["gif"]}"' in page
     fd = figures["forward_dynamics"]
-    if fd is not None:  # the preset's model predicts frames
-        assert (report / "forward_dynamics.png").is_file() and fd["predictions"] > 0
-        assert f"model {fd['model_error']:.1f}" in page
+    assert fd is not None, "the preset's model predicts frames"
+    assert (report / "forward_dynamics.png").is_file() and fd["predictions"] > 0
+    per = fd["per_prediction"]
+    assert len(per) == fd["predictions"]
+    assert fd["model_rmse"] == pytest.approx(np.sqrt(np.mean([p["model_mse"] for p in per])))
+    assert fd["copy_error"] == pytest.approx(np.mean([p["copy_error"] for p in per]))
+    assert f'<b id="fd-rmse">model {fd["model_rmse"]:.1f}</b>, copy {fd["copy_rmse"]:.1f}' in page
+    assert f'<b id="fd-mae">model {fd["model_error"]:.1f}</b>, copy {fd["copy_error"]:.1f}' in page
+    # the policy sees: its state is the robot's own (hand and gripper), objects and goals are not in it
+    assert figures["state"] == "proprio"
+    info = json.loads((out / "data" / "meta" / "info.json").read_text())
+    assert info["features"]["observation.state"]["names"] == ["hand_x", "hand_y", "hand_z", "gripper"]
     assert run.stdout.rstrip().splitlines()[-1].startswith(f"Report: {report / 'report.html'}")
 
 
@@ -113,3 +131,23 @@ def test_demo_refuses_a_bad_override(tmp_path):
     assert run.returncode == 2
     assert "unknown key 'train.max_step'" in run.stderr and "max_steps" in run.stderr
     assert not (tmp_path / "stages").exists()  # nothing started
+
+
+def test_a_demonstration_replayed_on_its_own_seed_solves_it(first_run):
+    """The chance level's replay is faithful: MetaWorld is deterministic given the seed, so the
+    recorded actions of a training episode, played open loop on that episode's seed, solve it again."""
+    from dataclasses import replace
+
+    from wamkit.config import load_config
+    from wamkit.constants import ACTION
+    from wamkit.data import LeRobotDataset
+    from wamkit.demo_report import _replays
+    from wamkit.envs.journal import Journal
+
+    out, _ = first_run
+    cfg = load_config(out / "config.yaml")
+    ds = LeRobotDataset(out / "data")
+    actions, episode = ds.numeric(ACTION), ds.numeric("episode_index").reshape(-1)
+    entry = next(e for e in Journal(out / "data").entries if e.get("kept"))
+    jobs = [(entry["task"], entry["trial"], entry["seed"], actions[episode == entry["episode_index"]])]
+    assert _replays(replace(cfg.env, image_size=8), jobs) == [True]

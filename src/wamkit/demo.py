@@ -1,7 +1,9 @@
 """``wamkit demo``: the whole flow on MetaWorld with the built-in model, on a CPU.
 
 collect (scripted experts) -> stats -> train (`tiny`) -> export (serving directory) -> serve ->
-pipelined evaluation on seeds never used in training -> a success table beside the expert's rate.
+pipelined evaluation on seeds never used in training -> the same model with its cameras blanked, and
+the chance level beside it (training demonstrations replayed blind) -> a report with a success table
+beside the expert's rate.
 
 Every stage writes a ``.done`` marker with what it produced into ``<out>/stages/``; a re-run skips a
 finished stage and says so. An interrupted stage resumes where it can (collect keeps its journal,
@@ -27,6 +29,9 @@ from wamkit.files import atomic_write_json
 
 log = logging.getLogger("wamkit.demo")
 DEFAULT_CONFIG = PRESETS_DIR / "demo.yaml"  # packaged (wamkit.config.preset_path)
+# The vision control's episodes per task: the first trials of the evaluation's own seeds. A blind model
+# fails by running to env.max_steps, so each of its episodes costs the most; 10 a task shows chance.
+BLIND_TRIALS = 10
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -123,17 +128,27 @@ def run_demo(cfg: RunConfig, out: Path, fresh: bool = False) -> dict[str, Any]:
         },
     )
     evaluated = _stage(out, "eval", fresh, lambda: run_eval(cfg, resume=True))
-    # the vision control: the same model on the same episodes, its camera images sent black
-    blind_cfg = replace(
-        cfg, eval=replace(cfg.eval, out_dir=str(out / "eval_blind"), blank_images=True, videos=0)
-    )
+    # the vision control: the same model on the first BLIND_TRIALS episodes, its camera images sent black
+    blind_eval = replace(
+        cfg.eval, out_dir=str(out / "eval_blind"), blank_images=True, videos=0,
+        trials=min(cfg.eval.trials or BLIND_TRIALS, BLIND_TRIALS),
+        calibrate_s=0.0 if cfg.eval.pipeline_stages else cfg.eval.calibrate_s,  # its figure is unused
+    )  # fmt: skip
+    blind_cfg = replace(cfg, eval=blind_eval)
     blind = _stage(out, "eval_blind", fresh, lambda: run_eval(blind_cfg, resume=True))
+
+    def _chance() -> dict[str, Any]:
+        from wamkit.demo_report import scene_agnostic_replay
+
+        return scene_agnostic_replay(cfg, blind_eval.trials)
+
+    chance = _stage(out, "chance", fresh, _chance)
 
     def _report() -> dict[str, Any]:
         from wamkit.demo_report import forward_dynamics, write_report
 
         fd = forward_dynamics(cfg, Path(cfg.eval.serve_dir), out / "report" / "forward_dynamics.png")
-        page = write_report(out, cfg, evaluated, blind, expert_rates(cfg.data.root), fd)
+        page = write_report(out, cfg, evaluated, blind, expert_rates(cfg.data.root), fd, chance)
         return {"report": str(page), "forward_dynamics": fd}
 
     reported = _stage(out, "report", fresh, _report)
@@ -142,14 +157,17 @@ def run_demo(cfg: RunConfig, out: Path, fresh: bool = False) -> dict[str, Any]:
     print(markdown_table(evaluated), end="")
     _print_expert_and_paths(evaluated, cfg)
     b_all = blind["all"]
+    c_all = chance["all"]
     print(
-        f"\nVision control (cameras blanked, the same episodes): {b_all['rate']:.1%} of {b_all['episodes']} episodes"
+        f"\nVision control (cameras blanked, the first {b_all['episodes']} of those episodes): {b_all['rate']:.1%}; "
+        f"chance there (a training demonstration replayed blind): {c_all['rate']:.1%}"
     )
     fd = reported.get("forward_dynamics")
     if fd:
         print(
-            f"Forward dynamics ({fd['predictions']} held-out predictions, {fd['chunk']} steps ahead): mean pixel "
-            f"error {fd['model_error']:.1f} against {fd['copy_error']:.1f} for copying the current frame"
+            f"Forward dynamics ({fd['predictions']} held-out predictions, {fd['chunk']} steps ahead), pixel error "
+            f"in grey levels against copying the current frame: RMS {fd['model_rmse']:.1f} vs "
+            f"{fd['copy_rmse']:.1f}, mean absolute {fd['model_error']:.1f} vs {fd['copy_error']:.1f}"
         )
     print(f"\nReport: {reported['report']}  (open it in a browser)")
     return evaluated

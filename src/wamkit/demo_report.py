@@ -4,8 +4,9 @@
   future-frame loss);
 - success per task on held-out seeds with Wilson 95% intervals (the evaluation's ``summary.json``),
   beside the scripted expert's rate on the training seeds;
-- the vision control: the same model evaluated on the same episodes with its camera images sent
-  black (``eval.blank_images``): what is left without vision;
+- the vision control: the same model evaluated on the first held-out episodes of each task with its
+  camera images sent black (``eval.blank_images``): what is left without vision; beside it the chance
+  level on those episodes, a scene-agnostic policy (training demonstrations replayed open loop);
 - a grid of held-out rollouts as GIFs (made from the evaluation's videos), successes and failures;
 - forward dynamics: for a few held-out episodes, the frame ``chunk`` steps ahead that the model
   predicts from the current frame and the scripted expert's next ``chunk`` actions, beside the real
@@ -120,15 +121,17 @@ def _resize_area(img: np.ndarray, size: int) -> np.ndarray:
 
 
 def forward_dynamics(
-    cfg: RunConfig, serve_dir: Path, png: Path, episodes: int = 3, starts: tuple[int, ...] = (0, 24, 48)
+    cfg: RunConfig, serve_dir: Path, png: Path, per_task: int = 2, starts: tuple[int, ...] = (0, 16, 32, 48)
 ) -> dict[str, Any] | None:
     """The model's predicted frame ``chunk`` steps ahead against the real one, on held-out seeds.
 
-    For each of ``episodes`` held-out episodes (the evaluation's seeds, one per task in turn) the
-    scripted expert runs; at each step in ``starts`` the model gets the current observation and the
-    expert's next ``chunk`` actions (``mode=forward_dynamics``) and predicts the first camera's frame
-    after them. The error is the mean absolute difference in grey levels (0-255) at the model's frame
-    resolution (all three frames area-averaged to it), against the copy-the-current-frame baseline. None for a model without frame tokens."""
+    For ``per_task`` held-out episodes of each task (the evaluation's first seeds) the scripted expert
+    runs; at each step in ``starts`` the model gets the current observation and the expert's next
+    ``chunk`` actions (``mode=forward_dynamics``) and predicts the first camera's frame after them.
+    Errors are in grey levels (0-255) at the model's frame resolution (all three frames area-averaged
+    to it), against the copy-the-current-frame baseline: the root mean square (``*_rmse``, the error
+    video prediction reports as PSNR, and what a regressed frame minimises) and the mean absolute
+    difference (``*_error``). None for a model without frame tokens."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
@@ -144,13 +147,11 @@ def forward_dynamics(
     # prediction and the copy baseline hold the same detail
     size = int(getattr(getattr(policy.adapter, "cfg", None), "world_res", policy.io.image_size))
     tasks = expand_tasks(cfg.env.suite, list(cfg.env.tasks))
-    specs = [
-        (tasks[i % len(tasks)], i // len(tasks), cfg.eval.seed + i // len(tasks)) for i in range(episodes)
-    ]
+    specs = [(task, trial, cfg.eval.seed + trial) for trial in range(per_task) for task in tasks]
     # rendering needs a GL context made in a process that chose its GL platform first: a spawned one
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
         played = pool.submit(_expert_rollouts, cfg.env, specs, max(starts) + chunk).result()
-    rows, pred_err, copy_err = [], [], []
+    rows, pred_err, copy_err, pred_sq, copy_sq = [], [], [], [], []
     for (task, _, _), (frames, actions) in zip(specs, played, strict=True):
         for t in starts:
             if t + chunk >= len(frames):
@@ -164,6 +165,8 @@ def forward_dynamics(
             current = _resize_area(now[image_key(cam)], size)
             pred_err.append(float(np.abs(predicted - real).mean()))
             copy_err.append(float(np.abs(current - real).mean()))
+            pred_sq.append(float(np.square(predicted - real).mean()))
+            copy_sq.append(float(np.square(current - real).mean()))
             rows.append((task, t, *(np.round(x).astype(np.uint8) for x in (current, predicted, real))))
     if not rows:
         return None
@@ -171,11 +174,13 @@ def forward_dynamics(
     return {
         "chunk": chunk,
         "predictions": len(rows),
+        "model_rmse": float(np.sqrt(np.mean(pred_sq))),
+        "copy_rmse": float(np.sqrt(np.mean(copy_sq))),
         "model_error": float(np.mean(pred_err)),
         "copy_error": float(np.mean(copy_err)),
         "per_prediction": [
-            {"task": r[0], "step": r[1], "model_error": p, "copy_error": c}
-            for r, p, c in zip(rows, pred_err, copy_err, strict=True)
+            {"task": r[0], "step": r[1], "model_error": p, "copy_error": c, "model_mse": ps, "copy_mse": cs}
+            for r, p, c, ps, cs in zip(rows, pred_err, copy_err, pred_sq, copy_sq, strict=True)
         ],
     }
 
@@ -208,6 +213,84 @@ def _expert_rollouts(env_cfg: Any, specs: list[tuple[str, int, int]], steps: int
     return out
 
 
+def scene_agnostic_replay(cfg: RunConfig, trials: int) -> dict[str, Any]:
+    """The chance level of the vision control: a policy that ignores the scene.
+
+    On the blind control's held-out episodes (``trials`` per task, seeds from ``eval.seed``), trial ``t``
+    replays the actions of the ``t``-th training demonstration of its task (another placement),
+    open loop, then stops the arm (the gripper keeps its last command) until the step limit. What it solves, it solves without looking.
+    Returns per task and over all: successes, episodes and the Wilson 95% interval.
+    """
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+    from dataclasses import replace
+
+    from wamkit.constants import ACTION
+    from wamkit.data import LeRobotDataset
+    from wamkit.envs import expand_tasks
+    from wamkit.envs.journal import Journal
+    from wamkit.eval.metrics import wilson_interval
+
+    ds = LeRobotDataset(cfg.data.root)
+    actions, episode = ds.numeric(ACTION), ds.numeric("episode_index").reshape(-1)
+    kept: dict[str, list[int]] = {}
+    for entry in Journal(cfg.data.root).entries:
+        if entry.get("kept") and entry.get("episode_index") is not None:
+            kept.setdefault(entry["task"], []).append(int(entry["episode_index"]))
+    jobs = []
+    for task in expand_tasks(cfg.env.suite, list(cfg.env.tasks)):
+        demos = kept.get(task, [])
+        if len(demos) < trials:
+            raise ValueError(f"{cfg.data.root}: {len(demos)} demonstrations of {task}, {trials} needed")
+        for t in range(trials):
+            jobs.append((task, t, cfg.eval.seed + t, actions[episode == demos[t]]))
+    env_cfg = replace(cfg.env, image_size=8)  # the replay looks at nothing: the cheapest render
+    workers = max(1, min(cfg.eval.workers, len(jobs)))
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        parts = [pool.submit(_replays, env_cfg, jobs[i::workers]) for i in range(workers)]
+        done = [p.result() for p in parts]
+    solved = [done[i % workers][i // workers] for i in range(len(jobs))]
+    out: dict[str, Any] = {"trials": trials, "tasks": {}}
+    for (task, *_), ok in zip(jobs, solved, strict=True):
+        r = out["tasks"].setdefault(task, {"successes": 0, "episodes": 0})
+        r["successes"] += ok
+        r["episodes"] += 1
+    total = {"successes": sum(r["successes"] for r in out["tasks"].values()), "episodes": len(jobs)}
+    for r in [*out["tasks"].values(), total]:
+        r["rate"] = r["successes"] / r["episodes"]
+        r["ci95"] = list(wilson_interval(r["successes"], r["episodes"]))
+    out["all"] = total
+    return out
+
+
+def _replays(env_cfg: Any, jobs: list[tuple[str, int, int, np.ndarray]]) -> list[bool]:
+    """In a spawned process: each job's actions played open loop, then held still; solved or not."""
+    import os
+
+    os.environ.setdefault("MUJOCO_GL", "egl")
+    os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
+    from wamkit.envs import EpisodeSpec, make_env
+
+    solved = []
+    env = make_env(env_cfg)
+    try:
+        for task, trial, seed, acts in jobs:
+            spec = EpisodeSpec(env_cfg.suite, task, trial, seed)
+            env.reset(spec)
+            still = np.zeros_like(acts[-1])
+            still[-1] = acts[-1][-1]  # the arm stops; the gripper keeps its last command
+            ok = False
+            for i in range(env.max_steps(spec)):
+                _, _, terminated, truncated, _ = env.step(acts[i] if i < len(acts) else still)
+                if terminated or truncated:
+                    ok = bool(terminated)
+                    break
+            solved.append(ok)
+    finally:
+        env.close()
+    return solved
+
+
 def _fd_picture(rows: list, chunk: int, png: Path) -> None:
     import matplotlib
 
@@ -236,6 +319,12 @@ def _rate(r: dict[str, Any]) -> str:
     )
 
 
+def _chance_rate(r: dict[str, Any]) -> str:
+    return _rate(
+        {"rate": r["rate"], "ci95": r["ci95"], "success_once": r["successes"], "episodes": r["episodes"]}
+    )
+
+
 def write_report(
     out: Path,
     cfg: RunConfig,
@@ -243,6 +332,7 @@ def write_report(
     blind: dict[str, Any] | None,
     expert: dict[str, tuple[int, int]],
     fd: dict[str, Any] | None,
+    chance: dict[str, Any] | None = None,
 ) -> Path:
     """``<out>/report/report.html`` and ``report.json`` from the run's files (see the module doc)."""
     report_dir = out / "report"
@@ -260,6 +350,7 @@ def write_report(
         "expert": {t: {"successes": ok, "episodes": n} for t, (ok, n) in expert.items()},
         "losses": losses,
         "forward_dynamics": fd,
+        "chance": chance,
         "rollouts": rollouts,
         "state": cfg.env.state,
         "cameras": list(cfg.env.cameras),
@@ -271,11 +362,14 @@ def write_report(
     for task, r in tasks.items():
         ok, n = expert.get(task, (0, 0))
         b = blind_tasks.get(task)
+        c = (chance or {}).get("tasks", {}).get(task)
         expert_cell = f"{100 * ok / n:.0f}% ({ok}/{n})" if n else "-"
         rows.append(
-            f"<tr><td>{e(task)}</td><td>{_rate(r)}</td><td>{_rate(b) if b else '-'}</td><td>{expert_cell}</td></tr>"
+            f"<tr><td>{e(task)}</td><td>{_rate(r)}</td><td>{_rate(b) if b else '-'}</td>"
+            f"<td>{_chance_rate(c) if c else '-'}</td><td>{expert_cell}</td></tr>"
         )
     overall_blind = _rate(blind["all"]) if blind else "not run"
+    overall_chance = _chance_rate(chance["all"]) if chance else "not run"
     grid = "".join(
         f'<figure class="{"ok" if p["success"] else "fail"}"><img src="{e(p["gif"])}" alt="rollout">'
         f"<figcaption>{e(p['task'])} seed {p['seed']}: {'success' if p['success'] else 'failure'}"
@@ -284,9 +378,10 @@ def write_report(
     )
     if fd:
         fd_html = (
-            f"<p>Mean absolute pixel error of the frame {fd['chunk']} steps ahead over {fd['predictions']} "
-            f"predictions on held-out seeds: <b>model {fd['model_error']:.1f}</b> grey levels against "
-            f"<b>{fd['copy_error']:.1f}</b> for copying the current frame.</p>"
+            f"<p>Pixel error of the frame {fd['chunk']} steps ahead over {fd['predictions']} predictions "
+            f"on held-out seeds, in grey levels (0-255), against copying the current frame: root mean "
+            f'square <b id="fd-rmse">model {fd["model_rmse"]:.1f}</b>, copy {fd["copy_rmse"]:.1f}; '
+            f'mean absolute <b id="fd-mae">model {fd["model_error"]:.1f}</b>, copy {fd["copy_error"]:.1f}.</p>'
             '<img src="forward_dynamics.png" alt="forward dynamics">'
         )
     else:
@@ -306,9 +401,12 @@ figure img {{ width: 128px; image-rendering: pixelated; }}
 <p>State given to the policy: <code>{e(cfg.env.state)}</code>; cameras: {e(", ".join(cfg.env.cameras))}
 at {cfg.env.image_size} px. Held-out seeds from {cfg.eval.seed}.</p>
 <h2>Success on held-out seeds</h2>
-<p>Overall: <b id="overall">{_rate(evaluated["all"])}</b>. With the cameras blanked:
-<b id="blind">{overall_blind}</b>.</p>
-<table><tr><th>task</th><th>model</th><th>model, cameras blanked</th><th>scripted expert (training seeds)</th></tr>
+<p>Overall: <b id="overall">{_rate(evaluated["all"])}</b>. With the cameras blanked (the first
+episodes of each task): <b id="blind">{overall_blind}</b>. Chance on those episodes, a policy that ignores
+the scene (each replays a training demonstration of its task, from another placement, open loop):
+<b id="chance">{overall_chance}</b>.</p>
+<table><tr><th>task</th><th>model</th><th>model, cameras blanked</th><th>chance (a demonstration replayed)</th>
+<th>scripted expert (training seeds)</th></tr>
 {"".join(rows)}</table>
 <h2>Training loss</h2><p>{e(loss_text)}</p><img src="loss.png" alt="loss curve">
 <h2>Forward dynamics</h2>{fd_html}
