@@ -217,7 +217,8 @@ def scene_agnostic_replay(cfg: RunConfig, trials: int) -> dict[str, Any]:
     """The chance level of the vision control: a policy that ignores the scene.
 
     On the blind control's held-out episodes (``trials`` per task, seeds from ``eval.seed``), trial ``t``
-    replays the actions of the ``t``-th training demonstration of its task (another placement),
+    replays the actions of the ``t``-th kept training demonstration of its task by trial number
+    (another placement),
     open loop, then stops the arm (the gripper keeps its last command) until the step limit. What it solves, it solves without looking.
     Returns per task and over all: successes, episodes and the Wilson 95% interval.
     """
@@ -233,10 +234,12 @@ def scene_agnostic_replay(cfg: RunConfig, trials: int) -> dict[str, Any]:
 
     ds = LeRobotDataset(cfg.data.root)
     actions, episode = ds.numeric(ACTION), ds.numeric("episode_index").reshape(-1)
-    kept: dict[str, list[int]] = {}
+    kept: dict[str, list[tuple[int, int]]] = {}
     for entry in Journal(cfg.data.root).entries:
         if entry.get("kept") and entry.get("episode_index") is not None:
-            kept.setdefault(entry["task"], []).append(int(entry["episode_index"]))
+            kept.setdefault(entry["task"], []).append((int(entry["trial"]), int(entry["episode_index"])))
+    # by trial, not by episode_index: parallel collect workers write episodes in the order they finish
+    kept = {task: [ep for _, ep in sorted(eps)] for task, eps in kept.items()}
     jobs = []
     for task in expand_tasks(cfg.env.suite, list(cfg.env.tasks)):
         demos = kept.get(task, [])
