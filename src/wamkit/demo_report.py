@@ -57,7 +57,7 @@ def loss_curve(losses: Path, png: Path) -> dict[str, float]:
         out[f"{key}_first"], out[f"{key}_last"] = float(y[:k].mean()), float(y[-k:].mean())
     ax.set_yscale("log")
     ax.set_xlabel("optimizer step")
-    ax.set_ylabel("flow-matching MSE")
+    ax.set_ylabel("loss")
     ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()
