@@ -137,9 +137,8 @@ class TinyAdapter:
         fwd += 2 * n_img * w * c_in * (cfg.patch // 2 ** len(cfg.stem_channels)) ** 2
         fwd += 2 * (io.state_dim * w + w * w)  # state MLP
         fwd += 2 * io.chunk * (io.action_dim * w + 3 * w * w + w * io.action_dim)  # action in/mix/out
-        frame_layers = (
-            3 if self.module.n_frame and cfg.world_residual else 2
-        )  # in, out (, the current frame in)
+        # frame in and out, and with a residual head the current frame in
+        frame_layers = 3 if self.module.n_frame and cfg.world_residual else 2
         fwd += 2 * self.module.n_frame * frame_layers * w * self.module.frame_dim
         return 3.0 * fwd
 
@@ -229,8 +228,9 @@ class TinyAdapter:
                     "provide it or build the model with model.options.world_weight=0"
                 )
             x_frm = self._frame_latent(batch[key][:, 0], key)  # [B, K=1, H, W, 3] -> [B, H, W, 3]
-            if self.cfg.world_residual:
-                x_frm = x_frm - self._current_frame(batch)
+            now = self._current_frame(batch) if self.cfg.world_residual else None
+            if now is not None:
+                x_frm = x_frm - now
             t_frm = torch.where(is_id, torch.zeros_like(t), t)
             eps_frm = torch.randn_like(x_frm)
             if self.cfg.world_residual:  # zeros at t = 1 to forecast; the clean change as a goal
@@ -238,8 +238,8 @@ class TinyAdapter:
                 eps_frm = torch.zeros_like(x_frm)
             gen["frames"] = (1 - t_frm)[:, None, None] * x_frm + t_frm[:, None, None] * eps_frm
             gen["t_frames"] = t_frm
-            if self.cfg.world_residual:
-                gen["frames_now"] = self._current_frame(batch)
+            if now is not None:
+                gen["frames_now"] = now
         v_act, v_frm = self.module(prefix=prefix, gen=gen)
 
         weight = (~is_fd).float()[:, None].expand(b, self.io.chunk)
@@ -278,6 +278,8 @@ class TinyAdapter:
         gen_rng = None
         if seed is not None:
             gen_rng = torch.Generator(device=dev).manual_seed(int(seed))
+        # the current frame, which a residual frame head is given and adds its forecast change to
+        now = self._current_frame(batch) if self.module.n_frame and self.cfg.world_residual else None
         chunk_shape = (b, self.io.chunk, self.io.action_dim)
         frame_shape = (b, self.module.n_frame, self.module.frame_dim)
         denoise_act = denoise_frm = False
@@ -294,6 +296,8 @@ class TinyAdapter:
                 raise ValueError(f"actions: expected shape {list(chunk_shape)}, got {list(x_act.shape)}")
             x_frm = self._frame_noise(frame_shape, gen_rng)
             denoise_frm = True
+            if now is not None:  # nothing the network is given changes between Euler steps: one pass
+                num_steps = 1
         else:
             self._needs_frames(mode)
             if "goal_images" not in inputs:
@@ -301,8 +305,8 @@ class TinyAdapter:
             x_frm = self._frame_latent(inputs.pop("goal_images"), "goal_images")
             if x_frm.shape[0] != b:
                 raise ValueError(f"goal_images: expected {b} images, got {x_frm.shape[0]}")
-            if self.cfg.world_residual:
-                x_frm = x_frm - self._current_frame(batch)
+            if now is not None:
+                x_frm = x_frm - now
             x_act = torch.randn(chunk_shape, generator=gen_rng, device=dev)
             denoise_act = True
         if inputs:
@@ -310,7 +314,6 @@ class TinyAdapter:
 
         prefix = self._prefix(batch)
         cache = self.module(prefix=prefix)
-        frames_now = self._current_frame(batch) if x_frm is not None and self.cfg.world_residual else None
         times = shifted_times(num_steps, self.cfg.time_shift)
         zero, one = torch.zeros(b, device=dev), torch.ones(b, device=dev)
         for t_now, t_next in zip(times[:-1], times[1:]):
@@ -319,8 +322,8 @@ class TinyAdapter:
             if x_frm is not None:
                 t_frm = (one if self.cfg.world_residual else t) if denoise_frm else zero
                 gen["frames"], gen["t_frames"] = x_frm, t_frm
-                if frames_now is not None:
-                    gen["frames_now"] = frames_now
+                if now is not None:
+                    gen["frames_now"] = now
             v_act, v_frm = self.module(gen=gen, cache=cache)
             if denoise_act:
                 x_act = x_act + (t_next - t_now) * v_act.float()
@@ -329,7 +332,7 @@ class TinyAdapter:
             elif denoise_frm:
                 x_frm = x_frm + (t_next - t_now) * v_frm.float()
         if mode == "forward_dynamics":
-            if self.cfg.world_residual:
-                x_frm = forecast + self._current_frame(batch)
+            if now is not None:
+                x_frm = forecast + now
             return {"frames": self._frames_to_images(x_frm)}
         return {"actions": x_act.float().cpu().numpy().astype(np.float32)}
