@@ -218,9 +218,9 @@ def scene_agnostic_replay(cfg: RunConfig, trials: int) -> dict[str, Any]:
 
     On the blind control's held-out episodes (``trials`` per task, seeds from ``eval.seed``), trial ``t``
     replays the actions of the ``t``-th kept training demonstration of its task by trial number
-    (another placement),
-    open loop, then stops the arm (the gripper keeps its last command) until the step limit. What it solves, it solves without looking.
-    Returns per task and over all: successes, episodes and the Wilson 95% interval.
+    (another placement), open loop, then stops the arm (the gripper keeps its last command) until the
+    step limit. What it solves, it solves without looking. Returns per task and over all: successes,
+    episodes and the Wilson 95% interval.
     """
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
