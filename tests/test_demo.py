@@ -19,6 +19,7 @@ SMALL = [
     "train.save_interval=3",
     "train.log_interval=3",
     "train.warmup_steps=1",
+    "train.ema=true",
     "train.micro_batch=4",
     "train.global_batch=4",
     "data.num_workers=0",
@@ -151,3 +152,21 @@ def test_a_demonstration_replayed_on_its_own_seed_solves_it(first_run):
     entry = next(e for e in Journal(out / "data").entries if e.get("kept"))
     jobs = [(entry["task"], entry["trial"], entry["seed"], actions[episode == entry["episode_index"]])]
     assert _replays(replace(cfg.env, image_size=8), jobs) == [True]
+
+
+def test_demo_serves_the_ema_of_the_trained_weights(first_run):
+    """With train.ema on (SMALL sets it), the export stage serves the EMA, not the last weights."""
+    import torch
+
+    from wamkit.export.convert import load_checkpoint_weights
+    from wamkit.serve.loading import load_served
+
+    out, _ = first_run
+    ckpt = json.loads((out / "stages" / "train.done").read_text())["checkpoint"]
+    served = load_served(out / "serve", device="cpu").adapter.module.state_dict()
+    ema = load_checkpoint_weights(ckpt, ema=True).module.state_dict()
+    last = load_checkpoint_weights(ckpt).module.state_dict()
+    assert served.keys() == ema.keys()
+    # the same float32 values, copied: equal bit for bit
+    assert all(torch.equal(served[k], ema[k].to(served[k].dtype)) for k in served)
+    assert not all(torch.equal(ema[k], last[k]) for k in ema), "the EMA equals the last weights"

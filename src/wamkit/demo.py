@@ -124,7 +124,12 @@ def run_demo(cfg: RunConfig, out: Path, fresh: bool = False) -> dict[str, Any]:
         "export",
         fresh,
         lambda: {
-            "serve_dir": str(checkpoint_to_serving(trained["checkpoint"], cfg.eval.serve_dir, overwrite=True))
+            "serve_dir": str(
+                # with train.ema on, the model served and evaluated is the EMA of the trained weights
+                checkpoint_to_serving(
+                    trained["checkpoint"], cfg.eval.serve_dir, ema=cfg.train.ema, overwrite=True
+                )
+            )
         },
     )
     evaluated = _stage(out, "eval", fresh, lambda: run_eval(cfg, resume=True))
