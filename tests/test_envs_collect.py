@@ -79,6 +79,26 @@ def test_collect_writes_a_readable_dataset_and_resumes(tmp_path, capsys):
     assert "render_quality" in capsys.readouterr().err
 
 
+def test_two_workers_write_the_dataset_one_worker_writes(tmp_path):
+    """Episodes are journaled and written in the order they were handed out, not as workers finish."""
+    runs = {}
+    for n in (1, 2):
+        out = tmp_path / f"w{n}"
+        # door-open's expert fails seed 11 (all of its 400 steps) and needs 94 for seed 12: of two workers
+        # started together, the one given seed 12 finishes first
+        argv = ["collect", *ARGS[:2], "--tasks", "door-open-v3", "--workers", str(n), "--image-size", "32",
+                "--episodes", "2", "collect.seed=11", "env.max_steps=400", "--render-quality", "fast", "--out", str(out)]  # fmt: skip
+        assert cli_main(argv) == 0
+        ds = LeRobotDataset(out)
+        order = [(e["seed"], e["success"], e["episode_index"], e["steps"]) for e in _journal(out)]
+        runs[n] = order, ds.numeric(ACTION), ds.numeric(OBS_STATE)
+    assert [o[:3] for o in runs[1][0]] == [(11, False, None), (12, True, 0), (13, True, 1)]
+    assert runs[1][0][0][3] == 400 and runs[1][0][1][3] < 100
+    assert runs[2][0] == runs[1][0]
+    np.testing.assert_array_equal(runs[2][1], runs[1][1])
+    np.testing.assert_array_equal(runs[2][2], runs[1][2])
+
+
 def test_crash_between_journal_and_commit_is_redone(tmp_path):
     """A journal line whose episode the writer never committed is dropped on resume and redone."""
     out = tmp_path / "mw"

@@ -121,6 +121,8 @@ def collect(cfg: RunConfig, progress: bool = True) -> dict[str, Any]:
     """Collect ``cfg.collect.episodes`` expert episodes per task into ``cfg.collect.out``.
 
     Returns a summary: kept / attempted / successes per task, episodes per minute, wall seconds.
+    Episodes are journaled and written in the order they were handed out (task by task, trial by
+    trial), whichever worker finishes first: the dataset is the same for any number of workers.
     """
     _check_collect(cfg)
     tasks = expand_tasks(cfg.env.suite, cfg.env.tasks)
@@ -154,16 +156,43 @@ def collect(cfg: RunConfig, progress: bool = True) -> dict[str, Any]:
     )
     n_workers = min(c.workers, sum(max(0, c.episodes - kept[t]) for t in tasks))  # none when all done
     workers = [EnvWorker(env_cfg, 1, i, host_factory=ExpertHost) for i in range(n_workers)]
-    busy: dict[int, EpisodeSpec] = {}
+    busy: dict[int, tuple[int, EpisodeSpec]] = {}  # worker -> (hand-out number, episode)
+    finished: dict[int, tuple[EpisodeSpec, dict[str, Any]]] = {}  # waiting for those handed out before
+    handed, committed = 0, 0
     restarts, max_restarts = 0, 2 * n_workers
     start, new_eps = time.perf_counter(), 0
+
+    def hand_out(w: EnvWorker, spec: EpisodeSpec) -> None:
+        nonlocal handed
+        w.submit("rollout", {"spec": spec, "keep_failed": c.keep_failed})
+        busy[w.worker_id], in_flight[spec.task] = (handed, spec), in_flight[spec.task] + 1
+        handed += 1
+
+    def commit(spec: EpisodeSpec, result: dict[str, Any]) -> None:
+        nonlocal new_eps
+        keep = result["success"] or c.keep_failed
+        # journaled before the episode is committed: a crash in between leaves a journal line
+        # whose episode_index the writer never reached, which reconcile() drops on resume
+        index = writer.num_episodes if keep else None
+        journal.append(
+            {
+                **spec.to_dict(),
+                "success": result["success"],
+                "kept": keep,
+                "steps": result["steps"],
+                "episode_index": index,
+            }
+        )
+        if keep:
+            _write_episode(writer, result)
+            new_eps += 1
+
     try:
         for w in workers:
             spec = next_spec()
             if spec is None:
                 break
-            w.submit("rollout", {"spec": spec, "keep_failed": c.keep_failed})
-            busy[w.worker_id], in_flight[spec.task] = spec, in_flight[spec.task] + 1
+            hand_out(w, spec)
         while busy:
             ready = wait([workers[i].connection for i in busy])
             for w in [w for w in workers if w.connection in ready and w.worker_id in busy]:
@@ -177,38 +206,28 @@ def collect(cfg: RunConfig, progress: bool = True) -> dict[str, Any]:
                     w.close(timeout=1.0)  # reaps the dead process, closes its pipe
                     workers[w.worker_id] = EnvWorker(env_cfg, 1, w.worker_id, host_factory=ExpertHost)
                     workers[w.worker_id].submit(
-                        "rollout", {"spec": busy[w.worker_id], "keep_failed": c.keep_failed}
+                        "rollout", {"spec": busy[w.worker_id][1], "keep_failed": c.keep_failed}
                     )
                     continue
-                spec = busy.pop(w.worker_id)
+                number, spec = busy.pop(w.worker_id)
                 in_flight[spec.task] -= 1
                 attempts[spec.task] += 1
                 keep = result["success"] or c.keep_failed
                 st = stats[spec.task]
                 st["attempted"] += 1
                 st["success"] += int(result["success"])
-                # journaled before the episode is committed: a crash in between leaves a journal line
-                # whose episode_index the writer never reached, which reconcile() drops on resume
-                index = writer.num_episodes if keep else None
-                journal.append(
-                    {
-                        **spec.to_dict(),
-                        "success": result["success"],
-                        "kept": keep,
-                        "steps": result["steps"],
-                        "episode_index": index,
-                    }
-                )
-                if keep:
-                    _write_episode(writer, result)
+                if keep:  # counted now, so that what is handed out next does not wait for the writer
                     kept[spec.task] += 1
                     st["kept"] += 1
-                    new_eps += 1
                     bar.update(1)
+                # written in hand-out order: an episode that finished early waits for those before it
+                finished[number] = (spec, result)
+                while committed in finished:
+                    commit(*finished.pop(committed))
+                    committed += 1
                 nxt = next_spec()
                 if nxt is not None:
-                    w.submit("rollout", {"spec": nxt, "keep_failed": c.keep_failed})
-                    busy[w.worker_id], in_flight[nxt.task] = nxt, in_flight[nxt.task] + 1
+                    hand_out(w, nxt)
     finally:
         bar.close()
         for w in workers:
