@@ -157,7 +157,7 @@ def collect(cfg: RunConfig, progress: bool = True) -> dict[str, Any]:
     n_workers = min(c.workers, sum(max(0, c.episodes - kept[t]) for t in tasks))  # none when all done
     workers = [EnvWorker(env_cfg, 1, i, host_factory=ExpertHost) for i in range(n_workers)]
     busy: dict[int, tuple[int, EpisodeSpec]] = {}  # worker -> (hand-out number, episode)
-    finished: dict[int, tuple[EpisodeSpec, dict[str, Any]]] = {}  # waiting for those handed out before
+    finished: dict[int, tuple[EpisodeSpec, dict[str, Any], bool]] = {}  # waiting for those handed out before
     handed, committed = 0, 0
     restarts, max_restarts = 0, 2 * n_workers
     start, new_eps = time.perf_counter(), 0
@@ -168,9 +168,8 @@ def collect(cfg: RunConfig, progress: bool = True) -> dict[str, Any]:
         busy[w.worker_id], in_flight[spec.task] = (handed, spec), in_flight[spec.task] + 1
         handed += 1
 
-    def commit(spec: EpisodeSpec, result: dict[str, Any]) -> None:
+    def commit(spec: EpisodeSpec, result: dict[str, Any], keep: bool) -> None:
         nonlocal new_eps
-        keep = result["success"] or c.keep_failed
         # journaled before the episode is committed: a crash in between leaves a journal line
         # whose episode_index the writer never reached, which reconcile() drops on resume
         index = writer.num_episodes if keep else None
@@ -221,7 +220,7 @@ def collect(cfg: RunConfig, progress: bool = True) -> dict[str, Any]:
                     st["kept"] += 1
                     bar.update(1)
                 # written in hand-out order: an episode that finished early waits for those before it
-                finished[number] = (spec, result)
+                finished[number] = (spec, result, keep)
                 while committed in finished:
                     commit(*finished.pop(committed))
                     committed += 1
