@@ -105,3 +105,26 @@ def test_bad_requests_name_what_was_expected():
         LeRobotDataset(FIXTURE, delta_timestamps={ACTION: [0.0, 0.033]})
     with pytest.raises(IndexError):
         LeRobotDataset(FIXTURE, cameras=[])[100]
+
+
+def test_frames_kept_in_memory_are_the_frames_decoded_per_sample(truth):
+    """data.frame_memory_mb: whole files decoded into memory give the very frames the per-sample
+    decoder gives (the same decoder and colour conversion), in any order; a budget that a file would
+    pass keeps none of it and reads it per sample; a time with no frame is named with the file."""
+    plain = LeRobotDataset(FIXTURE)
+    kept = LeRobotDataset(FIXTURE, frame_memory_mb=64)
+    small = LeRobotDataset(FIXTURE, frame_memory_mb=0.5)  # a camera's file holds 1.2 MB of RGB
+    for i in np.random.default_rng(0).permutation(len(plain)).tolist():
+        want = plain[i]
+        for ds in (kept, small):
+            got = ds[i]
+            for key in CAMS:
+                assert np.array_equal(got[key].numpy(), want[key].numpy()), (i, key)
+    check_against_truth(kept, truth)
+    assert kept._videos._whole_bytes == len(CAMS) * 100 * 64 * 64 * 3
+    assert small._videos._whole_bytes == 0 and all(v is None for v in small._videos._whole.values())
+    video = next((FIXTURE / "videos" / CAMS[0]).rglob("*.mp4"))
+    with pytest.raises(DatasetError, match=r"file-000\.mp4: video ends before t=9\.0000s"):
+        kept._videos.frame(video, 9.0, 1e-4)
+    with pytest.raises(DatasetError, match=r"no frame at t=0\.0250s \(the next frame is at t=0\.0500s"):
+        kept._videos.frame(video, 0.025, 1e-4)

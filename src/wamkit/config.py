@@ -96,7 +96,16 @@ class DataConfig:
     gripper: Literal["", "env", "open_1", "close_1"] = ""
     resize: Literal["bilinear_antialias", "nearest"] = "bilinear_antialias"  # image resize kernel
     num_workers: int = 2
+    # decode whole video files into memory, up to this many MiB per loader process (each worker holds
+    # its own); files past it are decoded as samples need them. 0: none kept
+    frame_memory_mb: float = 0.0
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.frame_memory_mb < 0:
+            raise ConfigError(
+                f"data.frame_memory_mb: expected MiB >= 0 (0 keeps none), got {self.frame_memory_mb}"
+            )
 
 
 @dataclass

@@ -44,6 +44,8 @@ class LeRobotDataset(torch.utils.data.Dataset):
 
     ``episodes``: episode indices to use (default all). ``cameras``: camera names (``"wrist_image"``)
     or full keys to decode (default all); an unknown one is an error listing the dataset's cameras.
+    ``frame_memory_mb``: decode whole video files into memory, up to this many MiB per process
+    (:class:`wamkit.data.video.VideoFrames`); 0 decodes the frames each sample needs.
     """
 
     def __init__(
@@ -53,6 +55,7 @@ class LeRobotDataset(torch.utils.data.Dataset):
         episodes: Sequence[int] | None = None,
         cameras: Sequence[str] | None = None,
         tolerance_s: float = 1e-4,
+        frame_memory_mb: float = 0.0,
     ):
         self.root = Path(root)
         self.meta = DatasetMeta(self.root)
@@ -65,7 +68,7 @@ class LeRobotDataset(torch.utils.data.Dataset):
         self._numeric_keys = list(self.meta.numeric_keys)
         self._video_keys = set(self.meta.video_keys)
         self._shapes = {k: tuple(self.features[k]["shape"]) for k in self.camera_keys}
-        self._videos = VideoFrames()
+        self._videos = VideoFrames(memory_mb=frame_memory_mb)
         self._image_tables: dict[tuple[Path, str], Any] = {}
 
     # -- upstream-compatible properties ---------------------------------------------------------

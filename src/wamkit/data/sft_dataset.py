@@ -165,7 +165,9 @@ def make_train_dataset(
         delta: dict[str, list[float]] = {ACTION: [k / meta.fps for k in range(chunk)]}
         if future_offsets:
             delta.update({k: [0.0, *(o / meta.fps for o in future_offsets)] for k in keys})
-        suites[name] = LeRobotDataset(root, delta_timestamps=delta, cameras=keys)
+        suites[name] = LeRobotDataset(
+            root, delta_timestamps=delta, cameras=keys, frame_memory_mb=data_cfg.frame_memory_mb
+        )
     weights = list(data_cfg.suite_weights) or [float(len(d)) for d in suites.values()]
     if any(w < 0 for w in weights) or sum(weights) <= 0:
         raise ConfigError(
