@@ -59,6 +59,18 @@ def open_input(path: Path) -> av.container.InputContainer:
     return container
 
 
+def _no_frame(path: Path, ts: float, tol: float, next_t: float) -> DatasetError:
+    return DatasetError(
+        f"{path}: no frame at t={ts:.4f}s (the next frame is at t={next_t:.4f}s; tolerance {tol}s)"
+    )
+
+
+def _ends_before(path: Path, ts: float) -> DatasetError:
+    return DatasetError(
+        f"{path}: video ends before t={ts:.4f}s (truncated, or the episode metadata is wrong)"
+    )
+
+
 class _OpenVideo:
     """One open file: decoder position, recently decoded frames, colour converter (module docstring)."""
 
@@ -124,9 +136,7 @@ class _OpenVideo:
                     continue
                 if t > ts + tol:
                     self.frames = None
-                    raise DatasetError(
-                        f"{self.path}: no frame at t={ts:.4f}s (the next frame is at t={t:.4f}s; tolerance {tol}s)"
-                    )
+                    raise _no_frame(self.path, ts, tol, t)
                 return frame
         except av.error.FFmpegError as err:
             self.frames = None
@@ -134,9 +144,7 @@ class _OpenVideo:
                 f"{self.path}: decoding failed near t={ts:.4f}s (truncated or corrupt?): {err}"
             ) from None
         self.frames = None
-        raise DatasetError(
-            f"{self.path}: video ends before t={ts:.4f}s (truncated, or the episode metadata is wrong)"
-        )
+        raise _ends_before(self.path, ts)
 
     def close(self) -> None:
         self.cache.clear()
@@ -144,11 +152,15 @@ class _OpenVideo:
         self.container.close()
 
 
-def _decode_whole(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    """Every frame of ``path``: (times in seconds [T], RGB frames uint8 [T, H, W, 3])."""
+def _decode_whole(path: Path, budget: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """Every frame of ``path`` as (times in seconds [T], RGB frames uint8 [T, H, W, 3]), or None when
+    they would take more than ``budget`` bytes (told by the header's frame count, when it has one)."""
     container = open_input(path)
     try:
         stream = container.streams.video[0]
+        ctx = stream.codec_context
+        if int(stream.frames or 0) * ctx.width * ctx.height * 3 > budget:
+            return None
         stream.thread_count = 1
         tb = float(stream.time_base)
         rgb = VideoReformatter()
@@ -162,7 +174,8 @@ def _decode_whole(path: Path) -> tuple[np.ndarray, np.ndarray]:
         container.close()
     if not frames:
         raise DatasetError(f"{path}: no video frames")
-    return np.asarray(times), np.stack(frames)
+    out = np.stack(frames)
+    return (np.asarray(times), out) if out.nbytes <= budget else None
 
 
 class VideoFrames:
@@ -179,23 +192,11 @@ class VideoFrames:
         self._pid = os.getpid()
 
     def _in_memory(self, path: Path) -> tuple[np.ndarray, np.ndarray] | None:
-        if path in self._whole:
-            return self._whole[path]
-        kept = None
-        budget = int(self.memory_mb * 2**20) - self._whole_bytes
-        stream = open_input(path)
-        try:  # the header's frame count and size tell whether the file fits before it is decoded
-            v = stream.streams.video[0]
-            estimate = int(v.frames or 0) * v.codec_context.width * v.codec_context.height * 3
-        finally:
-            stream.close()
-        if estimate <= budget:
-            times, frames = _decode_whole(path)
-            if frames.nbytes <= budget:
-                kept = (times, frames)
-                self._whole_bytes += frames.nbytes
-        self._whole[path] = kept
-        return kept
+        if path not in self._whole:
+            kept = _decode_whole(path, int(self.memory_mb * 2**20) - self._whole_bytes)
+            self._whole[path] = kept
+            self._whole_bytes += kept[1].nbytes if kept else 0
+        return self._whole[path]
 
     def frame(self, path: Path, ts: float, tol: float) -> np.ndarray:
         """The RGB frame (H, W, 3) uint8 shown at ``ts`` seconds (within ``tol``) of ``path``."""
@@ -213,13 +214,7 @@ class VideoFrames:
                 i = int(np.searchsorted(times, ts - tol))
                 if i < len(times) and abs(times[i] - ts) <= tol:
                     return frames[i].copy()
-                if i >= len(times):
-                    raise DatasetError(
-                        f"{path}: video ends before t={ts:.4f}s (truncated, or the episode metadata is wrong)"
-                    )
-                raise DatasetError(
-                    f"{path}: no frame at t={ts:.4f}s (the next frame is at t={times[i]:.4f}s; tolerance {tol}s)"
-                )
+                raise _ends_before(path, ts) if i >= len(times) else _no_frame(path, ts, tol, times[i])
         video = self._open.get(path)
         if video is None:
             video = _OpenVideo(path, self.cache_frames)
