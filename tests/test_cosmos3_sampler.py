@@ -150,7 +150,7 @@ def test_the_noise_of_request_i_is_drawn_from_seed_plus_i():
     host = SimpleNamespace(device=torch.device("cpu"))
     acts = torch.randn(3, 16, 10)
     prep = Prepared(torch.zeros(3, 8, 1, 4, 6), (0, 2), acts, (1,), velocity=None)
-    noise_v, noise_a, act, cond_v, cond_a = Cosmos3Inference._draw(host, 5, (3, 8, 5, 4, 6), prep)
+    noise_v, noise_a, act, cond_v, cond_a = Cosmos3Inference._draw(host, [5, 6, 7], (3, 8, 5, 4, 6), prep)
     for i in range(3):
         g = torch.Generator("cpu").manual_seed(5 + i)
         assert torch.equal(noise_v[i : i + 1], torch.randn((1, 8, 5, 4, 6), generator=g))

@@ -140,7 +140,7 @@ def test_blank_images_sends_black_frames_of_the_rendered_shape_and_is_recorded(t
     class Policy:
         identity = None
 
-        def __call__(self, obs_list):
+        def __call__(self, obs_list, seeds=None):
             seen.extend(obs_list)
             return np.zeros((len(obs_list), 8, 4), np.float32), 0.001, len(obs_list)
 
@@ -161,3 +161,47 @@ def test_blank_images_sends_black_frames_of_the_rendered_shape_and_is_recorded(t
         assert all((i == 0).all() for i in images) == blank and any(i.any() for i in images) != blank
         assert all(o["observation.state"].any() for o in seen)  # the state is sent as it is
         assert json.loads((out / "plan.json").read_text())["blank_images"] is blank
+
+
+def test_each_episode_sends_the_same_noise_seeds_whatever_the_layout(tmp_path):
+    """Request k of an episode carries request_seed(episode, k) (eval/episodes.py), whichever episodes
+    share its model call: a policy whose actions come from the seeds alone gives bit-equal records
+    with one env and with three envs sharing each call."""
+    import numpy as np
+
+    from tests.eval_helpers import eval_config, results
+    from wamkit.envs.base import EpisodeSpec
+    from wamkit.eval.episodes import request_seed
+    from wamkit.eval.runner import run_eval
+
+    sent: dict[str, list[list[int]]] = {}
+
+    class Policy:
+        identity = None
+
+        def __call__(self, obs_list, seeds=None):
+            assert seeds is not None and len(seeds) == len(obs_list)
+            sent.setdefault(layout, []).append(list(seeds))
+            acts = [np.random.default_rng(s).uniform(-1, 1, (8, 4)) for s in seeds]
+            return np.stack(acts).astype(np.float32), 0.001, len(obs_list)
+
+        def close(self):
+            pass
+
+    runs = {}
+    for layout, extra in {
+        "one": ("eval.num_envs=1", "eval.pipeline_stages=1", "eval.workers=1"),
+        "three": ("eval.num_envs=3", "eval.pipeline_stages=1", "eval.workers=1"),
+    }.items():
+        out = tmp_path / layout
+        cfg = eval_config("ws://unused:1", out, *extra, "eval.trials=3", "env.max_steps=12",
+                          "eval.replan_interval=4", "eval.calibrate_s=0")  # fmt: skip
+        run_eval(cfg, progress=False, policy_factory=lambda url, env_cfg, patience: Policy())
+        runs[layout] = results(out)
+    assert runs["one"] == runs["three"] and len(runs["one"]) == 3
+    assert max(map(len, sent["three"])) > 1  # episodes did share calls there
+    # the seeds are the episodes' named ones: 3 requests (12 steps, replan 4) per episode
+    specs = [EpisodeSpec("metaworld", "reach-v3", t, 1000 + t) for t in range(3)]
+    want = sorted(request_seed(spec, k) for spec in specs for k in range(3))
+    for layout in runs:
+        assert sorted(s for call in sent[layout] for s in call) == want

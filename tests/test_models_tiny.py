@@ -109,6 +109,27 @@ def test_predict_is_deterministic_for_a_seed_in_every_mode():
     assert inv.shape == p1.shape and not np.allclose(inv, other)  # the goal frame is used
 
 
+def test_a_seeded_row_answers_the_same_alone_or_in_any_batch():
+    """Noise is drawn per row from the row's seed (models/base.py): an int seed s gives row i seed s+i,
+    a list gives each row its own. So a row's answer does not depend on what shares its call: exactly
+    equal in one call's shapes, up to reordered float32 sums (tests/exactness.py: width x depth x
+    steps) where another batch size lets the CPU kernels block the matmuls otherwise."""
+    a = make(WORLD)
+    batch = random_batch(IO, 3)
+    together = a.predict(batch, seed=[7, 40, 9])["actions"]
+    np.testing.assert_array_equal(a.predict(batch, seed=7)["actions"][0], together[0])
+    length = FAST["width"] * FAST["depth"] * a.cfg.num_steps
+    for i, s in enumerate([7, 40, 9]):
+        alone = a.predict({k: v[i : i + 1] for k, v in batch.items()}, seed=s)["actions"][0]
+        assert_rounding_close(alone, together[i], length=length)
+    order = [2, 1, 0]
+    reordered = {k: [v[i] for i in order] if isinstance(v, list) else v[order] for k, v in batch.items()}
+    swapped = a.predict(reordered, seed=[9, 40, 7])["actions"]
+    assert_rounding_close(swapped[::-1].copy(), together, length=length)
+    with pytest.raises(ValueError, match=r"seed: expected one seed per row \(3\), got 2"):
+        a.predict(batch, seed=[1, 2])
+
+
 def test_residual_frame_head_starts_from_a_copy_of_the_current_frame():
     """world_residual: the frame head regresses the change from the current frame. It starts at zero,
     so an untrained model's forward dynamics returns the current frame itself, at the frame

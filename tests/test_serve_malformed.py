@@ -101,6 +101,7 @@ def malformed(i: int) -> tuple[str, bytes | str, str]:
         ("nan state", packb({**good, "observation.state": np.full(39, np.inf, np.float32)}), "non-finite"),
         ("bad mode", packb({**good, "mode": ["policy"]}), "mode"),
         ("bad seed", packb({**good, "seed": "zero"}), "seed: expected an integer"),
+        ("seed list for one row", packb({**good, "seed": [1, 2]}), "seed: expected an integer, got"),
     ]
     return kinds[i % len(kinds)]
 

@@ -27,6 +27,7 @@ from wamkit.serve.policy import RequestError, ServedPolicy
 from wamkit.serve.server import start_server_in_thread
 
 from .conftest import spec_of
+from .exactness import assert_rounding_close
 
 STATE_Q = (-2.0, 3.0)  # q01, q99 of every state dim
 ACT_Q01, ACT_Q99 = np.array([-0.5, 0.0, 1.0, -1.0]), np.array([0.5, 2.0, 3.0, 1.0])
@@ -353,6 +354,46 @@ def test_tiny_model_seeded_request_matches_in_process_call():
     np.testing.assert_array_equal(served, policy.infer({**o, "seed": 11})["actions"])
     assert batched.shape == (2, 16, 4) and np.isfinite(batched).all()
     assert not np.array_equal(batched[0], batched[1])  # unseeded: each observation draws its own noise
+
+
+def test_seeded_requests_from_two_clients_share_a_model_call_and_keep_their_own_noise():
+    """Seeded requests batch together (no longer a call each): every row draws its noise from its own
+    seed, so each reply equals the in-process call with that seed, up to the reordered float32 sums of
+    another batch size (tests/exactness.py; the tiny model is 160 wide, 3 deep, 2 steps)."""
+    import threading
+
+    policy = random_init("tiny", "small", {"num_steps": 2}, device="cpu")
+    sent = {0: {**obs(5), "seed": 11}, 1: {**obs(6), "seed": 12}}
+    replies: dict[int, dict] = {}
+    with start_server_in_thread(policy, max_wait_ms=300.0) as srv:
+        clients = {i: PolicyClient(srv.url) for i in sent}
+        barrier = threading.Barrier(len(sent))
+
+        def ask(i):
+            barrier.wait()
+            replies[i] = clients[i].infer(sent[i])
+
+        threads = [threading.Thread(target=ask, args=(i,)) for i in sent]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        batched = clients[0].infer(
+            {k: (np.stack([v, v]) if k != "prompt" else [v, v]) for k, v in obs(5).items()}
+            | {"seed": [11, 3]}
+        )["actions"]
+        for c in clients.values():
+            c.close()
+    assert [replies[i]["server_timing"]["batch_size"] for i in sent] == [2, 2]  # one model call
+    for i, o in sent.items():
+        assert_rounding_close(replies[i]["actions"], policy.infer(o)["actions"], length=160 * 3 * 2)
+    assert_rounding_close(batched[0], replies[0]["actions"], length=160 * 3 * 2)
+    assert not np.allclose(batched[0], batched[1])
+    two = {k: (np.stack([v, v]) if k != "prompt" else [v, v]) for k, v in obs(5).items()}
+    assert policy.prepare({**two, "seed": 4}).seeds == [4, 5]
+    assert policy.prepare({**two, "seed": np.array([9, 2])}).seeds == [9, 2]
+    with pytest.raises(RequestError, match=r"seed: expected an integer or 2 integers \(one per row\)"):
+        policy.prepare({**two, "seed": [1, 2, 3]})
 
 
 def test_two_camera_dynamics_take_every_cameras_goal_and_return_the_rollout():

@@ -269,7 +269,9 @@ class FittedPolicy:
 
         return served_identity(self.client.metadata or {})
 
-    def __call__(self, obs_list: list[dict[str, Any]]) -> tuple[np.ndarray, float, int]:
+    def __call__(
+        self, obs_list: list[dict[str, Any]], seeds: list[int] | None = None
+    ) -> tuple[np.ndarray, float, int]:
         from wamkit.eval.remote import reply_timing
 
         req: dict[str, Any] = {}

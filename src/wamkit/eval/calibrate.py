@@ -264,14 +264,15 @@ def _time_server(policy: Callable, obs: list[dict], sizes: list[int], budget_s: 
     share = budget_s / max(1, len(sizes))
     for b in sizes:
         batch = [obs[i % len(obs)] for i in range(b)]
-        policy(batch)
+        seeds = list(range(b))  # seeded as the evaluator's requests are (the same per-row draws)
+        policy(batch, seeds)
         warm_until, warm = time.perf_counter() + share / 5, 0
         while warm < WARM_CALLS or time.perf_counter() < warm_until:
-            policy(batch)
+            policy(batch, seeds)
             warm += 1
         times: list[float] = []
         deadline = time.perf_counter() + share
         while not times or (time.perf_counter() < deadline and len(times) < MAX_TIMED_CALLS):
-            times.append(float(policy(batch)[1]))
+            times.append(float(policy(batch, seeds)[1]))
         latency[b] = statistics.median(times)
     return latency

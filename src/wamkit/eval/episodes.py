@@ -6,10 +6,16 @@ gives ``eval.seed + t``; ``openpi`` / ``openvla`` give every trial the seed the 
 with once (7 / 0), and the env starts trial ``t`` from the generator state ``t`` earlier resets leave
 (a suite with stored initial states also starts trial ``t`` from ``initial_states[t]``). They are listed
 trial-major (trial 0 of every task, then trial 1, ...) so that a partial run covers every task evenly.
+
+The model's noise is named too: request ``k`` of an episode carries the seed :func:`request_seed`
+(a hash of the episode's name and ``k``), and a model draws each row's noise from its row's seed alone
+(``models/base.py``). So an episode's actions do not depend on which other episodes share its model
+call, on ``num_envs``, ``stages`` or the order episodes finish in: a rerun repeats every episode.
 """
 
 from __future__ import annotations
 
+import zlib
 from typing import Any
 
 from wamkit.config import ConfigError, EnvConfig, EvalConfig
@@ -35,6 +41,13 @@ def trials_per_task(env_cfg: EnvConfig, eval_cfg: EvalConfig) -> int:
             f"eval.trials: expected >= 1 trial per task (0: the suite's), got {eval_cfg.trials}"
         )
     return eval_cfg.trials or protocol(env_cfg.suite).trials
+
+
+def request_seed(spec: EpisodeSpec, k: int) -> int:
+    """The seed of request ``k`` (0, 1, ... per replan) of episode ``spec``: stable across runs, Python
+    versions and machines (CRC-32, not ``hash``), below 2**31."""
+    name = f"{spec.suite}/{spec.task}/{spec.trial}/{spec.seed}/{k}"
+    return zlib.crc32(name.encode()) & 0x7FFFFFFF
 
 
 def plan_episodes(env_cfg: EnvConfig, eval_cfg: EvalConfig) -> list[EpisodeSpec]:

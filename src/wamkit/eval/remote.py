@@ -139,14 +139,19 @@ class RemotePolicy:
         """What the server says it serves (:func:`served_identity`)."""
         return served_identity(self.metadata)
 
-    def request(self, obs_list: list[dict[str, Any]]) -> dict[str, Any]:
+    def request(self, obs_list: list[dict[str, Any]], seeds: list[int] | None = None) -> dict[str, Any]:
+        """The batched request for ``obs_list``; ``seeds``: one noise seed per observation."""
         req: dict[str, Any] = {k: np.stack([o[k] for o in obs_list]) for k in self.image_keys}
         req[OBS_STATE] = np.stack([np.asarray(o[OBS_STATE], np.float32) for o in obs_list])
         req[PROMPT] = [str(o[TASK]) for o in obs_list]
+        if seeds is not None:
+            req["seed"] = np.asarray(seeds, np.int64)
         return req
 
-    def __call__(self, obs_list: list[dict[str, Any]]) -> tuple[np.ndarray, float, int]:
-        req = self.request(obs_list)
+    def __call__(
+        self, obs_list: list[dict[str, Any]], seeds: list[int] | None = None
+    ) -> tuple[np.ndarray, float, int]:
+        req = self.request(obs_list, seeds)
         t0 = time.perf_counter()
         reply = self.client.infer(req, timeout_s=self.reply_timeout_s)
         rtt = time.perf_counter() - t0

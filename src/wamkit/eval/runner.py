@@ -257,10 +257,10 @@ class _BlankImages:
     def __init__(self, inner: Any) -> None:
         self._inner = inner
 
-    def __call__(self, obs_list: list[dict[str, Any]]) -> Any:
+    def __call__(self, obs_list: list[dict[str, Any]], seeds: list[int] | None = None) -> Any:
         prefix = image_key("")
         blank = [{k: np.zeros_like(v) if k.startswith(prefix) else v for k, v in o.items()} for o in obs_list]
-        return self._inner(blank)
+        return self._inner(blank, seeds)
 
     def __getattr__(self, name: str) -> Any:  # identity, close, ...
         return getattr(self._inner, name)

@@ -32,12 +32,13 @@ from typing import Any
 import numpy as np
 
 from wamkit.envs.base import EpisodeSpec
+from wamkit.eval.episodes import request_seed
 from wamkit.eval.executors import Executor, WorkerLost
 from wamkit.eval.host import ERROR
 
-# obs list -> (actions [B, H, D], server seconds, observations in the model call that served them,
-# index of the server that answered)
-Policy = Callable[[list[dict[str, Any]]], tuple[np.ndarray, float, int, int]]
+# (obs list, one noise seed per observation) -> (actions [B, H, D], server seconds, observations in
+# the model call that served them, index of the server that answered)
+Policy = Callable[[list[dict[str, Any]], list[int]], tuple[np.ndarray, float, int, int]]
 ENV_ERROR = "env_error"
 
 
@@ -127,12 +128,14 @@ class Slot:
     infer_s: float = 0.0
     t_start: float = 0.0
     frames: list[np.ndarray] | None = None
+    requests: int = 0  # model requests so far this episode: names the next one's seed
 
     def start(self, spec: EpisodeSpec, gen: int, film: bool) -> None:
         self.spec, self.gen, self.needs_reset, self.obs, self.actions = spec, gen, True, None, []
         self.length, self.ret, self.success_once, self.success_last = 0, 0.0, False, False
         self.sim_s = self.infer_s = 0.0
         self.frames = [] if film else None
+        self.requests = 0
 
 
 class Pipeline:
@@ -261,7 +264,8 @@ class Pipeline:
             self.events.append((s, "sim", t0, t1))
             if not ready:
                 continue
-            chunks, infer_s, call_batch, server = policy([sl.obs for sl in ready])
+            seeds = [request_seed(sl.spec, sl.requests) for sl in ready]
+            chunks, infer_s, call_batch, server = policy([sl.obs for sl in ready], seeds)
             t2 = self.now()
             self.requests.append((len(ready), max(int(call_batch), len(ready)), server, s))
             self.events.append((s, "infer", t1, t2))
@@ -275,6 +279,7 @@ class Pipeline:
                 )
             for sl, chunk in zip(ready, chunks):
                 sl.actions = list(chunk[: self.replan])
+                sl.requests += 1
                 sl.infer_s += t2 - t1
 
     # -- simulation ------------------------------------------------------------------------------

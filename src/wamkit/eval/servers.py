@@ -139,7 +139,9 @@ class StagePolicy:
         self.conn: Callable | None = None
         self.patient = False
 
-    def __call__(self, obs_list: list[dict[str, Any]]) -> tuple[np.ndarray, float, int, int]:
+    def __call__(
+        self, obs_list: list[dict[str, Any]], seeds: list[int] | None = None
+    ) -> tuple[np.ndarray, float, int, int]:
         while True:
             server = self.pool.server_of(self.stage)
             try:
@@ -147,7 +149,7 @@ class StagePolicy:
                     self.close()
                     self.server = server
                     self.conn, self.patient = self.pool.connect(server)
-                actions, infer_s, call = self.conn(obs_list)
+                actions, infer_s, call = self.conn(obs_list, seeds)
                 return actions, infer_s, call, server
             except SERVER_LOST as err:
                 self.close()

@@ -15,12 +15,18 @@ Batch format (what the data pipeline produces and ``sft_loss`` / ``predict`` con
 ``predict`` returns model-space action chunks: float32 numpy [B, chunk, action_dim], still normalised;
 turning them into env-ready actions is :class:`wamkit.actions.spec.PreprocessSpec`'s job, the same
 object the training dataset ran.
+
+``predict``'s ``seed`` is per row: an int ``s`` seeds row i with ``s + i``, a sequence gives each row
+its own seed (:func:`row_seeds`), and each row draws its noise from a generator of its own. A row's
+answer then depends on its own seed alone, not on what else shares the model call: a server can batch
+seeded requests from many clients and answer each as an in-process call would.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -28,6 +34,32 @@ import numpy as np
 import torch
 
 from wamkit.constants import ACTION, OBS_STATE, TASK, image_key
+
+
+def row_seeds(seed: int | Sequence[int] | np.ndarray | None, b: int) -> list[int] | None:
+    """The seeds of a batch's ``b`` rows: ``seed + i`` for an int, the sequence itself (one per row),
+    None for None (the global generator's draws)."""
+    if seed is None:
+        return None
+    if isinstance(seed, int | np.integer):
+        return [int(seed) + i for i in range(b)]
+    seeds = [int(s) for s in np.asarray(seed).reshape(-1)]
+    if len(seeds) != b:
+        raise ValueError(f"seed: expected one seed per row ({b}), got {len(seeds)}")
+    return seeds
+
+
+def seeded_noise(
+    seeds: list[int], shapes: Sequence[tuple[int, ...]], device: Any = "cpu"
+) -> list[torch.Tensor]:
+    """Standard normal tensors [B, *shape] for each of ``shapes``: row i's from a CPU generator seeded
+    with ``seeds[i]``, drawn in the order of ``shapes`` (the same numbers on every device)."""
+    out = [torch.empty((len(seeds), *shape)) for shape in shapes]
+    for i, s in enumerate(seeds):
+        g = torch.Generator("cpu").manual_seed(int(s))
+        for t in out:
+            torch.randn(t[i].shape, generator=g, out=t[i])
+    return [t.to(device) for t in out]
 
 
 def weights_sha256(module: torch.nn.Module | None) -> str:
@@ -191,11 +223,15 @@ class ModelAdapter(Protocol):
 
     @torch.no_grad()
     def predict(
-        self, batch: dict[str, Any], mode: Mode = "policy", seed: int | None = None, **inputs: Any
+        self,
+        batch: dict[str, Any],
+        mode: Mode = "policy",
+        seed: int | Sequence[int] | None = None,
+        **inputs: Any,
     ) -> dict[str, np.ndarray]:
         """``{"actions": [B, chunk, action_dim]}`` (model space) for ``policy`` and ``inverse_dynamics``
         (``inputs["goal_images"]``), ``{"frames": [B, H, W, 3] uint8}`` for ``forward_dynamics``
-        (``inputs["actions"]``). Deterministic for a given ``seed``."""
+        (``inputs["actions"]``). Deterministic for a given ``seed``, row by row (:func:`row_seeds`)."""
         ...
 
     def config_dict(self) -> dict[str, Any]:

@@ -28,6 +28,7 @@ by the mean of the given actions; ``inverse_dynamics`` is ``policy`` plus the go
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -117,7 +118,11 @@ class DelayModel:
     # -- inference ---------------------------------------------------------------------------------
     @torch.no_grad()
     def predict(
-        self, batch: dict[str, Any], mode: Mode = "policy", seed: int | None = None, **inputs: Any
+        self,
+        batch: dict[str, Any],
+        mode: Mode = "policy",
+        seed: int | Sequence[int] | None = None,
+        **inputs: Any,
     ) -> dict[str, np.ndarray]:
         b = self.io.check_batch(batch)
         time.sleep((self.delay_ms + self.per_obs_ms * b) / 1000.0)

@@ -1,8 +1,8 @@
 """Dynamic batching: requests from many connections share one model call.
 
 The batcher lives on the server's event loop. A request waits in one FIFO queue; the batching loop takes
-the oldest request, adds every queued request of the same group (the same mode; a seeded request is a
-group of its own, see :attr:`~wamkit.serve.policy.Request.group`) until ``max_batch`` observations. A
+the oldest request, adds every queued request of the same group (the same mode, and seeded or not, see
+:attr:`~wamkit.serve.policy.Request.group`) until ``max_batch`` observations. A
 batch that is not full keeps gathering while requests keep coming: it closes when no request has
 arrived for ``max_wait_ms``, when every connection is waiting for a reply (none can add more), or after
 :data:`MAX_GATHER_WAITS` x ``max_wait_ms`` in all. (Timing from the *first* request instead split every
@@ -12,7 +12,7 @@ with one unbatched observation (openpi's form) has not sent again ("returning": 
 on its way back), the batch waits for it longer, up to :data:`RETURN_PATIENCE` of the previous call's
 duration (within the same cap): a request left behind would cost a model call of its own, and a
 launch-bound model costs nearly as much for one observation as for a full batch. Only a connection
-whose next request could join this batch (the same group, no seed) and whose last turnaround (reply to
+whose next request could join this batch (the same group) and whose last turnaround (reply to
 next request) brings it back within that time is waited for. Connections that send a batch axis (the
 evaluator's stages, even of one env) batch for themselves and are never waited for.
 

@@ -16,7 +16,10 @@ sends ``prompt`` as a list of B strings):
 - the OpenPI keys of the embodiments' reference clients are accepted too (their profiles'
   ``request_images`` and ``request_state``): e.g. ``observation/image`` and ``observation/wrist_image``
   map to the model's first and second camera, ``observation/state`` to ``observation.state``;
-- optional ``mode`` (``policy`` | ``inverse_dynamics`` | ``forward_dynamics``) and ``seed`` (int);
+- optional ``mode`` (``policy`` | ``inverse_dynamics`` | ``forward_dynamics``) and ``seed``: an int
+  (row i of a batched request gets ``seed + i``) or, batched, B ints, one per row. A row's seed
+  fixes its noise whatever else shares the model call (see ``models/base.py``), so seeded requests
+  batch with each other like unseeded ones;
 - ``inverse_dynamics`` also takes the goal frame of every camera, ``goal_image.<cam>`` (same form as
   the observation images; ``goal_image`` alone names the first camera's),
   ``forward_dynamics`` takes ``actions`` [chunk, D_env] env commands (model space with ``raw_actions``).
@@ -71,17 +74,38 @@ class Request:
     n: int
     batched: bool
     mode: str = "policy"
-    seed: int | None = None
+    seeds: list[int] | None = None  # one per row, or None: the model's global RNG
     inputs: dict[str, Any] = field(
         default_factory=dict
     )  # goal_images / actions, leading axis n (model space)
 
     @property
     def group(self) -> tuple[Any, ...]:
-        """Requests batch together only within a group: the same mode, and no seed. A seeded request runs
-        in a model call of its own, so its reply equals an in-process call with that seed, whoever else
-        is connected."""
-        return (self.mode,) if self.seed is None else (self.mode, self.seed, id(self))
+        """Requests batch together only within a group: the same mode, and all seeded or all unseeded.
+        Noise is drawn per row from the row's seed, so a seeded reply equals an in-process call with
+        that seed whoever else shares the model call."""
+        return (self.mode,) if self.seeds is None else (self.mode, "seeded")
+
+
+def _seeds(seed: Any, n: int, batched: bool) -> list[int] | None:
+    """A request's ``seed`` as one int per row: ``s`` gives rows ``s, s+1, ...``; a batched request may
+    send ``n`` ints instead (a list or an integer array)."""
+    if seed is None:
+        return None
+    arr = np.asarray(seed) if isinstance(seed, list | tuple | np.ndarray | np.integer) else None
+    ints = arr is not None and (
+        arr.dtype.kind in "iu" or (arr.dtype == object and all(_is_int(v) for v in arr.ravel()))
+    )
+    if _is_int(seed) or (ints and arr.ndim == 0):
+        return [int(seed) + i for i in range(n)]
+    if batched and ints and arr.shape == (n,):
+        return [int(v) for v in arr.tolist()]
+    want = f"an integer or {n} integers (one per row)" if batched else "an integer"
+    raise RequestError(f"seed: expected {want}, got {seed!r}"[:300])
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int | np.integer) and not isinstance(v, bool)
 
 
 def _cat(arrays: list[np.ndarray]) -> torch.Tensor:
@@ -286,8 +310,6 @@ class ServedPolicy:
         if mode not in MODES:
             raise RequestError(f"mode: {mode!r} is not one of {', '.join(MODES)}")
         seed = got.get("seed", (None, None))[1]
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int | np.integer)):
-            raise RequestError(f"seed: expected an integer, got {seed!r}")
 
         if OBS_STATE not in got:
             raise RequestError(
@@ -340,7 +362,7 @@ class ServedPolicy:
             inputs["actions"] = self._fd_actions(got, n, batched)
         elif FD_ACTIONS in got:
             raise RequestError(f"'{FD_ACTIONS}' belongs to mode 'forward_dynamics', not {mode!r}")
-        return Request(batch, n, batched, mode, None if seed is None else int(seed), inputs)
+        return Request(batch, n, batched, mode, _seeds(seed, n, batched), inputs)
 
     def _images(self, got: dict, target: str, n: int, batched: bool) -> np.ndarray:
         if target not in got:
@@ -381,7 +403,9 @@ class ServedPolicy:
         """One ``predict`` call for all ``requests`` (same group); the replies, in the same order."""
         first = requests[0]
         if any(r.group != first.group for r in requests):
-            raise ValueError("requests of different modes or seeds cannot share one model call")
+            raise ValueError(
+                "requests of different modes, or seeded with unseeded, cannot share one model call"
+            )
         keys = [k for k in first.batch if k != TASK]
         batch: dict[str, Any] = {
             k: torch.from_numpy(np.concatenate([r.batch[k] for r in requests])) for k in keys
@@ -394,7 +418,8 @@ class ServedPolicy:
             else:
                 inputs[name] = _cat([r.inputs[name] for r in requests])
         with self.compute():
-            out = self.adapter.predict(batch, mode=first.mode, seed=first.seed, **inputs)
+            seeds = None if first.seeds is None else [s for r in requests for s in r.seeds]
+            out = self.adapter.predict(batch, mode=first.mode, seed=seeds, **inputs)
         if first.mode == "forward_dynamics":
             results = {"frames": np.asarray(out["frames"], np.uint8)}
             if "video" in out:

@@ -78,9 +78,9 @@ class PolicyServer:
         self.warming: tuple[int, int] | None = None
         self._in_flight: dict[ServerConnection, int] = {}  # requests submitted and not yet answered
         # per connection: the batcher's call count when its last reply came, the group a batch may wait
-        # for it in (None: never; only one unbatched, unseeded observation, openpi's synchronous client,
-        # is waited for: a client sending a batch axis, as the evaluator's stages do even for one env,
-        # batches itself, and a seeded request runs alone anyway), and when that reply came
+        # for it in (None: never; only one unbatched observation, openpi's synchronous client, is
+        # waited for: a client sending a batch axis, as the evaluator's stages do even for one env,
+        # batches itself), and when that reply came
         self._answered: dict[ServerConnection, tuple[int, tuple | None, float]] = {}
         # per connection: seconds from its last reply to its next request (a synchronous client's
         # turnaround): a batch waits only for connections expected back within its patience
@@ -165,7 +165,7 @@ class PolicyServer:
         async def answer():
             try:
                 reply, timing = await queued
-                waited_for = None if request.batched or request.seed is not None else request.group
+                waited_for = None if request.batched else request.group
                 self._answered[ws] = (self.batcher.calls, waited_for, time.perf_counter())
             finally:
                 self._in_flight[ws] -= 1

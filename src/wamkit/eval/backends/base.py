@@ -1,8 +1,12 @@
 """What every backend shares: the target a connection is made for, and its errors.
 
-A connection is a callable ``policy(obs_list) -> (actions [B, H, D] float32, server seconds, call
-size)`` with ``metadata`` (what the server said about itself), ``identity`` (what it serves, for
-``plan.json`` and ``--resume``; None when the server cannot tell) and ``close()``.
+A connection is a callable ``policy(obs_list, seeds=None) -> (actions [B, H, D] float32, server
+seconds, call size)`` with ``metadata`` (what the server said about itself), ``identity`` (what it serves, for
+``plan.json`` and ``--resume``; None when the server cannot tell) and ``close()``. ``seeds`` holds the
+evaluator's noise seed per observation (:func:`~wamkit.eval.episodes.request_seed`): ``wamkit`` sends
+them as the request's per-row ``seed``; the other backends ignore them (their protocols seed a whole
+request or nothing; ``cosmos_http`` and ``sglang`` send their target's ``seed`` option instead), so
+their episodes repeat only as far as their servers' own seeding does.
 
 Errors: a reply that is wrong (a malformed body, actions of the wrong shape or width) raises
 :class:`BackendError`, which names the backend, the URL and the field, and stops the run (sending it

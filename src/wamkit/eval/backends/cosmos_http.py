@@ -67,7 +67,9 @@ class CosmosHttpPolicy:
         said = {k: info[k] for k in IDENTITY_KEYS if info.get(k) is not None}
         self.identity = self.client.identity(said)
 
-    def __call__(self, obs_list: list[dict[str, Any]]) -> tuple[np.ndarray, float, int]:
+    def __call__(
+        self, obs_list: list[dict[str, Any]], seeds: list[int] | None = None
+    ) -> tuple[np.ndarray, float, int]:
         t0 = time.perf_counter()
         reply = self.http.json("POST", PREDICT, request(self.client, obs_list, self.seed))
         if not isinstance(reply, dict):

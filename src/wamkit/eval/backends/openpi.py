@@ -86,7 +86,9 @@ class OpenPIPolicy:
         infer_s, _ = reply_timing(reply, float("nan"), 1)
         return check_actions(NAME, self.url, reply[key], 1, self.dim, key)[0], infer_s
 
-    def __call__(self, obs_list: list[dict[str, Any]]) -> tuple[np.ndarray, float, int]:
+    def __call__(
+        self, obs_list: list[dict[str, Any]], seeds: list[int] | None = None
+    ) -> tuple[np.ndarray, float, int]:
         n = min(len(obs_list), self.width)
         while len(self.clients) < n:
             self.clients.append(self.patience.client(self.url))

@@ -131,7 +131,9 @@ class SGLangPolicy:
         values = actions_of(reply, len(obs_list), NAME, self.url)
         return self.client.decode(values, len(obs_list), "data[].action.values", self.normalized)
 
-    def __call__(self, obs_list: list[dict[str, Any]]) -> tuple[np.ndarray, float, int]:
+    def __call__(
+        self, obs_list: list[dict[str, Any]], seeds: list[int] | None = None
+    ) -> tuple[np.ndarray, float, int]:
         t0 = time.perf_counter()
         parts = [
             self._call(obs_list[i : i + self.max_batch]) for i in range(0, len(obs_list), self.max_batch)

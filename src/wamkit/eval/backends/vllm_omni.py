@@ -149,7 +149,9 @@ class VllmOmniPolicy:
             with contextlib.suppress(OSError):
                 self.http.request("DELETE", f"{VIDEOS}/{vid}")
 
-    def __call__(self, obs_list: list[dict[str, Any]]) -> tuple[np.ndarray, float, int]:
+    def __call__(
+        self, obs_list: list[dict[str, Any]], seeds: list[int] | None = None
+    ) -> tuple[np.ndarray, float, int]:
         t0 = time.perf_counter()
         if len(obs_list) == 1:
             raw = [self._job(obs_list[0])]

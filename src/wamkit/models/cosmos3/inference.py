@@ -25,6 +25,7 @@ step's velocities come from one of two interchangeable functions, with the very 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,7 +34,7 @@ import torch
 
 from wamkit.constants import TASK, image_key
 from wamkit.device import host_buffer, to_device
-from wamkit.models.base import Mode
+from wamkit.models.base import Mode, row_seeds
 from wamkit.models.cosmos3.fast_policy import Velocity
 from wamkit.models.cosmos3.packing import PackedLayout, pack
 from wamkit.models.cosmos3.recipe import native_sigmas
@@ -69,7 +70,11 @@ class Cosmos3Inference:
 
     @torch.no_grad()
     def predict(
-        self, batch: dict[str, Any], mode: Mode = "policy", seed: int | None = None, **inputs: Any
+        self,
+        batch: dict[str, Any],
+        mode: Mode = "policy",
+        seed: int | Sequence[int] | None = None,
+        **inputs: Any,
     ) -> dict[str, np.ndarray]:
         """Run B requests. Returns, by mode:
 
@@ -84,12 +89,13 @@ class Cosmos3Inference:
           the observation, uint8 [B, chunk, H, W, 3] (the whole clip), or [B, H, W, 3] (one goal
           frame, held for the whole chunk)}.
 
-        Request i draws its noise from ``seed + i``: a request's answer does not depend on the batch.
+        Request i draws its noise from ``seed + i`` (or ``seed[i]``, one seed per request; no seed: 0):
+        a request's answer does not depend on the batch.
         """
         if mode not in MODES:
             raise ValueError(f"mode {mode!r} is unknown; expected {', '.join(MODES)}")
-        seed = 0 if seed is None else int(seed)
-        lat_v, lat_a = self._sample(self._prepare(batch, mode, inputs), seed)
+        prep = self._prepare(batch, mode, inputs)
+        lat_v, lat_a = self._sample(prep, row_seeds(0 if seed is None else seed, len(prep.act_init)))
         out: dict[str, np.ndarray] = {}
         if mode != "forward_dynamics":
             out["actions"] = lat_a.cpu().numpy().astype(np.float32)
@@ -176,7 +182,7 @@ class Cosmos3Inference:
         )
         return lambda lat_v, lat_a, t: step(lat_v, lat_a, t.float().reshape(1))
 
-    def _sample(self, prep: Prepared, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _sample(self, prep: Prepared, seeds: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """UniPC denoising of all requests at once; conditioned frames/tokens are held fixed, as in the
         pipeline (their velocity is zeroed). Returns the latents [B, C, T, h, w] and actions.
 
@@ -185,7 +191,7 @@ class Cosmos3Inference:
         x0, act_init = prep.x0, prep.act_init
         dev, t_lat = self.device, self._latent_frames()
         shape_v = (x0.shape[0], x0.shape[1], t_lat, *x0.shape[3:])
-        lat_v, noise_a, act, cond_v, cond_a = self._draw(seed, shape_v, prep)  # lat_v: the noise
+        lat_v, noise_a, act, cond_v, cond_a = self._draw(seeds, shape_v, prep)  # lat_v: the noise
         t0 = x0.shape[2]  # encoded frames: 1 (policy, forward dynamics) or all (inverse dynamics)
         lat_v[:, :, :t0] = cond_v[:t0] * x0 + (1 - cond_v[:t0]) * lat_v[:, :, :t0]
         lat_a = cond_a * act + (1 - cond_a) * noise_a
@@ -203,9 +209,9 @@ class Cosmos3Inference:
                 (lat_v,) = sampler.step(t, [v_v * (1 - cond_v)])
         return lat_v, lat_a
 
-    def _draw(self, seed: int, shape_v: tuple[int, ...], prep: Prepared) -> list[torch.Tensor]:
+    def _draw(self, seeds: list[int], shape_v: tuple[int, ...], prep: Prepared) -> list[torch.Tensor]:
         """The initial noise of the latents [B, C, T, h, w] and actions [B, chunk, D] (request i from
-        ``seed + i``, in the pipeline's draw order: the vision latents, then the actions), the initial
+        ``seeds[i]``, in the pipeline's draw order: the vision latents, then the actions), the initial
         actions and the held-frame masks [T, 1, 1] and [chunk, 1]: built in one host buffer and copied
         to the device at once, without waiting for the device."""
         act_init = prep.act_init
@@ -213,7 +219,7 @@ class Cosmos3Inference:
         host = host_buffer(sum(math.prod(s) for s in shapes), self.device)
         noise_v, noise_a, act, cond_v, cond_a = _split_flat(host, shapes)
         for i in range(shape_v[0]):
-            g = torch.Generator("cpu").manual_seed(seed + i)
+            g = torch.Generator("cpu").manual_seed(seeds[i])
             torch.randn(noise_v[i].shape, generator=g, out=noise_v[i])
             torch.randn(noise_a[i].shape, generator=g, out=noise_a[i])
         act.copy_(act_init)

@@ -13,6 +13,7 @@ MSE, its mean, or L1, its median), one pass; an untrained (zero) head forecasts 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -21,7 +22,7 @@ import torch.nn.functional as F
 
 from wamkit.config import ConfigError
 from wamkit.constants import ACTION, ACTION_IS_PAD, OBS_STATE, TASK, future_image_key, image_key
-from wamkit.models.base import ActivationShape, Mode, ModelIO, ParamGroup
+from wamkit.models.base import ActivationShape, Mode, ModelIO, ParamGroup, row_seeds, seeded_noise
 from wamkit.models.text import encode_texts
 from wamkit.models.tiny.config import TinyConfig
 from wamkit.models.tiny.network import TinyWAM, patchify, to_unit_range, unpatchify
@@ -172,11 +173,11 @@ class TinyAdapter:
         key = image_key(self.io.cameras[0])
         return self._frame_latent(batch[key], key)
 
-    def _frame_noise(self, shape: tuple[int, ...], gen_rng: torch.Generator | None) -> torch.Tensor:
-        """The frame tokens sampling starts from: noise, or zeros for a regressed (residual) head."""
-        if self.cfg.world_residual:
-            return torch.zeros(shape, device=self.device)
-        return torch.randn(shape, generator=gen_rng, device=self.device)
+    def _noise(self, seeds: list[int] | None, shapes: list[tuple[int, ...]]) -> list[torch.Tensor]:
+        """Noise of each of ``shapes`` ([B, ...]): per row from its seed, or from the global generator."""
+        if seeds is None:
+            return [torch.randn(shape, device=self.device) for shape in shapes]
+        return seeded_noise(seeds, [shape[1:] for shape in shapes], self.device)
 
     def _frames_to_images(self, tokens: torch.Tensor) -> np.ndarray:
         x = unpatchify(tokens.float(), self.cfg.world_patch)
@@ -264,7 +265,11 @@ class TinyAdapter:
 
     @torch.no_grad()
     def predict(
-        self, batch: dict[str, Any], mode: Mode = "policy", seed: int | None = None, **inputs: Any
+        self,
+        batch: dict[str, Any],
+        mode: Mode = "policy",
+        seed: int | Sequence[int] | None = None,
+        **inputs: Any,
     ) -> dict[str, np.ndarray]:
         """See :meth:`wamkit.models.base.ModelAdapter.predict`. ``num_steps`` (int) overrides the
         preset's number of Euler steps."""
@@ -275,17 +280,17 @@ class TinyAdapter:
         b = self.io.check_batch(batch)
         dev = self.device
         num_steps = int(inputs.pop("num_steps", self.cfg.num_steps))
-        gen_rng = None
-        if seed is not None:
-            gen_rng = torch.Generator(device=dev).manual_seed(int(seed))
+        seeds = row_seeds(seed, b)
         # the current frame, which a residual frame head is given and adds its forecast change to
         now = self._current_frame(batch) if self.module.n_frame and self.cfg.world_residual else None
         chunk_shape = (b, self.io.chunk, self.io.action_dim)
         frame_shape = (b, self.module.n_frame, self.module.frame_dim)
         denoise_act = denoise_frm = False
+        # the frame tokens sampling starts from: noise, or zeros for a regressed (residual) head
+        noisy_frames = self.module.n_frame and not self.cfg.world_residual
         if mode == "policy":
-            x_act = torch.randn(chunk_shape, generator=gen_rng, device=dev)
-            x_frm = self._frame_noise(frame_shape, gen_rng) if self.module.n_frame else None
+            x_act, *rest = self._noise(seeds, [chunk_shape, frame_shape] if noisy_frames else [chunk_shape])
+            x_frm = rest[0] if rest else torch.zeros(frame_shape, device=dev) if self.module.n_frame else None
             denoise_act, denoise_frm = True, x_frm is not None
         elif mode == "forward_dynamics":
             self._needs_frames(mode)
@@ -294,7 +299,9 @@ class TinyAdapter:
             x_act = self._tensor(inputs.pop("actions"), torch.float32)
             if tuple(x_act.shape) != chunk_shape:
                 raise ValueError(f"actions: expected shape {list(chunk_shape)}, got {list(x_act.shape)}")
-            x_frm = self._frame_noise(frame_shape, gen_rng)
+            x_frm = (
+                self._noise(seeds, [frame_shape])[0] if noisy_frames else torch.zeros(frame_shape, device=dev)
+            )
             denoise_frm = True
             if now is not None:  # nothing the network is given changes between Euler steps: one pass
                 num_steps = 1
@@ -307,7 +314,7 @@ class TinyAdapter:
                 raise ValueError(f"goal_images: expected {b} images, got {x_frm.shape[0]}")
             if now is not None:
                 x_frm = x_frm - now
-            x_act = torch.randn(chunk_shape, generator=gen_rng, device=dev)
+            (x_act,) = self._noise(seeds, [chunk_shape])
             denoise_act = True
         if inputs:
             raise ValueError(f"unexpected inputs for mode {mode}: {sorted(inputs)}")
