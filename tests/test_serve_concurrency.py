@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import multiprocessing
+import signal
 import socket
 import threading
 import time
@@ -19,6 +20,16 @@ from websockets.sync.server import serve as sync_serve
 from wamkit.serve.client import AsyncPolicyClient, PolicyClient, ServerError
 from wamkit.serve.loading import random_init
 from wamkit.serve.server import start_server_in_thread
+
+
+@pytest.fixture(autouse=True)
+def ctrl_c_raises():
+    """Ctrl-C as an interactive shell leaves it: a test run started as a background job of a
+    non-interactive shell inherits SIGINT ignored, and ``_thread.interrupt_main`` then does nothing,
+    so the tests that stop a server with it would wait for ever."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
 
 
 @pytest.fixture(scope="module")
