@@ -52,7 +52,7 @@ from wamkit.actions.spec import PreprocessSpec
 from wamkit.config import SERVE_PRECISIONS, SERVE_WARM, ConfigError
 from wamkit.constants import OBS_STATE, PROMPT, TASK, image_key
 from wamkit.embodiments import request_aliases
-from wamkit.models.base import weights_digest
+from wamkit.models.base import row_seeds, weights_digest
 
 MODES = ("policy", "inverse_dynamics", "forward_dynamics")
 GOAL_IMAGE = "goal_image"  # inverse dynamics: f"{GOAL_IMAGE}.{cam}" per camera; bare: the first camera
@@ -88,24 +88,15 @@ class Request:
 
 
 def _seeds(seed: Any, n: int, batched: bool) -> list[int] | None:
-    """A request's ``seed`` as one int per row: ``s`` gives rows ``s, s+1, ...``; a batched request may
-    send ``n`` ints instead (a list or an integer array)."""
+    """A request's ``seed``, checked, as one int per row (:func:`~wamkit.models.base.row_seeds`): an
+    integer ``s`` gives rows ``s, s+1, ...``; a batched request may send ``n`` integers instead."""
     if seed is None:
         return None
-    arr = np.asarray(seed) if isinstance(seed, list | tuple | np.ndarray | np.integer) else None
-    ints = arr is not None and (
-        arr.dtype.kind in "iu" or (arr.dtype == object and all(_is_int(v) for v in arr.ravel()))
-    )
-    if _is_int(seed) or (ints and arr.ndim == 0):
-        return [int(seed) + i for i in range(n)]
-    if batched and ints and arr.shape == (n,):
-        return [int(v) for v in arr.tolist()]
+    arr = np.asarray(seed) if isinstance(seed, int | list | tuple | np.ndarray | np.integer) else None
+    if arr is not None and arr.dtype.kind in "iu" and (arr.ndim == 0 or (batched and arr.shape == (n,))):
+        return row_seeds(int(arr) if arr.ndim == 0 else arr, n)
     want = f"an integer or {n} integers (one per row)" if batched else "an integer"
     raise RequestError(f"seed: expected {want}, got {seed!r}"[:300])
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int | np.integer) and not isinstance(v, bool)
 
 
 def _cat(arrays: list[np.ndarray]) -> torch.Tensor:
