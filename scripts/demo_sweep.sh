@@ -4,7 +4,8 @@
 # carry and PyAV; see docs/gpu_machine.md). The dataset is collected once; every variant trains and is
 # evaluated from its own folder, JOBS at a time, each on THREADS CPU threads (training on CUDA when
 # TRAIN_DEVICE=cuda; serving stays on the CPU in fp32, as on a laptop). One line per variant in
-# VARIANTS: a name, then `wamkit demo` overrides. Results: $OUT/sweep.tsv (held-out success per task,
+# VARIANTS: a name, then `wamkit demo` overrides; CONFIG names the preset they start from (default: the
+# demo's; its env and collect sections must match the dataset's, which DATA_OVERRIDES set). Results: $OUT/sweep.tsv (held-out success per task,
 # the blind control, forward-dynamics error) and the tails of the variants' logs in $OUT/logs.tar.gz.
 # Variants already finished in WORK are skipped (each stage resumes), so a second call to a machine kept
 # warm goes on where a first one stopped; SUMMARY_ONLY=1 only writes the table.
@@ -18,6 +19,7 @@ JOBS=${JOBS:-6}
 THREADS=${THREADS:-2}
 TRAIN_DEVICE=${TRAIN_DEVICE:-cuda}
 VARIANTS=${VARIANTS:?a file of lines: NAME override ...}
+CONFIG=${CONFIG:-}
 DATA_OVERRIDES=${DATA_OVERRIDES:-}
 mkdir -p "$OUT" "$WORK/logs"
 WAMKIT=(python3 -m wamkit)
@@ -27,7 +29,7 @@ if [ -z "${SUMMARY_ONLY:-}" ] && [ ! -f "$base/stages/stats.done" ]; then
   t0=$(date +%s)
   # shellcheck disable=SC2086
   cat >"$WORK/collect.py" <<'EOF'
-import json, sys, time
+import json, os, sys, time
 from pathlib import Path
 
 
@@ -36,7 +38,7 @@ def main() -> None:
     from wamkit.demo import demo_config
     from wamkit.envs.collect import collect
     out = Path(sys.argv[1])
-    cfg = demo_config(None, ["collect.workers=8", *sys.argv[2:]], out)
+    cfg = demo_config(None, [f"collect.workers={min(os.cpu_count() or 8, 14)}", *sys.argv[2:]], out)
     t = time.perf_counter()
     summary = collect(cfg)
     compute_stats(cfg.data.root, cfg.data.representation, cfg.data.chunk, cfg.data.seed).save(cfg.data.stats)
@@ -62,7 +64,7 @@ run_variant() {
   cp "$base/stages/collect.done" "$base/stages/stats.done" "$dir/stages/"
   local t0; t0=$(date +%s)
   # shellcheck disable=SC2086
-  OMP_NUM_THREADS=$THREADS "${WAMKIT[@]}" demo --out "$dir" $DATA_OVERRIDES train.device="$TRAIN_DEVICE" \
+  OMP_NUM_THREADS=$THREADS "${WAMKIT[@]}" demo --out "$dir" $CONFIG $DATA_OVERRIDES train.device="$TRAIN_DEVICE" \
     serve.device=cpu "$@" >>"$WORK/logs/$name.log" 2>&1
   echo "[sweep] $name: rc $? in $(( $(date +%s) - t0 )) s"
 }

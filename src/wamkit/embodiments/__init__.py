@@ -68,6 +68,12 @@ class Embodiment:
     representation: str = "raw"  # the action representation its models train in (wamkit.actions)
     training_suites: tuple[str, ...] = ()  # the suites a multi-suite training run mixes
     cosmos3_domain: str = ""  # Cosmos3's embodiment (domain) name, "" where it has none
+    # the row of Cosmos3's action heads for a domain diffusers' table lacks (a model trained from
+    # scratch); None: the table's row for ``cosmos3_domain``
+    cosmos3_domain_id: int | None = None
+    # the framing of a Cosmos3 action caption (diffusers' view points: concat_view for cameras side by
+    # side, third_person_view for one fixed camera, ...), "" where it has none
+    cosmos3_view_point: str = ""
     # the sentence of a Cosmos3 action caption saying which half of the side-by-side frame is which
     # camera (its view layout), "" where it has none
     cosmos3_view_description: str = ""

@@ -45,6 +45,7 @@ PROFILE = Embodiment(
     representation="libero_rot6d",
     training_suites=TRAINING_SUITES,
     cosmos3_domain="libero",
+    cosmos3_view_point="concat_view",
     # cosmos' LIBERO dataset describes its concat_view layout (agent view left, wrist camera right) so
     cosmos3_view_description="The left half shows the third-person view; the right half shows the wrist-mounted camera.",
     packages=("mujoco", "robosuite", "libero"),

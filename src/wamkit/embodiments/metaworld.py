@@ -34,6 +34,12 @@ PROFILE = Embodiment(
     # the placement comes from the episode's seed, so each trial is seeded; the fast look is what
     # `wamkit collect` records by default (a model is evaluated on the look it was trained on)
     protocol=SuiteProtocol(render_quality="fast", seed_rule="per_trial", trials=10),
+    # Cosmos3 has no MetaWorld domain: a model trained from scratch takes a row of its action heads that
+    # diffusers' table leaves unused (_EMBODIMENT_TO_DOMAIN_ID, pipeline_cosmos3_omni.py: ids 0-20 of
+    # the 32 rows), and one fixed camera is a third-person view
+    cosmos3_domain="metaworld",
+    cosmos3_domain_id=31,
+    cosmos3_view_point="third_person_view",
     packages=("mujoco", "metaworld"),
     bench_suite="metaworld",
     # the gripper: the pads' distance normalised to [0, 1]; quaternions are unitless

@@ -128,6 +128,9 @@ class ModelIO:
     action_dim: int = 4
     chunk: int = 16
     representation: str = "raw"  # a name in wamkit.actions.representations
+    # the embodiment profile of the data (wamkit.embodiments; "" where unknown): a model may take
+    # conventions from it (Cosmos3: its action-head domain and caption framing)
+    embodiment: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

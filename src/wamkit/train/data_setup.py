@@ -16,6 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from wamkit import embodiments
 from wamkit.actions.representations import get_representation
 from wamkit.actions.spec import PreprocessSpec
 from wamkit.actions.stats import StatsFile
@@ -58,6 +59,7 @@ def io_from_dataset(cfg: RunConfig, features: dict[str, Any], source: str) -> Mo
         action_dim=int(action_dim),
         chunk=cfg.data.chunk,
         representation=cfg.data.representation,
+        embodiment=profile.name if (profile := embodiments.for_suite(cfg.env.suite)) else "",
     )
 
 

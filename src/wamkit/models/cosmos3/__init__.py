@@ -1,7 +1,8 @@
 """The ``cosmos3`` model: NVIDIA Cosmos3 through diffusers (``pip install 'wamkit[cosmos3]'``).
 
 ``build(cfg, io)`` is registered as ``wamkit.models.cosmos3:build``. Presets: ``tiny`` (CPU tests),
-``nano`` (Cosmos3-Nano's shape, random weights), ``nano_l8`` (Nano width, 8 layers: SFT on one GPU);
+``nano`` (Cosmos3-Nano's shape, random weights), ``nano_l8`` (Nano width, 8 layers: SFT on one GPU),
+``small`` and ``mini`` (trained from scratch: on one GPU in minutes, on a CPU);
 ``model.pretrained`` = a diffusers folder on disk (never downloaded). See docs/cosmos3.md.
 """
 
@@ -13,7 +14,7 @@ import torch
 
 from wamkit import embodiments
 from wamkit.actions.representations import get_representation
-from wamkit.config import ModelConfig
+from wamkit.config import ConfigError, ModelConfig
 from wamkit.models.base import ModelIO
 
 # model.options.attention (models/cosmos3/packing.py): auto = flex on CUDA, mask elsewhere
@@ -35,6 +36,7 @@ def _recipe_io() -> ModelIO:
         action_dim=get_representation(e.representation).model_dim(e.action_dim),
         chunk=16,
         representation=e.representation,
+        embodiment=e.name,
     )
 
 
@@ -63,10 +65,15 @@ def build(cfg: ModelConfig, io: ModelIO | None = None, device: Any = None, **_: 
     from wamkit.models.cosmos3.presets import resolve_options
     from wamkit.models.weights import Overlay, StateDictWeights
 
-    opts = resolve_options(dict(cfg.options))
     io = io or DEFAULT_IO
+    opts = resolve_options(dict(cfg.options), io.embodiment)
     if io.chunk % 4:
         raise ValueError(f"cosmos3: io.chunk={io.chunk} must be a multiple of 4 (the VAE's temporal stride)")
+    if opts["state_token"] and io.state_dim > io.action_dim:
+        raise ConfigError(
+            f"model.options.state_token: the state ({io.state_dim}-D) must fit the action heads' "
+            f"{io.action_dim} inputs (env.state=proprio keeps the robot's own state)"
+        )
     dev = torch.device(device if device is not None else "cpu")
     dtype = resolve_dtype(opts["dtype"], dev)
     root, source = None, None

@@ -20,7 +20,8 @@ The robot SFT example, as cosmos-framework builds it (docs/cosmos3.md cites each
 - trained: the generation tower, time embedder, vae<->llm projections and the action heads
   (``lr_mult = action_lr_mult``); the understanding tower and the embeddings are frozen.
 
-The proprio state is not a model input (Cosmos3 has none). ``predict`` lives in
+The state is not a model input in the recipe (Cosmos3 has none); with ``options.state_token`` it is
+one held token in front of the action chunk, through the domain's action input head. ``predict`` lives in
 :class:`wamkit.models.cosmos3.inference.Cosmos3Inference`; policy mode takes the fast path of
 :mod:`wamkit.models.cosmos3.fast` unless ``options.fast_inference`` is false.
 
@@ -39,12 +40,11 @@ from typing import Any
 import numpy as np
 import torch
 from diffusers import Cosmos3OmniPipeline
-from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import _EMBODIMENT_TO_DOMAIN_ID
 
 from wamkit.actions.cosmos3 import action_prompt, side_by_side
 from wamkit.actions.representations import get_representation
 from wamkit.config import ConfigError
-from wamkit.constants import ACTION, ACTION_IS_PAD, IDLE_FRAMES, TASK, future_image_key, image_key
+from wamkit.constants import ACTION, ACTION_IS_PAD, IDLE_FRAMES, OBS_STATE, TASK, future_image_key, image_key
 from wamkit.device import to_device
 from wamkit.models.base import LATENT_CACHE_OPTION, ActivationShape, ModelIO, ParamGroup, weights_sha256
 from wamkit.models.cosmos3 import latents
@@ -53,6 +53,7 @@ from wamkit.models.cosmos3.fast_policy import TEXT_BUCKET, FastPolicy
 from wamkit.models.cosmos3.inference import Cosmos3Inference
 from wamkit.models.cosmos3.latents import LATENTS, LatentCache
 from wamkit.models.cosmos3.packing import PackedLayout, RequestSegments, install_processor, pack
+from wamkit.models.cosmos3.presets import domain_id
 from wamkit.models.cosmos3.recipe import train_sigmas
 from wamkit.models.cosmos3.towers import param_role, train_flops
 
@@ -90,7 +91,7 @@ class Cosmos3Adapter(Cosmos3Inference):
         )
         self.pipe.set_progress_bar_config(disable=True)
         self.clip_encoder = ClipEncoder(self.pipe)  # the pipeline's preprocessing and encode, batched
-        self.domain_id = _EMBODIMENT_TO_DOMAIN_ID[options["domain_name"]]
+        self.domain_id = domain_id(options["domain_name"])
         self.processor = install_processor(transformer, options["attention"])
         # policy mode's default path (options.fast_inference): cached text keys/values, batched requests
         self.fast = FastPolicy(transformer, int(options["text_cache_size"]), options["step_graph"])
@@ -103,9 +104,11 @@ class Cosmos3Adapter(Cosmos3Inference):
         self.sample_extras: tuple[str, ...] = (
             (IDLE_FRAMES,) if IDLE_FRAMES in get_representation(io.representation).extras else ()
         )
-        # idle_frame at inference: 0 as cosmos' policy server; None leaves the field out (the prompt
-        # diffusers' pipeline builds)
-        self.inference_idle_frames: int | None = 0
+        # idle_frame at inference: 0 as cosmos' policy server, for a model trained on captions that carry
+        # the field; None leaves it out (the prompt diffusers' pipeline builds), as training did for
+        # data without idle counts: a caption the model never saw in training would condition it on
+        # text it cannot read (a from-scratch model served so failed every episode)
+        self.inference_idle_frames: int | None = 0 if self.sample_extras else None
         self.fp8 = False  # use_fp8(): the generation tower's linear layers quantized (serving only)
         self._warned_idle = False
         for name, p in transformer.named_parameters():
@@ -377,7 +380,7 @@ class Cosmos3Adapter(Cosmos3Inference):
                     condition_frame_indexes=list(vision_cond),
                 )
                 act = self.pipe._prepare_action_segment(
-                    input_action_tokens=torch.empty((self.io.chunk, self.io.action_dim), device="meta"),
+                    input_action_tokens=torch.empty((self.action_len, self.io.action_dim), device="meta"),
                     condition_frame_indexes=list(action_cond),
                     mrope_offset=text["vision_start_temporal_offset"],
                     action_fps=float(self.options["fps"]),
@@ -387,6 +390,26 @@ class Cosmos3Adapter(Cosmos3Inference):
                 self._segments[key] = RequestSegments(text, vis, act)
             reqs.append(RequestSegments(text, self._segments[key].vision, self._segments[key].action))
         return reqs
+
+    @property
+    def held_actions(self) -> int:
+        """Held tokens in front of the action chunk: 1 with ``options.state_token`` (the state), else 0."""
+        return int(bool(self.options["state_token"]))
+
+    @property
+    def action_len(self) -> int:
+        """Tokens of the action stream: the held state token (``options.state_token``), then the chunk."""
+        return self.held_actions + self.io.chunk
+
+    def _state_tokens(self, batch: dict[str, Any], dev: torch.device) -> torch.Tensor:
+        """The state token of each sample, [B, held_actions, action_dim] fp32: the model-space state
+        (as the preprocessing spec normalised it) zero-padded to the action width; [B, 0, D] without
+        ``options.state_token``."""
+        state = torch.as_tensor(batch[OBS_STATE], dtype=torch.float32)
+        out = torch.zeros(state.shape[0], self.held_actions, self.io.action_dim)
+        if self.held_actions:
+            out[:, 0, : state.shape[1]] = state
+        return to_device(out, dev)
 
     def _latent_frames(self) -> int:
         return self.io.chunk // int(self.vae.config.scale_factor_temporal) + 1
@@ -476,6 +499,8 @@ class Cosmos3Adapter(Cosmos3Inference):
             x0_v = self._encode(self._clips(batch, views))
         # host fields cross from pinned memory without waiting for the GPU (a no-op when already there)
         x0_a = to_device(torch.as_tensor(batch[ACTION], dtype=torch.float32), dev)
+        held = self._state_tokens(batch, dev)  # clean tokens in front of the chunk (state_token)
+        n_held = held.shape[1]
         pad = batch.get(ACTION_IS_PAD)
         keep = (
             torch.ones(x0_a.shape[:2], device=dev)
@@ -489,13 +514,16 @@ class Cosmos3Adapter(Cosmos3Inference):
         x_v = (1 - s_v) * x0_v + s_v * eps_v
         x_v[:, :, 0] = x0_v[:, :, 0]  # the current frame is the clean condition
         x_a = (1 - sigma.view(b, 1, 1)) * x0_a + sigma.view(b, 1, 1) * eps_a
+        x_a = torch.cat([held, x_a], dim=1)
 
         hw = self._canvas_hw(views[0])
-        layout = self._layout(self._train_texts(batch, hw), hw, tuple(x0_v.shape[1:]), (0,), ())
+        cond_a = tuple(range(n_held))
+        layout = self._layout(self._train_texts(batch, hw), hw, tuple(x0_v.shape[1:]), (0,), cond_a)
         t = sigma * NUM_TRAIN_TIMESTEPS
         t_v = _per_token(t, layout.num_noisy_vision_tokens)
         t_a = _per_token(t, layout.num_noisy_action_tokens)
         v_v, v_a = self._run(layout, x_v, t_v, x_a, t_a)
+        v_a = v_a[:, n_held:]
 
         loss_v = (v_v[:, :, 1:] - (eps_v - x0_v)[:, :, 1:]).square().mean()
         err_a = (v_a - (eps_a - x0_a)).square().mean(-1)

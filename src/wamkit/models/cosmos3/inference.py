@@ -97,8 +97,8 @@ class Cosmos3Inference:
         prep = self._prepare(batch, mode, inputs)
         lat_v, lat_a = self._sample(prep, row_seeds(0 if seed is None else seed, len(prep.act_init)))
         out: dict[str, np.ndarray] = {}
-        if mode != "forward_dynamics":
-            out["actions"] = lat_a.cpu().numpy().astype(np.float32)
+        if mode != "forward_dynamics":  # the chunk, without the held state token
+            out["actions"] = lat_a[:, self.held_actions :].cpu().numpy().astype(np.float32)
         if inputs.get("return_latents"):
             out["latents"] = lat_v.float().cpu().numpy()
         if mode == "forward_dynamics" or inputs.get("return_frames"):
@@ -111,16 +111,17 @@ class Cosmos3Inference:
         """Encode the observations and choose the step function of B requests (see the module doc)."""
         b = self.io.check_batch(batch)
         views = self._views(batch)
-        act_init = torch.zeros(b, self.io.chunk, self.io.action_dim)
-        vision_cond, action_cond = (0,), ()
+        held = self._state_tokens(batch, torch.device("cpu"))  # [B, 0 or 1, D]: the state token
+        act_init = torch.cat([held, torch.zeros(b, self.io.chunk, self.io.action_dim)], dim=1)
+        vision_cond, action_cond = (0,), tuple(range(held.shape[1]))
         if mode == "inverse_dynamics":
             x0 = self._encode(self._goal_clips(views, inputs.get("goal_images")))
             vision_cond = tuple(range(self._latent_frames()))
         else:
             x0 = self._encode([[v] for v in views])
         if mode == "forward_dynamics":
-            act_init = self._given_actions(inputs.get("actions"), b)
-            action_cond = tuple(range(self.io.chunk))
+            act_init = torch.cat([held, self._given_actions(inputs.get("actions"), b)], dim=1)
+            action_cond = tuple(range(self.action_len))
         c, _, h, w = x0.shape[1:]
         hw = self._canvas_hw(views[0])
         texts = [self.prompt(t, hw, self.inference_idle_frames) for t in batch[TASK]]
@@ -178,7 +179,7 @@ class Cosmos3Inference:
     def _fast_velocity(self, keys, reqs, shape, vision_cond, action_cond) -> Velocity:
         """Velocities by the fast path's generation-only step (text keys/values from the cache)."""
         step = self.fast.velocity(
-            keys, reqs, shape, (self.io.chunk, self.io.action_dim), vision_cond, action_cond, self.domain_id
+            keys, reqs, shape, (self.action_len, self.io.action_dim), vision_cond, action_cond, self.domain_id
         )
         return lambda lat_v, lat_a, t: step(lat_v, lat_a, t.float().reshape(1))
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import _EMBODIMENT_TO_DOMAIN_ID
+
 from wamkit import embodiments
 from wamkit.config import ConfigError, _suggest
 from wamkit.models.cosmos3 import ATTENTION_MODES, RECIPE_EMBODIMENT
@@ -67,7 +69,46 @@ PRESETS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "nano": (dict(_NANO), dict(_WAN22_VAE)),
     # Nano width at 8 layers (~4.4B parameters): SFT fits one 141 GB GPU without sharding.
     "nano_l8": (dict(_NANO, num_hidden_layers=8), dict(_WAN22_VAE)),
+    # Trained from scratch (docs/cosmos3.md "A Cosmos3 trained from scratch"): Nano's layer layout
+    # (4:1 grouped-query heads, 3x MLP) at 512 wide and 8 layers, 25M parameters per tower, and a
+    # 16-channel VAE of Wan2.2's layout, random and frozen (an encoder of random features: no VAE
+    # weights can be loaded here). One H200 trains it on the MetaWorld demo in minutes.
+    "small": (
+        dict(
+            head_dim=64,
+            hidden_size=512,
+            intermediate_size=1536,
+            num_attention_heads=8,
+            num_key_value_heads=2,
+            num_hidden_layers=8,
+            latent_channel=16,
+            latent_patch_size=2,
+            patch_latent_dim=64,
+            rope_axes_dim=[12, 10, 10],
+        ),
+        dict(_WAN22_VAE, base_dim=16, decoder_base_dim=16, z_dim=16, dim_mult=[1, 2, 2, 2], num_res_blocks=1),
+    ),
+    # small's shape at 128 wide and 4 layers: what a 2-core CPU trains (tests/test_cosmos3_learns.py)
+    "mini": (
+        dict(
+            head_dim=32,
+            hidden_size=128,
+            intermediate_size=384,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            num_hidden_layers=4,
+            latent_channel=8,
+            latent_patch_size=2,
+            patch_latent_dim=32,
+            rope_axes_dim=[6, 5, 5],
+        ),
+        dict(_WAN22_VAE, base_dim=4, decoder_base_dim=4, z_dim=8, dim_mult=[1, 1, 1, 1], num_res_blocks=0),
+    ),
 }
+
+# The options an embodiment's profile sets when the config leaves them out (resolve_options): a profile
+# with a Cosmos3 domain gives its own, any other data takes the recipe's defaults below.
+EMBODIMENT_OPTIONS = ("domain_name", "view_point", "view_description", "fps")
 
 # model.options of the cosmos3 adapter and their defaults (the one place they are defined).
 OPTIONS: dict[str, Any] = {
@@ -81,7 +122,7 @@ OPTIONS: dict[str, Any] = {
     "view_point": "concat_view",  # framing sentence of the action caption (cameras side by side)
     # appended to the framing sentence: which half of the side-by-side frame is which camera
     "view_description": _RECIPE.cosmos3_view_description,
-    "fps": 20.0,  # dataset frame rate: in the caption and the mRoPE temporal positions
+    "fps": float(_RECIPE.fps),  # dataset frame rate: in the caption and the mRoPE temporal positions
     "caption_dropout": 0.1,  # training: probability that the whole caption is replaced by ""
     "train_shift": 3.0,  # training noise levels: waver distribution warped by this shift (256 tier)
     "num_inference_steps": 30,
@@ -95,6 +136,10 @@ OPTIONS: dict[str, Any] = {
     # has none | true: initialise fresh heads even so (cosmos' recipe from the base model) | false: refuse
     # a folder without heads
     "reinit_action_heads": "auto",
+    # the robot's state as one held (clean) token in front of the action chunk, through the domain's
+    # action input head (zero-padded to the action width; state_dim <= action_dim): Cosmos3 has no
+    # state input of its own, the published recipe none (false). The loss and the output skip it
+    "state_token": False,
     "dtype": "auto",  # auto (fp32 on CPU, bf16 on CUDA) | float32 | bfloat16
     "gradient_checkpointing": False,
     # how packed requests attend inside themselves: "mask" (one masked call per pathway), "loop"
@@ -134,15 +179,45 @@ _CHOICES = {
 }
 
 
-def resolve_options(options: dict[str, Any]) -> dict[str, Any]:
-    """Defaults merged with ``options``; raises :class:`ConfigError` naming ``model.options.<key>``."""
+def embodiment_options(embodiment: str) -> dict[str, Any]:
+    """What the profile of ``embodiment`` (a name in :mod:`wamkit.embodiments`, ``""`` for none) sets
+    among :data:`EMBODIMENT_OPTIONS`: nothing unless it has a Cosmos3 domain."""
+    e = embodiments.get(embodiment) if embodiment in embodiments.names() else None
+    if e is None or not e.cosmos3_domain:
+        return {}
+    return {
+        "domain_name": e.cosmos3_domain,
+        "view_point": e.cosmos3_view_point or OPTIONS["view_point"],
+        "view_description": e.cosmos3_view_description,
+        "fps": float(e.fps),
+    }
+
+
+def domain_id(name: str) -> int:
+    """The action-head row of Cosmos3 domain ``name``: diffusers' table, else the embodiment profile
+    that declares it (``cosmos3_domain_id``); :class:`ConfigError` for any other name."""
+    if name in _EMBODIMENT_TO_DOMAIN_ID:
+        return _EMBODIMENT_TO_DOMAIN_ID[name]
+    e = embodiments.for_cosmos3_domain(name)
+    if e is None or e.cosmos3_domain_id is None:
+        known = sorted({*_EMBODIMENT_TO_DOMAIN_ID, *(x.cosmos3_domain for x in map(embodiments.get, embodiments.names()) if x.cosmos3_domain_id is not None)})  # fmt: skip
+        raise ConfigError(
+            f"model.options.domain_name: {name!r} is no Cosmos3 domain; expected one of {known}"
+        )
+    return e.cosmos3_domain_id
+
+
+def resolve_options(options: dict[str, Any], embodiment: str = "") -> dict[str, Any]:
+    """Defaults, then what ``embodiment``'s profile sets (:func:`embodiment_options`), then
+    ``options``; raises :class:`ConfigError` naming ``model.options.<key>``."""
     unknown = [k for k in options if k not in OPTIONS]
     if unknown:
         k = unknown[0]
         raise ConfigError(
             f"model.options.{k}: unknown option for cosmos3{_suggest(k, OPTIONS)} (valid: {', '.join(OPTIONS)})"
         )
-    opts = {**OPTIONS, **options}
+    opts = {**OPTIONS, **embodiment_options(embodiment), **options}
+    domain_id(opts["domain_name"])
     for key, allowed in _CHOICES.items():
         if opts[key] not in allowed:
             raise ConfigError(f"model.options.{key}: {opts[key]!r} is not allowed; expected one of {allowed}")
@@ -169,7 +244,7 @@ def resolve_options(options: dict[str, Any]) -> dict[str, Any]:
     for key in ("base", "latent_cache"):
         if not isinstance(opts[key], str):
             raise ConfigError(f"model.options.{key}: expected a folder path, got {opts[key]!r}")
-    for key in ("gradient_checkpointing", "fast_inference"):
+    for key in ("gradient_checkpointing", "fast_inference", "state_token"):
         if not isinstance(opts[key], bool):
             raise ConfigError(f"model.options.{key}: expected true or false, got {opts[key]!r}")
     size = opts["text_cache_size"]
