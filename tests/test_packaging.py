@@ -39,5 +39,7 @@ def test_a_preset_is_a_file_or_a_packaged_name(tmp_path, monkeypatch):
     assert preset_path("demo.yaml").resolve() == tmp_path / "demo.yaml"  # a file here wins
     with pytest.raises(ConfigError, match=r"config file elsewhere/demo.yaml does not exist"):
         preset_path("elsewhere/demo.yaml")  # a path with a folder is never replaced by a packaged one
-    with pytest.raises(ConfigError, match=r"'dmeo' is not a packaged preset \(have: demo, demo_cosmos3, libero_10_cosmos3"):
+    with pytest.raises(
+        ConfigError, match=r"'dmeo' is not a packaged preset \(have: demo, demo_cosmos3, libero_10_cosmos3"
+    ):
         preset_path("dmeo")
