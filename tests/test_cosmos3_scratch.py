@@ -60,6 +60,11 @@ def test_the_embodiment_profile_gives_domain_framing_and_fps():
     ad = build()
     assert ad.options["domain_name"] == metaworld.cosmos3_domain == "metaworld"
     assert ad.domain_id == metaworld.cosmos3_domain_id == 31
+    # a row of the heads diffusers builds that its own domain table leaves to no embodiment
+    from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import _EMBODIMENT_TO_DOMAIN_ID
+
+    assert 31 not in _EMBODIMENT_TO_DOMAIN_ID.values()
+    assert ad.module.action_proj_in.num_domains > 31
     assert ad.options["view_point"] == "third_person_view"
     assert ad.options["view_description"] == ""
     assert ad.options["fps"] == float(metaworld.fps) == 80.0

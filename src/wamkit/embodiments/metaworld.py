@@ -35,8 +35,8 @@ PROFILE = Embodiment(
     # `wamkit collect` records by default (a model is evaluated on the look it was trained on)
     protocol=SuiteProtocol(render_quality="fast", seed_rule="per_trial", trials=10),
     # Cosmos3 has no MetaWorld domain: a model trained from scratch takes a row of its action heads that
-    # diffusers' table leaves unused (_EMBODIMENT_TO_DOMAIN_ID, pipeline_cosmos3_omni.py: ids 0-20 of
-    # the 32 rows), and one fixed camera is a third-person view
+    # diffusers' table leaves unused (_EMBODIMENT_TO_DOMAIN_ID, pipeline_cosmos3_omni.py:227-245 in
+    # 0.42.1: ids 0-20 of the 32 rows), and one fixed camera is a third-person view
     cosmos3_domain="metaworld",
     cosmos3_domain_id=31,
     cosmos3_view_point="third_person_view",
