@@ -200,7 +200,9 @@ def domain_id(name: str) -> int:
         return _EMBODIMENT_TO_DOMAIN_ID[name]
     e = embodiments.for_cosmos3_domain(name)
     if e is None or e.cosmos3_domain_id is None:
-        known = sorted({*_EMBODIMENT_TO_DOMAIN_ID, *(x.cosmos3_domain for x in map(embodiments.get, embodiments.names()) if x.cosmos3_domain_id is not None)})  # fmt: skip
+        profiles = map(embodiments.get, embodiments.names())
+        own = (p.cosmos3_domain for p in profiles if p.cosmos3_domain_id is not None)
+        known = sorted({*_EMBODIMENT_TO_DOMAIN_ID, *own})
         raise ConfigError(
             f"model.options.domain_name: {name!r} is no Cosmos3 domain; expected one of {known}"
         )
