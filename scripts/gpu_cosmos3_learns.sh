@@ -1,13 +1,63 @@
 #!/usr/bin/env bash
-# The GPU figures of docs/benchmarks.md "Cosmos3 trained from scratch" (maintainers; docs/gpu_machine.md):
-# the demo's MetaWorld data at 128 px, then each variant of scripts/cosmos3_demo_variants.txt through
-# `wamkit demo demo_cosmos3` (train and serve on the GPU), two at a time. Carry: serve, av, sim (and
-# .gl), in two calls to a machine kept warm (scripts/gpu_carry.sh). A call stopped by its time limit
-# leaves every stage resumable: the next call goes on (WORK stays on a warm machine).
-#   source scripts/gpu_env.sh && timeout 560 bash scripts/gpu_cosmos3_learns.sh
+# The GPU figures of docs/benchmarks.md "Cosmos3 trained from scratch" and docs/cosmos3.md "Does the
+# recipe's loss fall?" (maintainers; docs/gpu_machine.md). `run`: the demo's MetaWorld data at 128 px,
+# then each variant of scripts/cosmos3_demo_variants.txt through `wamkit demo demo_cosmos3` (train and
+# serve on the GPU); once the first variant's training is done (so its training time is its own), the
+# recipe's loss curve (`scripts/gpu_runs.sh cosmos3-loss`) runs beside its evaluation.
+#
+# Whole, it takes longer than one device call (10 minutes), so `start` runs it in a process session of
+# its own, which outlives the call on a machine kept warm, and `wait S` follows it for up to S seconds
+# and copies what is finished to $OUT. Four calls to one warm machine, each straight after the last:
+#   carry .whl/av .whl/serve:  source scripts/gpu_env.sh
+#   carry .whl/sim .gl:        source scripts/gpu_env.sh >/dev/null && bash scripts/gpu_cosmos3_learns.sh start && bash scripts/gpu_cosmos3_learns.sh wait 560
+#   then, until it prints "finished":  export PYTHONPATH=$PWD/src:/tmp/site MUJOCO_GL=egl PYOPENGL_PLATFORM=egl; bash scripts/gpu_cosmos3_learns.sh wait 580
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export OUT=${OUT:-/tmp/c3_out} WORK=${WORK:-/tmp/c3_sweep}
-export CONFIG=demo_cosmos3 DATA_OVERRIDES="env.image_size=128" VARIANTS=${VARIANTS:-scripts/cosmos3_demo_variants.txt}
-export JOBS=${JOBS:-2} THREADS=${THREADS:-6} TRAIN_DEVICE=cuda
-bash scripts/demo_sweep.sh
+RESULTS=${RESULTS:-/tmp/c3_out}
+export WORK=${WORK:-/tmp/c3_sweep}
+mkdir -p "$RESULTS"
+
+collect_results() {
+  [ -n "${OUT:-}" ] || return 0
+  cp "$RESULTS"/*.log "$RESULTS"/*.tsv "$RESULTS"/*.txt "$RESULTS"/*.jsonl "$RESULTS"/*.tar.gz "$OUT/" 2>/dev/null
+  for d in "$WORK"/*/eval "$WORK"/*/eval_blind; do
+    [ -f "$d/summary.json" ] && cp "$d/summary.json" "$OUT/$(basename "$(dirname "$d")")_$(basename "$d")_summary.json"
+  done
+  for f in "$WORK"/*/stages/*.done; do  # named *.json: files named *.done do not come back
+    [ -f "$f" ] && cp "$f" "$OUT/$(basename "$(dirname "$(dirname "$f")")")_$(basename "$f" .done).json"
+  done
+  return 0
+}
+
+case "${1:-run}" in
+  run)
+    OUT=$RESULTS VARIANTS=${VARIANTS:-scripts/cosmos3_demo_variants.txt} CONFIG=demo_cosmos3 \
+      DATA_OVERRIDES="env.image_size=128" JOBS=${JOBS:-2} THREADS=${THREADS:-6} TRAIN_DEVICE=cuda \
+      bash scripts/demo_sweep.sh &
+    sweep=$!
+    first=$(grep -v '^#' "${VARIANTS:-scripts/cosmos3_demo_variants.txt}" | awk 'NF {print $1; exit}')
+    while kill -0 "$sweep" 2>/dev/null && [ ! -f "$WORK/$first/stages/train.done" ]; do sleep 5; done
+    echo "[learns] $first trained; the recipe's loss curve starts"
+    OUT=$RESULTS/loss LOSS_LIMIT=${LOSS_LIMIT:-1200} bash scripts/gpu_runs.sh cosmos3-loss
+    cp "$RESULTS/loss/index.txt" "$RESULTS/loss_index.txt" 2>/dev/null
+    cp "$RESULTS/loss/cosmos3_loss.jsonl" "$RESULTS/" 2>/dev/null
+    tail -c 20000 "$RESULTS/loss/train_loss.log" >"$RESULTS/loss_train.log" 2>/dev/null
+    wait "$sweep"
+    echo "[learns] finished"
+    ;;
+  start)
+    setsid nohup bash "$0" run >"$RESULTS/learns.log" 2>&1 </dev/null &
+    echo "[learns] started (log $RESULTS/learns.log)"
+    ;;
+  wait)
+    end=$((SECONDS + ${2:-560}))
+    while [ $SECONDS -lt $end ] && ! grep -q '^\[learns\] finished' "$RESULTS/learns.log" 2>/dev/null; do sleep 10; done
+    tail -n 20 "$RESULTS/learns.log"
+    for f in "$WORK"/logs/*.log; do [ -f "$f" ] && { echo "== $f"; tail -c 1500 "$f" | tr '\r' '\n' | tail -n 6; }; done
+    collect_results
+    ;;
+  *)
+    echo "usage: gpu_cosmos3_learns.sh run | start | wait SECONDS" >&2
+    exit 2
+    ;;
+esac

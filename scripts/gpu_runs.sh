@@ -391,7 +391,7 @@ for k in ('time/step', 'time/save_s', 'time/save_write_s', 'time/save_wait_s'):
     tmp=${SFT_TMP:-/tmp/l8_loss}
     rm -rf "$tmp" && mkdir -p "$tmp"
     python3 -c "from wamkit.data.synthetic import write_pattern_dataset as w; w('$tmp/ds', [40, 40], camera_dtype='image', size=(256, 256))"
-    run train_loss 540 $W train configs/libero_10_cosmos3.yaml model.preset=nano_l8 model.pretrained= \
+    run train_loss "${LOSS_LIMIT:-540}" $W train configs/libero_10_cosmos3.yaml model.preset=nano_l8 model.pretrained= \
       "data.root=$tmp/ds" data.num_workers=4 train.micro_batch=8 train.global_batch=64 train.max_steps=60 \
       train.log_interval=1 train.save_interval=1000 train.keep_last=1 "train.run_dir=$tmp/run"
     cp "$tmp/run/losses.jsonl" "$OUT/cosmos3_loss.jsonl"
