@@ -20,6 +20,8 @@ mkdir -p "$RESULTS"
 collect_results() {
   [ -n "${OUT:-}" ] || return 0
   cp "$RESULTS"/*.log "$RESULTS"/*.tsv "$RESULTS"/*.txt "$RESULTS"/*.jsonl "$RESULTS"/*.tar.gz "$OUT/" 2>/dev/null
+  # the loss curve so far, while it runs
+  [ -f /tmp/l8_loss/run/losses.jsonl ] && cp /tmp/l8_loss/run/losses.jsonl "$OUT/cosmos3_loss_partial.jsonl"
   for d in "$WORK"/*/eval "$WORK"/*/eval_blind; do
     [ -f "$d/summary.json" ] && cp "$d/summary.json" "$OUT/$(basename "$(dirname "$d")")_$(basename "$d")_summary.json"
   done

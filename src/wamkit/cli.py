@@ -14,9 +14,11 @@ import importlib
 import inspect
 import logging
 import sys
+import traceback
 
 from wamkit import __version__
-from wamkit.config import ConfigError
+from wamkit.config import ConfigError, UserError
+from wamkit.envs.base import use_headless_gl
 from wamkit.log import LEVELS, setup_logging
 
 # name -> (module, one-line help). Order is the flow of data.
@@ -37,6 +39,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "cache-latents": (
         "wamkit.train.cli_cache_latents",
         "encode a run's video targets once (Cosmos3 latents)",
+    ),
+    "cache-text": (
+        "wamkit.train.cli_cache_text",
+        "encode a run's captions once (Cosmos3 text keys/values)",
     ),
     "train": ("wamkit.train.cli_train", "supervised fine-tuning (one process, or FSDP2 under torchrun)"),
     "runs": ("wamkit.train.cli_runs", "print the scalars of a training run from its event files"),
@@ -89,6 +95,7 @@ def _command_in(argv: list[str]) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    use_headless_gl()  # before a command imports MuJoCo, which reads MUJOCO_GL once, on import
     parser = build_parser(_command_in(argv), argv)
     args = parser.parse_args(argv)
     setup_logging(args.log_level)
@@ -98,8 +105,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         module = _load(args.command)
         return int(module.main(args) or 0)
-    except ConfigError as err:
-        print(f"wamkit {args.command}: config error: {err}", file=sys.stderr)
+    except UserError as err:  # its message names the key, file or URL: a traceback would bury it
+        if args.log_level == "debug":
+            traceback.print_exc()
+        kind = "config error: " if isinstance(err, ConfigError) else ""
+        print(f"wamkit {args.command}: {kind}{err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("wamkit: interrupted", file=sys.stderr)

@@ -33,7 +33,9 @@ against this model's at build (:mod:`wamkit.models.cosmos3.latents`).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
+import types
 from collections.abc import Iterator
 from typing import Any
 
@@ -49,12 +51,15 @@ from wamkit.device import to_device
 from wamkit.models.base import LATENT_CACHE_OPTION, ActivationShape, ModelIO, ParamGroup, weights_sha256
 from wamkit.models.cosmos3 import latents
 from wamkit.models.cosmos3.encoding import Canvas, ClipEncoder
+from wamkit.models.cosmos3.fast import TextKV, _gen_layer, build_context, encode_text, gen_step
 from wamkit.models.cosmos3.fast_policy import TEXT_BUCKET, FastPolicy
 from wamkit.models.cosmos3.inference import Cosmos3Inference
 from wamkit.models.cosmos3.latents import LATENTS, LatentCache
 from wamkit.models.cosmos3.packing import PackedLayout, RequestSegments, install_processor, pack
 from wamkit.models.cosmos3.presets import domain_id
 from wamkit.models.cosmos3.recipe import train_sigmas
+from wamkit.models.cosmos3.text_kv import OPTION as TEXT_KV_OPTION
+from wamkit.models.cosmos3.text_kv import TextCache
 from wamkit.models.cosmos3.towers import param_role, train_flops
 
 NUM_TRAIN_TIMESTEPS = 1000  # the model's timestep = sigma * 1000 (then x timestep_scale inside)
@@ -118,6 +123,18 @@ class Cosmos3Adapter(Cosmos3Inference):
         self._vae_sha256: str | None = None
         if options[LATENT_CACHE_OPTION]:  # refused now, not at the first step, if built with other settings
             LatentCache(options[LATENT_CACHE_OPTION]).check(self.latent_fingerprint(), "model")
+        self.text_kv: TextCache | None = None
+        self._text_kv_dtype_checked: torch.dtype | None = None
+        if options[TEXT_KV_OPTION]:
+            self.text_kv = TextCache(options[TEXT_KV_OPTION])
+            # taken now, while the frozen weights are whole (sharded, they are no longer hashed here)
+            self._text_fingerprint = self.text_fingerprint()
+            self.text_kv.check(self._text_fingerprint)
+            # each decoder layer's forward becomes its generation half (fast._gen_layer): the trainer
+            # calls the layer itself, so FSDP2's per-layer hooks gather its shards as for the stock
+            # forward, and gradient checkpointing recomputes that half alone
+            for layer in transformer.layers:
+                layer.forward = types.MethodType(_gen_layer, layer)
 
     # -- protocol: structure --------------------------------------------------------------------
     def param_groups(self) -> list[ParamGroup]:
@@ -141,7 +158,7 @@ class Cosmos3Adapter(Cosmos3Inference):
     def config_dict(self) -> dict[str, Any]:
         # the latent cache is this run's training data, not part of the model: a served or exported
         # model must not need the folder
-        options = {k: v for k, v in self.options.items() if k != LATENT_CACHE_OPTION}
+        options = {k: v for k, v in self.options.items() if k not in (LATENT_CACHE_OPTION, TEXT_KV_OPTION)}
         return {
             "name": self.name,
             "preset": self.preset,
@@ -476,6 +493,77 @@ class Cosmos3Adapter(Cosmos3Inference):
         """The protocol's :class:`~wamkit.models.base.CachesLatents`: samples carry :data:`LATENTS`."""
         return latents.open_training_dataset(dataset, folder, spec, fps)
 
+    # -- the text key/value cache (models/cosmos3/text_kv.py) -------------------------------------------
+    def _run_hw(self) -> tuple[int, int]:
+        """The canvas of this model's training frames (its cameras side by side at ``io.image_size``)."""
+        n, size = len(self.io.cameras), int(self.io.image_size)
+        return self._canvas_hw(np.zeros((size, n * size, 3), np.uint8))
+
+    def training_captions(self, tasks: list[str]) -> list[str]:
+        """Every caption a training run over ``tasks`` can draw: each task with each ``idle_frame``
+        count a chunk can have (0 .. chunk; none when the data carry no counts), and the dropped
+        caption ``""`` when caption dropout is on."""
+        hw = self._run_hw()
+        counts = range(self.io.chunk + 1) if self.sample_extras else [None]
+        out = {self.prompt(task, hw, k) for task in tasks for k in counts}
+        if float(self.options["caption_dropout"]) > 0:
+            out.add("")
+        return sorted(out)
+
+    def text_fingerprint(self, dtype: torch.dtype | None = None) -> dict[str, Any]:
+        """What a caption's text keys/values depend on besides its text: the frozen weights, the
+        tokenizer, and the settings the captions are built with; ``dtype``: the compute dtype (a run
+        checks it at its first step, inside the trainer's mixed precision)."""
+        tok = self.tokenizer
+        backend = getattr(tok, "backend_tokenizer", None)
+        vocab = backend.to_str() if backend is not None else repr(sorted(tok.get_vocab().items()))
+        out = {
+            "understanding_sha256": self._frozen_sha256(),
+            "tokenizer_sha256": hashlib.sha256(vocab.encode()).hexdigest(),
+            "view_point": self.options["view_point"],
+            "view_description": self.options["view_description"],
+            "fps": float(self.options["fps"]),
+            "chunk": int(self.io.chunk),
+            "canvas": list(self._run_hw()),
+        }
+        if dtype is not None:
+            out["dtype"] = str(dtype).removeprefix("torch.")
+        return out
+
+    def encode_caption(self, caption: str) -> TextKV:
+        """One caption's per-layer text keys/values, computed by the understanding tower as it is
+        (device and dtype of the module)."""
+        text = self._text_segment(caption, self._run_hw())
+        dev = self.device
+        return encode_text(
+            self.module, to_device(text["input_ids"], dev), to_device(text["text_mrope_ids"], dev)
+        )
+
+    def _run_cached(self, texts: list[str], hw, latent_shape, action_cond, x_v, x_a, t):
+        """``_run``'s velocities with the text keys/values read from ``text_kv`` and only the
+        generation tower run (fast.gen_step, one timestep per request)."""
+        dev, dt = x_v.device, self.dtype
+        if self._text_kv_dtype_checked != dt:
+            dtype = {"dtype": str(dt).removeprefix("torch.")}  # the compute dtype, inside mixed precision
+            self.text_kv.check({**self._text_fingerprint, **dtype})
+            self._text_kv_dtype_checked = dt
+        segs = self._requests(texts, hw, latent_shape, (0,), action_cond)
+        kvs = []
+        for c in texts:
+            kv = self.text_kv.get(c, dev)
+            kvs.append(TextKV(kv.keys.to(dt), kv.values.to(dt)))
+        gen_pos = [torch.cat([s.vision["vision_mrope_ids"], s.action["action_mrope_ids"]], 1) for s in segs]
+        _, t_lat, h, w = latent_shape
+        p = self.module.config.latent_patch_size
+        ctx = build_context(self.module, kvs, gen_pos, t_lat, -(-h // p) * -(-w // p), (0,), action_cond,
+                            self.domain_id)  # fmt: skip
+        return gen_step(self.module, ctx, x_v, x_a, t, layer_fn=self._cached_layer)
+
+    def _cached_layer(self, layer, gen, text_k, text_v, ctx):
+        if self.options["gradient_checkpointing"] and torch.is_grad_enabled():
+            return torch.utils.checkpoint.checkpoint(layer, gen, text_k, text_v, ctx, use_reentrant=False)
+        return layer(gen, text_k, text_v, ctx)
+
     def _train_texts(self, batch: dict[str, Any], hw: tuple[int, int]) -> list[str]:
         """Captions with cosmos' idle-frame field and caption dropout (``""``)."""
         idle = batch.get(IDLE_FRAMES)
@@ -518,11 +606,15 @@ class Cosmos3Adapter(Cosmos3Inference):
 
         hw = self._canvas_hw(views[0])
         cond_a = tuple(range(n_held))
-        layout = self._layout(self._train_texts(batch, hw), hw, tuple(x0_v.shape[1:]), (0,), cond_a)
+        texts = self._train_texts(batch, hw)
         t = sigma * NUM_TRAIN_TIMESTEPS
-        t_v = _per_token(t, layout.num_noisy_vision_tokens)
-        t_a = _per_token(t, layout.num_noisy_action_tokens)
-        v_v, v_a = self._run(layout, x_v, t_v, x_a, t_a)
+        if self.text_kv is not None:
+            v_v, v_a = self._run_cached(texts, hw, tuple(x0_v.shape[1:]), cond_a, x_v, x_a, t)
+        else:
+            layout = self._layout(texts, hw, tuple(x0_v.shape[1:]), (0,), cond_a)
+            t_v = _per_token(t, layout.num_noisy_vision_tokens)
+            t_a = _per_token(t, layout.num_noisy_action_tokens)
+            v_v, v_a = self._run(layout, x_v, t_v, x_a, t_a)
         v_a = v_a[:, n_held:]
 
         loss_v = (v_v[:, :, 1:] - (eps_v - x0_v)[:, :, 1:]).square().mean()

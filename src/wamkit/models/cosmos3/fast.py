@@ -230,7 +230,7 @@ def unpatchify(tokens: torch.Tensor, t: int, h: int, w: int, p: int) -> torch.Te
 
 
 def time_embedding(module: torch.nn.Module, t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The timestep embedding [1, hidden] of ``t`` [1] (0..1000), computed as ``forward`` does."""
+    """The timestep embeddings [N, hidden] of ``t`` [N] (0..1000), computed as ``forward`` does."""
     emb_dtype = next(module.time_embedder.parameters()).dtype
     scaled = t * module.config.timestep_scale
     return module.time_embedder(module.time_proj(scaled).to(emb_dtype)).to(dtype)
@@ -287,13 +287,14 @@ def gen_step(
     """Velocities of one denoising step for B requests (``layer_fn``: what runs each layer's
     generation half, :func:`_gen_layer` or a compiled copy of it).
 
-    lat_v: vision latents [B, C, T, h, w]; lat_a: actions [B, A, action_dim]; t: [1] float, the
-    timestep in the model's 0..1000 scale. Returns fp32 ``(v_v [B, C, T, h, w], v_a [B, A, D])``, zero
-    at held (conditioned) frames and tokens, as ``Cosmos3OmniTransformer.forward``'s outputs are.
+    lat_v: vision latents [B, C, T, h, w]; lat_a: actions [B, A, action_dim]; t: float, the timestep
+    in the model's 0..1000 scale, [1] for all requests (a denoising step) or [B], one per request (a
+    training batch). Returns fp32 ``(v_v [B, C, T, h, w], v_a [B, A, D])``, zero at held
+    (conditioned) frames and tokens, as ``Cosmos3OmniTransformer.forward``'s outputs are.
     """
     dt = module.proj_in.weight.dtype
     p, (t_lat, h, w) = module.config.latent_patch_size, lat_v.shape[2:]
-    temb = time_embedding(module, t, dt)  # [1, hidden]
+    temb = time_embedding(module, t, dt).unsqueeze(1)  # [1 or B, 1, hidden]
     x_v = module.proj_in(patchify(lat_v.to(dt), p))
     x_v = torch.where(ctx.noisy_vision, x_v + temb, x_v)
     x_a = lat_a.to(dt) @ ctx.action_w_in + ctx.action_b_in + module.action_modality_embed

@@ -167,6 +167,11 @@ OPTIONS: dict[str, Any] = {
     # then reads each clip's VAE latents from it instead of encoding them ("": encode on every step).
     # Not saved with the model (models/cosmos3/latents.py)
     "latent_cache": "",
+    # training: a folder written by `wamkit cache-text` for this run's captions and weights; sft_loss then
+    # reads each caption's per-layer text keys/values from it and runs only the generation tower ("":
+    # the understanding tower runs on every micro-batch). Not saved with the model
+    # (models/cosmos3/text_kv.py)
+    "text_kv_cache": "",
 }
 
 _CHOICES = {
@@ -243,7 +248,7 @@ def resolve_options(options: dict[str, Any], embodiment: str = "") -> dict[str, 
     steps = opts["num_inference_steps"]
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ConfigError(f"model.options.num_inference_steps: expected an integer >= 1, got {steps!r}")
-    for key in ("base", "latent_cache"):
+    for key in ("base", "latent_cache", "text_kv_cache"):
         if not isinstance(opts[key], str):
             raise ConfigError(f"model.options.{key}: expected a folder path, got {opts[key]!r}")
     for key in ("gradient_checkpointing", "fast_inference", "state_token"):

@@ -1,0 +1,181 @@
+"""The text key/value cache of Cosmos3 training (models/cosmos3/text_kv.py): a run reading each
+caption's keys/values from disk computes the loss and gradients the stock forward computes; a cache of
+other weights or settings, an incomplete one, or one that lacks a caption the data draw is refused by
+name; a killed build is finished by running it again; `wamkit cache-text` builds it from a config."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tests.exactness import assert_rounding_close
+
+pytest.importorskip("diffusers", reason="cosmos3 needs the wamkit[cosmos3] extra")
+
+from wamkit.config import ModelConfig  # noqa: E402
+from wamkit.data.meta import DatasetMeta  # noqa: E402
+from wamkit.models import build_model  # noqa: E402
+from wamkit.models.cosmos3 import text_kv  # noqa: E402
+from wamkit.models.cosmos3.text_kv import TextCache, TextCacheError  # noqa: E402
+
+from .conftest import FIXTURES  # noqa: E402
+from .test_cosmos3_train import IO, fixture_batch  # noqa: E402
+
+TASKS = sorted({t for t in fixture_batch([0, 90])["task"]})
+
+
+def _adapter(seed: int = 0, **options):
+    torch.manual_seed(seed)
+    return build_model(
+        ModelConfig(name="cosmos3", preset="tiny", options={"caption_dropout": 0.0, **options}), IO
+    )
+
+
+def _build(adapter, root, captions=None):
+    captions = adapter.training_captions(TASKS) if captions is None else captions
+    with torch.no_grad():
+        return text_kv.build(root, adapter.text_fingerprint(torch.float32), captions, adapter.encode_caption)
+
+
+def _loss_and_grads(adapter, batch):
+    torch.manual_seed(7)  # the same noise levels and noise on both paths
+    out = adapter.sft_loss(batch)
+    out["loss"].backward()
+    grads = {n: p.grad.clone() for n, p in adapter.module.named_parameters() if p.grad is not None}
+    return {k: v.detach() for k, v in out.items()}, grads
+
+
+def test_cached_text_gives_the_stock_loss_and_gradients(tmp_path):
+    torch.set_num_threads(2)
+    batch = fixture_batch([0, 90])  # two tasks, idle-frame counts in the captions
+    stock = _adapter()
+    report = _build(stock, tmp_path / "kv")
+    # every task with each idle-frame count 0..16; no dropped caption (dropout is off here)
+    assert report == {"path": str(tmp_path / "kv"), "captions": len(TASKS) * 17, "written": len(TASKS) * 17}
+    cached = _adapter(text_kv_cache=str(tmp_path / "kv"))
+    want, want_grads = _loss_and_grads(stock, batch)
+    got, got_grads = _loss_and_grads(cached, batch)
+    for key in want:
+        # the same weights and inputs, sums in another order (one SDPA call per request against the
+        # packed, masked one): the longest chain is the 4 layers' sums over about 300 keys each
+        assert_rounding_close(got[key], want[key], length=4 * 300)
+    assert set(got_grads) == set(want_grads) and want_grads  # the same trained parameters get gradients
+    for name, g in want_grads.items():
+        assert_rounding_close(got_grads[name], g, length=2 * 4 * 300)  # forward and backward
+    # the understanding tower is not run: its layers' text weights take part in no gradient either way
+    assert all(not name.startswith("layers.0.mlp.") for name in got_grads)
+
+
+def test_a_stale_foreign_or_incomplete_cache_is_refused_by_name(tmp_path):
+    batch = fixture_batch([0])
+    other = _adapter()  # another understanding tower (the tiny preset's frozen weights are fixed)
+    with torch.no_grad():
+        other.module.layers[0].mlp.up_proj.weight.add_(1.0)
+    _build(other, tmp_path / "other")
+    with pytest.raises(TextCacheError, match="understanding_sha256"):
+        _adapter(text_kv_cache=str(tmp_path / "other"))
+    # a folder holding another fingerprint's cache is never mixed with this one's
+    with pytest.raises(TextCacheError, match="holds a text cache of other settings.*understanding_sha256"):
+        _build(_adapter(), tmp_path / "other")
+
+    adapter = _adapter()
+    one_task = adapter.training_captions([t for t in TASKS if t != batch["task"][0]])  # not the batch's
+    _build(adapter, tmp_path / "partial", one_task)
+    cached = _adapter(text_kv_cache=str(tmp_path / "partial"))
+    with pytest.raises(TextCacheError, match="has no caption .*build a cache for this run's data"):
+        cached.sft_loss(batch)
+
+    # killed half-way: a missing caption file is named when a run opens the cache; a rerun finishes it
+    _build(adapter, tmp_path / "kv")
+    victim = next((tmp_path / "kv" / "kv").iterdir())
+    victim.unlink()
+    with pytest.raises(TextCacheError, match=f"{victim.name} is missing.*incomplete"):
+        TextCache(tmp_path / "kv")
+    assert _build(adapter, tmp_path / "kv")["written"] == 1
+    TextCache(tmp_path / "kv")
+    with pytest.raises(TextCacheError, match="must name a folder written by `wamkit cache-text`"):
+        _adapter(text_kv_cache=str(tmp_path / "nothing"))
+
+
+def test_wamkit_cache_text_builds_the_cache_a_run_reads(tmp_path):
+    fixture = FIXTURES / "libero_tiny"
+    overrides = [
+        "model.name=cosmos3", "model.preset=tiny", f"data.root={fixture}", "data.representation=libero_rot6d",
+        "data.chunk=16", "train.precision=fp32", "train.device=cpu",
+    ]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "MUJOCO_GL"}
+    run = subprocess.run(
+        [sys.executable, "-m", "wamkit", "cache-text", *overrides, "--out", str(tmp_path / "kv"), "--no-progress",
+         "--device", "cpu"],
+        capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    # the recipe's data: every task of the dataset with 17 idle-frame counts, and the dropped caption
+    n = len(set(DatasetMeta(fixture).tasks.values())) * 17 + 1
+    assert f"{n} captions cached ({n} written now)" in run.stdout
+    assert f"model.options.text_kv_cache={tmp_path / 'kv'}" in run.stdout
+    again = subprocess.run(
+        [sys.executable, "-m", "wamkit", "cache-text", *overrides, "--out", str(tmp_path / "kv"), "--no-progress",
+         "--device", "cpu"],
+        capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    assert again.returncode == 0 and f"{n} captions cached (0 written now)" in again.stdout
+
+
+def _fsdp_worker(rank: int, world: int, port: int, folder: str, out: str) -> None:
+    import json
+    from pathlib import Path
+
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        torch.set_num_threads(1)
+        batch = fixture_batch([90])
+        stock = _adapter()
+        torch.manual_seed(5)
+        with torch.no_grad():
+            ref = float(stock.sft_loss(batch)["loss"])
+        from wamkit.train.dist import LossModule
+
+        adapter = _adapter(text_kv_cache=folder)
+        for block in adapter.blocks():
+            fully_shard(block)
+        root = fully_shard(LossModule(adapter))  # as the trainer shards it: the root gathers in forward
+        torch.manual_seed(5)
+        loss = root(batch)["loss"]
+        loss.backward()
+        grad = adapter.module.layers[0].mlp_moe_gen.up_proj.weight.grad
+        result = {
+            "ref": ref,
+            "loss": float(loss.detach()),
+            "grad": grad is not None and bool(grad.to_local().abs().sum() > 0),
+        }
+        Path(out, f"rank{rank}.json").write_text(json.dumps(result))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_cached_text_under_fsdp2_on_two_gloo_processes(tmp_path):
+    """Each decoder layer's generation half runs through the layer's own call, so FSDP2's per-layer
+    hooks gather its shards: the sharded loss is the unsharded stock one, and gradients reach the shards."""
+    import json
+    import socket
+
+    import torch.multiprocessing as mp
+
+    _build(_adapter(), tmp_path / "kv")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_fsdp_worker, args=(2, port, str(tmp_path / "kv"), str(tmp_path)), nprocs=2, join=True)
+    for r in range(2):
+        res = json.loads((tmp_path / f"rank{r}.json").read_text())
+        assert res["grad"]
+        assert_rounding_close(res["loss"], res["ref"], length=4 * 300)
