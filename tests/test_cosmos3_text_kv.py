@@ -179,3 +179,53 @@ def test_cached_text_under_fsdp2_on_two_gloo_processes(tmp_path):
         res = json.loads((tmp_path / f"rank{r}.json").read_text())
         assert res["grad"]
         assert_rounding_close(res["loss"], res["ref"], length=4 * 300)
+
+
+def test_a_run_on_cached_text_trains_as_the_stock_run_and_converts(tmp_path):
+    """`wamkit cache-text`, then `wamkit train` reading it: the tower is out of the model, the losses are
+    the stock run's, and `wamkit convert` gives a serving directory whose frozen tower is the base's."""
+    from wamkit.cli import main
+    from wamkit.config import load_config
+    from wamkit.data.synthetic import write_pattern_dataset
+    from wamkit.serve.loading import load_served
+    from wamkit.train.loop import train
+    from wamkit.train.metrics import read_losses
+
+    from .conftest import REPO
+
+    torch.set_num_threads(2)
+    data = write_pattern_dataset(tmp_path / "ds", [5, 4], camera_dtype="image")
+    config = str(REPO / "configs" / "libero_10_cosmos3.yaml")
+    common = ["model.preset=tiny", "model.pretrained=", f"data.root={data}", "data.num_workers=0"]
+    assert main(["cache-text", config, *common, "train.precision=fp32", "--out", str(tmp_path / "kv"),
+                 "--device", "cpu", "--no-progress"]) == 0  # fmt: skip
+
+    def cfg(run: str, *extra: str):
+        return load_config(config, [
+            *common, "model.options.gradient_checkpointing=true", "train.max_steps=3", "train.micro_batch=2",
+            "train.global_batch=2", "train.precision=fp32", "train.device=cpu", "train.ema=false",
+            "train.log_interval=1", f"train.run_dir={tmp_path / run}", *extra,
+        ])  # fmt: skip
+
+    stock = train(cfg("stock"))
+    seen = {}
+
+    def watched(c, io):
+        adapter = build_model(c.model, io)
+        seen["frozen"] = [n for n, _ in adapter.module.named_parameters() if n.startswith("layers.0.mlp.")]
+        return adapter
+
+    cached = train(cfg("cached", f"model.options.text_kv_cache={tmp_path / 'kv'}"), adapter_fn=watched)
+    assert seen["frozen"] == []  # the understanding tower was never in the trained model
+    a, b = read_losses(stock), read_losses(cached)
+    assert [r["step"] for r in b] == [1, 2, 3]
+    for ra, rb in zip(a, b):
+        for key in ("loss", "flow_matching_loss_vision", "flow_matching_loss_action", "grad_norm"):
+            # attention sums in another order (see above), forward and back, over 3 steps
+            assert_rounding_close(rb[key], ra[key], length=3 * 2 * 4 * 300)
+    assert main(["convert", str(cached), "--out", str(tmp_path / "serve")]) == 0
+    served = load_served(tmp_path / "serve", device="cpu").adapter.module
+    assert "text_kv_cache" not in (tmp_path / "serve" / "model.json").read_text()
+    fresh = _adapter().module
+    assert torch.equal(served.layers[0].mlp.up_proj.weight, fresh.layers[0].mlp.up_proj.weight)
+    assert torch.equal(served.embed_tokens.weight, fresh.embed_tokens.weight)

@@ -142,8 +142,14 @@ def local_rows(p: torch.Tensor) -> tuple[int, int]:
     return int(offset[0]), int(offset[0]) + int(shape[0])
 
 
-def check(source: WeightSource, wanted: dict[str, tuple[int, ...]], folder: str) -> None:
-    """Every wanted tensor is in ``source`` with the wanted shape, and nothing else is."""
+def check(
+    source: WeightSource,
+    wanted: dict[str, tuple[int, ...]],
+    folder: str,
+    unused: frozenset[str] = frozenset(),
+) -> None:
+    """Every wanted tensor is in ``source`` with the wanted shape, and nothing else is (but ``unused``:
+    tensors of the source the model left out on purpose)."""
     have = source.shapes()
     missing = [k for k in wanted if k not in have]
     if missing:
@@ -153,16 +159,19 @@ def check(source: WeightSource, wanted: dict[str, tuple[int, ...]], folder: str)
             raise ConfigError(
                 f"{source.where(k)}: tensor '{k}' has shape {list(have[k])}; the model expects {list(shape)}"
             )
-    extra = [k for k in have if k not in wanted]
+    extra = [k for k in have if k not in wanted and k not in unused]
     if extra:
         raise ConfigError(f"{source.where(extra[0])}: unexpected weights {extra[:5]} for this model")
 
 
 @torch.no_grad()
-def fill(module: torch.nn.Module, source: WeightSource, folder: str) -> int:
-    """Copy each parameter's local rows from ``source`` (checked first); returns bytes read."""
+def fill(
+    module: torch.nn.Module, source: WeightSource, folder: str, unused: frozenset[str] = frozenset()
+) -> int:
+    """Copy each parameter's local rows from ``source`` (checked first); returns bytes read.
+    ``unused``: tensors of the source the module left out on purpose (not read)."""
     params = dict(module.named_parameters())
-    check(source, {k: tuple(p.shape) for k, p in params.items()}, folder)
+    check(source, {k: tuple(p.shape) for k, p in params.items()}, folder, unused)
     read = 0
     for name, p in params.items():
         start, stop = local_rows(p)

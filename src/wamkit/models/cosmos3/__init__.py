@@ -107,6 +107,8 @@ def build(cfg: ModelConfig, io: ModelIO | None = None, device: Any = None, **_: 
     )
     if dev.type == "meta":
         adapter.set_weight_source(source if callable(source) else (lambda _device, s=source: s))
+    if opts["text_kv_cache"]:
+        adapter.use_text_kv(opts["text_kv_cache"])
     return adapter
 
 

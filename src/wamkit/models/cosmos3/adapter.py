@@ -123,18 +123,25 @@ class Cosmos3Adapter(Cosmos3Inference):
         self._vae_sha256: str | None = None
         if options[LATENT_CACHE_OPTION]:  # refused now, not at the first step, if built with other settings
             LatentCache(options[LATENT_CACHE_OPTION]).check(self.latent_fingerprint(), "model")
+        self._frozen_sha: str | None = None
+        self.dropped: frozenset[str] = frozenset()  # frozen tensors left out of the module (text cache)
         self.text_kv: TextCache | None = None
         self._text_kv_dtype_checked: torch.dtype | None = None
-        if options[TEXT_KV_OPTION]:
-            self.text_kv = TextCache(options[TEXT_KV_OPTION])
-            # taken now, while the frozen weights are whole (sharded, they are no longer hashed here)
-            self._text_fingerprint = self.text_fingerprint()
-            self.text_kv.check(self._text_fingerprint)
-            # each decoder layer's forward becomes its generation half (fast._gen_layer): the trainer
-            # calls the layer itself, so FSDP2's per-layer hooks gather its shards as for the stock
-            # forward, and gradient checkpointing recomputes that half alone
-            for layer in transformer.layers:
-                layer.forward = types.MethodType(_gen_layer, layer)
+
+    def use_text_kv(self, folder: str) -> None:
+        """Train with the text keys/values of ``folder`` (``model.options.text_kv_cache``; called by the
+        builder once the weights' source is known): refused now if the cache was built with other
+        weights or settings; the understanding tower then leaves the model."""
+        self.text_kv = TextCache(folder)
+        # taken now, while the frozen weights are whole (sharded, they are no longer hashed here)
+        self._text_fingerprint = self.text_fingerprint()
+        self.text_kv.check(self._text_fingerprint)
+        self._drop_understanding_tower()
+        # each decoder layer's forward becomes its generation half (fast._gen_layer): the trainer calls
+        # the layer itself, so FSDP2's per-layer hooks gather its shards as for the stock forward, and
+        # gradient checkpointing recomputes that half alone
+        for layer in self.module.layers:
+            layer.forward = types.MethodType(_gen_layer, layer)
 
     # -- protocol: structure --------------------------------------------------------------------
     def param_groups(self) -> list[ParamGroup]:
@@ -236,7 +243,7 @@ class Cosmos3Adapter(Cosmos3Inference):
         make = getattr(self, "_weight_source", None)
         if make is None:
             raise RuntimeError("cosmos3: load_weights needs a model built on the meta device")
-        n = fill(self.module, make(device), self.pretrained or f"the {self.preset} preset")
+        n = fill(self.module, make(device), self.pretrained or f"the {self.preset} preset", self.dropped)
         _rebuild_rotary(self.module, device)
         return n
 
@@ -256,7 +263,38 @@ class Cosmos3Adapter(Cosmos3Inference):
 
     def _frozen_sha256(self) -> str:
         """sha256 over the frozen tensors (name, shape, fp32 bytes, in name order), read from the
-        weights' source when the module is still on the meta device."""
+        weights' source when the module is still on the meta device (taken once: the tower may be
+        dropped afterwards, :meth:`_drop_understanding_tower`)."""
+        if self._frozen_sha is None:
+            self._frozen_sha = self._hash_frozen()
+        return self._frozen_sha
+
+    def _drop_understanding_tower(self) -> None:
+        """With the text keys/values read from a cache, the understanding tower (each layer's text
+        half, the token embeddings, the LM head and final norm) is never run: take it out of the module,
+        so it is neither sharded nor placed on a device. Only where a checkpoint need not hold it (the
+        base is named: :meth:`base_reference`); the frozen hash is taken first."""
+        if self.base_reference() is None:
+            log.info(
+                "cosmos3: the understanding tower stays in the model (this random preset's checkpoints keep it)"
+            )
+            return
+        before = {n for n, p in self.module.named_parameters() if param_role(n) == "frozen"}
+        for layer in self.module.layers:
+            for part in ("to_q", "to_k", "to_v", "to_out", "norm_q", "norm_k", "k_norm_und_for_gen"):
+                setattr(layer.self_attn, part, None)
+            layer.mlp = layer.input_layernorm = layer.post_attention_layernorm = None
+        for name, _ in list(self.module.named_children()):
+            if name in ("embed_tokens", "lm_head", "norm") or name.startswith("audio_"):
+                setattr(self.module, name, None)
+        kept = {n for n, _ in self.module.named_parameters()}
+        if before & kept:
+            raise RuntimeError(
+                f"cosmos3: frozen parameters left after dropping the understanding tower: {sorted(before & kept)[:3]}"
+            )
+        self.dropped = frozenset(before)
+
+    def _hash_frozen(self) -> str:
         import hashlib
 
         make = getattr(self, "_weight_source", None)
