@@ -99,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser(_command_in(argv), argv)
     args = parser.parse_args(argv)
     setup_logging(args.log_level)
+    # PyOpenGL (imported by MuJoCo for EGL) logs a harmless INFO line about its optional accelerator
+    logging.getLogger("OpenGL.acceleratesupport").setLevel(logging.WARNING)
     if args.command is None:
         parser.print_help()
         return 2

@@ -8,6 +8,7 @@ the nearest valid one. Each stage section may be extended by its own module's fi
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import types
@@ -19,7 +20,13 @@ from typing import Any, Literal, get_args
 import yaml
 
 
-class ConfigError(ValueError):
+class UserError(Exception):
+    """A mistake in what the user gave (a key, a file, a server's address), with a message that names it
+    and what was expected: the ``wamkit`` command prints that message in one line, with no traceback
+    (``--log-level debug`` shows one)."""
+
+
+class ConfigError(UserError, ValueError):
     """A configuration value or key is invalid. The message names the dotted key."""
 
 
@@ -471,14 +478,27 @@ def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] 
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{path}: expected a mapping of sections at the top level")
         data = loaded or {}
+    merged = copy.deepcopy(data)
     for text in overrides:
         key, value = parse_override(text)
-        _set_dotted(data, key, value)
+        _set_dotted(merged, key, value)
     try:
-        return from_dict(cls, data)
+        return from_dict(cls, merged)
     except ConfigError as err:
-        where = f"{path}: " if path is not None else ""
-        raise ConfigError(f"{where}{err}") from None
+        raise ConfigError(f"{_blame(cls, path, data, bool(overrides), err)}: {err}") from None
+
+
+def _blame(cls: type, path: Path | None, data: dict[str, Any], overridden: bool, err: ConfigError) -> str:
+    """Where a refused value came from: the preset file when the file alone is refused the same way,
+    else the command line's overrides."""
+    if path is None or not overridden:
+        return str(path) if path is not None else "command line"
+    try:
+        from_dict(cls, data)
+    except ConfigError as own:
+        if str(own) == str(err):
+            return str(path)
+    return "command line"
 
 
 def save_config(cfg: Any, path: str | Path) -> Path:

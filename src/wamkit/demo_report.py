@@ -188,10 +188,9 @@ def forward_dynamics(
 def _expert_rollouts(env_cfg: Any, specs: list[tuple[str, int, int]], steps: int) -> list[tuple[list, list]]:
     """In a spawned process: each ``(task, trial, seed)`` played by the scripted expert for up to
     ``steps`` steps; its observations and env actions."""
-    import os
+    from wamkit.envs.base import use_headless_gl
 
-    os.environ.setdefault("MUJOCO_GL", "egl")
-    os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
+    use_headless_gl()
     from wamkit.envs import EpisodeSpec, make_env
 
     out = []
@@ -268,10 +267,9 @@ def scene_agnostic_replay(cfg: RunConfig, trials: int) -> dict[str, Any]:
 
 def _replays(env_cfg: Any, jobs: list[tuple[str, int, int, np.ndarray]]) -> list[bool]:
     """In a spawned process: each job's actions played open loop, then held still; solved or not."""
-    import os
+    from wamkit.envs.base import use_headless_gl
 
-    os.environ.setdefault("MUJOCO_GL", "egl")
-    os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
+    use_headless_gl()
     from wamkit.envs import EpisodeSpec, make_env
 
     solved = []

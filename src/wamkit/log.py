@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from pathlib import Path
 
 LEVELS = ("debug", "info", "warning", "error")
 
@@ -23,3 +24,14 @@ def setup_logging(level: str = "info", file: str | None = None) -> None:
         fh.setFormatter(fmt)
         fh._wamkit = True  # type: ignore[attr-defined]
         root.addHandler(fh)
+
+
+def close_file_logs(folder: str | Path) -> None:
+    """Detach and close the file handlers that write into ``folder`` (before it is removed)."""
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).is_relative_to(
+            Path(folder).resolve()
+        ):
+            root.removeHandler(handler)
+            handler.close()

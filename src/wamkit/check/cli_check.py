@@ -7,7 +7,6 @@ drift pins kept next to the env backends. Exit status 1 when an error (or a drif
 from __future__ import annotations
 
 import argparse
-import logging
 
 from wamkit.config import ConfigError
 
@@ -30,8 +29,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    # PyOpenGL (imported by mujoco for EGL) logs a harmless INFO line about its optional accelerator
-    logging.getLogger("OpenGL.acceleratesupport").setLevel(logging.WARNING)
     if args.pins:
         from wamkit.envs.drift import check_pins
 
@@ -39,7 +36,7 @@ def main(args: argparse.Namespace) -> int:
         print("\n".join(problems) or f"{args.pins}: the installed simulator stack reproduces every drift pin")
         return 1 if problems else 0
     if not args.dataset or not args.suite:
-        raise ConfigError("wamkit check: give a DATASET and --suite (or --pins BACKEND)")
+        raise ConfigError("give a DATASET and --suite (or --pins BACKEND)")
     from wamkit.check import check_dataset
     from wamkit.envs import suites
 

@@ -36,6 +36,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from wamkit.config import UserError
 from wamkit.constants import camera_of
 
 INFO = "meta/info.json"
@@ -49,7 +50,7 @@ VERSIONS = (CODEBASE_VERSION, V21)  # what the reader reads
 DEFAULT_FEATURES = ("timestamp", "frame_index", "episode_index", "index", "task_index")
 
 
-class DatasetError(ValueError):
+class DatasetError(UserError, ValueError):
     """A dataset file is missing, truncated or does not match its metadata. The message names the file."""
 
 

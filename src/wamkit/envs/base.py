@@ -174,6 +174,14 @@ def render_environ(render_gpu: int) -> dict[str, str]:
     return env
 
 
+def use_headless_gl() -> None:
+    """Render offscreen in this process as the env workers do: EGL, unless ``MUJOCO_GL`` names another
+    platform. MuJoCo and PyOpenGL read these variables when they are first imported, so every command
+    calls this before importing them (``wamkit.cli``); a shell with no display then renders too."""
+    for key, value in render_environ(-1).items():
+        os.environ.setdefault(key, value)
+
+
 def render_info(cfg: EnvConfig) -> dict[str, Any]:
     """What a dataset records about how its images were made (``extra_info`` of the writer); ``auto``
     values are recorded as what they resolve to."""

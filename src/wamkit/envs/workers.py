@@ -28,7 +28,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from wamkit.config import EnvConfig
-from wamkit.envs.base import EpisodeSpec, render_environ
+from wamkit.envs.base import EpisodeSpec, render_environ, use_headless_gl
 from wamkit.envs.host import EnvHost
 
 log = logging.getLogger(__name__)
@@ -67,7 +67,7 @@ def _worker_main(
     # (its 'close', or its pipe closing), so an interrupted run closes its envs in order and its
     # executor does not take the workers for dead and start new ones while it shuts down
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    os.environ.setdefault("MUJOCO_GL", "egl")
+    use_headless_gl()
     try:
         host = host_factory(env_cfg, num_envs)
     except BaseException:  # noqa: BLE001 - the parent gets the full trace as a WorkerError

@@ -30,6 +30,7 @@ import websockets.sync.client
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
+from wamkit.config import UserError
 from wamkit.serve.codec import packb, unpackb
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,10 @@ _CONNECT_ERRORS = (OSError, InvalidHandshake, TimeoutError, asyncio.TimeoutError
 
 class ServerError(RuntimeError):
     """The server answered a request with an error (a text frame); the message is the server's."""
+
+
+class ServerUnreachable(UserError, ConnectionError):
+    """No server answered at the URL within the connect timeout; the message names the URL."""
 
 
 class _Dropped(ConnectionError):
@@ -57,17 +62,20 @@ def _decode_reply(message: str | bytes) -> dict[str, Any]:
 
 class _Backoff:
     def __init__(self, url: str, timeout_s: float, backoff_s: float, max_backoff_s: float):
-        self.url, self.deadline = url, time.monotonic() + timeout_s
+        self.url, self.timeout_s, self.deadline = url, timeout_s, time.monotonic() + timeout_s
         self.delay, self.max_delay, self.attempt = backoff_s, max_backoff_s, 0
 
     def next_delay(self, err: BaseException) -> float:
-        """Seconds to wait before the next attempt; raises ConnectionError once the time is up."""
+        """Seconds to wait before the next attempt; raises ServerUnreachable once the time is up."""
         self.attempt += 1
         left = self.deadline - time.monotonic()
         if left <= 0:
-            raise ConnectionError(
-                f"cannot connect to {self.url} after {self.attempt} attempts: {err}"
+            raise ServerUnreachable(
+                f"cannot connect to {self.url} after {self.attempt} attempts in {self.timeout_s:g} s: {err}; "
+                "is a server (wamkit serve) listening there?"
             ) from err
+        if self.attempt == 1 and left > 1.0:  # a wait a person would notice: say what it waits for
+            log.info("waiting for a server at %s (%s); giving up in %.0f s", self.url, err, left)
         delay = min(self.delay, left)
         log.debug("connecting to %s failed (%s); retrying in %.2f s", self.url, err, delay)
         self.delay = min(self.delay * 2, self.max_delay)

@@ -13,6 +13,7 @@ import json
 import logging
 import random
 import resource
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -30,9 +31,9 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.tensor import DTensor
 
-from wamkit.config import ConfigError, RunConfig, save_config, to_dict
+from wamkit.config import ConfigError, RunConfig, UserError, save_config, to_dict
 from wamkit.files import CONFIG_FILE, MODEL_FILE, SPEC_FILE, model_json
-from wamkit.log import setup_logging
+from wamkit.log import close_file_logs, setup_logging
 from wamkit.models.base import ModelAdapter, ModelIO
 from wamkit.train import base_weights
 from wamkit.train import checkpoint as ckpt
@@ -405,12 +406,24 @@ def train(cfg: RunConfig, adapter_fn: AdapterFn | None = None, data_fn: DataFn |
     ``adapter_fn(cfg, io)`` and ``data_fn(cfg, rank, world, run_dir)`` default to the registry model and
     ``wamkit.data``; tests and users with their own data pass their own.
     """
+    if adapter_fn is None:  # a typo in model.options is refused before any data is read
+        from wamkit.models.registry import check_model_config
+
+        check_model_config(cfg.model)
     info = init_distributed(cfg.train.device)  # ranges were checked by TrainConfig.__post_init__
+    run_dir = Path(cfg.train.run_dir)
+    fresh = not run_dir.exists()
     try:
         if cfg.train.precision == "bf16" and info.device.type != "cuda":  # device=auto on a CPU machine
             raise ConfigError("train.precision=bf16 needs a CUDA device; use train.precision=fp32 on the CPU")
-        loop = _Loop(cfg, info, adapter_fn or _default_adapter, data_fn or _default_data)
+        try:
+            loop = _Loop(cfg, info, adapter_fn or _default_adapter, data_fn or _default_data)
+        except UserError:
+            if fresh and info.is_main:  # a refused run leaves no folder behind to mistake for a run
+                close_file_logs(run_dir)
+                shutil.rmtree(run_dir, ignore_errors=True)
+            raise
         loop.run()
     finally:
         shutdown(info)
-    return Path(cfg.train.run_dir)
+    return run_dir

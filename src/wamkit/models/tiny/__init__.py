@@ -12,7 +12,13 @@ from wamkit.models.base import ModelIO
 from wamkit.models.tiny.adapter import TinyAdapter
 from wamkit.models.tiny.config import PRESETS, TinyConfig, resolve_config
 
-__all__ = ["PRESETS", "TinyAdapter", "TinyConfig", "build"]
+__all__ = ["PRESETS", "TinyAdapter", "TinyConfig", "build", "check_config"]
+
+
+def check_config(cfg: ModelConfig) -> None:
+    """Refuse an unknown preset or option (:class:`ConfigError`), building nothing."""
+    if not cfg.pretrained:  # a pretrained model's options are checked against its own model.json
+        resolve_config(cfg.preset, cfg.options)
 
 
 def build(cfg: ModelConfig, io: ModelIO | None = None, device: str | None = None) -> TinyAdapter:

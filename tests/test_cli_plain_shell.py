@@ -1,0 +1,128 @@
+"""The commands as a user types them: the venv's ``wamkit`` in a subprocess, from a shell with no
+display and no ``MUJOCO_GL`` (the README's activated shell), in a working directory outside the checkout.
+Each command sets up its own headless rendering, and each mistake ends in one line that names the file,
+key or URL, with no traceback."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+WAMKIT = Path(sys.executable).parent / "wamkit"
+GL_VARS = ("MUJOCO_GL", "PYOPENGL_PLATFORM", "DISPLAY", "WAYLAND_DISPLAY")
+
+
+def wamkit(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in GL_VARS}
+    return subprocess.run(
+        [str(WAMKIT), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def one_line_error(run: subprocess.CompletedProcess, command: str) -> str:
+    """The refusal's single stderr line (``wamkit COMMAND: ...``); fails on a traceback."""
+    assert run.returncode == 2, (run.returncode, run.stderr[-3000:])
+    assert "Traceback" not in run.stderr, run.stderr[-3000:]
+    lines = [line for line in run.stderr.splitlines() if line.startswith(f"wamkit {command}: ")]
+    assert len(lines) == 1, run.stderr
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def metaworld_data(tmp_path_factory) -> Path:
+    """Two tasks of two episodes each, collected from a plain shell (the journal lists a task's
+    episodes together)."""
+    root = tmp_path_factory.mktemp("plain")
+    args = ["--suite", "metaworld", "--tasks", "reach-v3,button-press-topdown-v3", "--episodes", "2"]
+    run = wamkit("collect", *args, "--workers", "1", "--image-size", "32", "--out", "data", cwd=root)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return root / "data"
+
+
+def test_check_renders_metaworld_from_a_shell_without_gl_settings(metaworld_data, tmp_path):
+    # --trials 1: the journal's first two episodes are one task's; the checker takes one of each task
+    run = wamkit("check", str(metaworld_data), "--suite", "metaworld", "--trials", "1", "--replay", "1",
+                 cwd=tmp_path)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "2 env resets over 2 task(s)" in run.stdout, run.stdout
+    assert "image: corner: frames are oriented as the env's (2 same episode(s)" in run.stdout, run.stdout
+
+
+@pytest.mark.slow
+def test_check_pins_renders_from_a_shell_without_gl_settings(tmp_path):
+    run = wamkit("check", "--pins", "metaworld", cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "reproduces every drift pin" in run.stdout
+
+
+def test_a_missing_dataset_is_one_line_in_every_command_and_train_leaves_no_run(tmp_path):
+    missing = tmp_path / "nope"
+    said = wamkit("train", "configs/demo.yaml", f"data.root={missing}", "train.run_dir=run", cwd=tmp_path)
+    assert f"{missing}/meta/info.json: file is missing" in one_line_error(said, "train")
+    assert not (tmp_path / "run").exists()  # no config.yaml and train.log of a run that never was
+    said = wamkit("check", str(missing), "--suite", "metaworld", cwd=tmp_path)
+    assert f"{missing}/meta/info.json: file is missing" in one_line_error(said, "check")
+
+
+def test_debug_logging_shows_the_traceback(tmp_path):
+    run = wamkit(
+        "--log-level", "debug", "check", str(tmp_path / "nope"), "--suite", "metaworld", cwd=tmp_path
+    )
+    assert run.returncode == 2 and "Traceback" in run.stderr and "DatasetError" in run.stderr
+
+
+def test_a_config_mistake_names_where_it_was_made(tmp_path, metaworld_data):
+    said = one_line_error(wamkit("train", "configs/demo.yaml", "train.max_step=2", cwd=tmp_path), "train")
+    assert "config error: command line: unknown key 'train.max_step'; did you mean 'max_steps'?" in said
+    preset = tmp_path / "mine.yaml"
+    preset.write_text("train:\n  max_step: 2\n")
+    said = one_line_error(wamkit("train", str(preset), "train.lr=0.1", cwd=tmp_path), "train")
+    assert f"config error: {preset}: unknown key 'train.max_step'" in said
+    # a model option is refused before the stats are computed or a run folder is made
+    args = [f"data.root={metaworld_data}", "train.run_dir=run", "model.options.hiden=3"]
+    run = wamkit("train", "configs/demo.yaml", *args, cwd=tmp_path)
+    assert "unknown key 'model.options.hiden'" in one_line_error(run, "train")
+    assert "computing stats" not in run.stderr and not (tmp_path / "run").exists()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _eval_without_server(tmp_path: Path) -> tuple[subprocess.Popen, str]:
+    url = f"ws://127.0.0.1:{_free_port()}"
+    env = {k: v for k, v in os.environ.items() if k not in GL_VARS}
+    args = [str(WAMKIT), "eval", "configs/demo.yaml", f"eval.server_url={url}", "eval.out_dir=ev"]
+    proc = subprocess.Popen(args, cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True)
+    return proc, url
+
+
+def test_an_evaluation_says_it_waits_for_its_server(tmp_path):
+    proc, url = _eval_without_server(tmp_path)
+    try:
+        deadline, lines = time.monotonic() + 25, []
+        while time.monotonic() < deadline:  # long before the connect timeout (30 s) runs out
+            lines.append(proc.stderr.readline())
+            if f"waiting for a server at {url}" in lines[-1]:
+                break
+        assert f"waiting for a server at {url}" in lines[-1] and "giving up in" in lines[-1], lines
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stderr.close()
+
+
+@pytest.mark.slow
+def test_an_evaluation_without_its_server_ends_in_one_line(tmp_path):
+    proc, url = _eval_without_server(tmp_path)
+    _, err = proc.communicate(timeout=120)
+    said = one_line_error(subprocess.CompletedProcess(proc.args, proc.returncode, "", err), "eval")
+    assert f"cannot connect to {url} after" in said and "wamkit serve" in said
