@@ -31,17 +31,18 @@ __all__ = ["DataView", "EnvProbe", "Finding", "Report", "check_dataset", "plan_p
 def plan_probe(
     data: DataView, suite: str, seed_rule: str, tasks: int = 2, trials: int = 2
 ) -> list[EpisodeSpec]:
-    """The env episodes to compare with: the journal's (the same episodes) when there is one, else
-    trials 0.. of the dataset's first ``tasks`` tasks the suite knows (else the suite's first tasks)."""
+    """The env episodes to compare with: the journal's (the same episodes) when there is one, its first
+    ``trials`` of each of its first ``tasks`` tasks; else trials 0.. of the dataset's first ``tasks``
+    tasks the suite knows (else the suite's first tasks)."""
     from wamkit.envs.suites import backend
 
-    named = [
-        data.journal[ep]
-        for ep in data.episodes[: len(next(iter(data.first_frames.values()), []))]
-        if ep in data.journal
-    ]
+    named = [data.journal[ep] for ep in (data.episodes[i] for i in data.framed) if ep in data.journal]
     if named:
-        return named[: tasks * trials]
+        # the journal lists a task's episodes together: its first few would all be one task's
+        per_task: dict[str, list[EpisodeSpec]] = {}
+        for spec in named:
+            per_task.setdefault(spec.task, []).append(spec)
+        return [s for specs in list(per_task.values())[:tasks] for s in specs[:trials]]
     by_text = {text: name for name, text in backend(suite).task_texts(suite).items()}
     names = (
         list(dict.fromkeys(by_text[t] for t in data.tasks if t in by_text))[:tasks]

@@ -312,15 +312,15 @@ def _pairs(data: DataView, env: EnvProbe, cam: str) -> tuple[np.ndarray, np.ndar
     first frame over the probed tasks' episodes against the mean env frame."""
     d, e = data.first_frames[cam], env.frames[cam]
     same = [
-        (k, i)
+        (k, j)
         for k, spec in enumerate(env.specs)
-        for i, ep in enumerate(data.episodes[: len(d)])
-        if data.journal.get(ep) == spec
+        for j, i in enumerate(data.framed)
+        if data.journal.get(data.episodes[i]) == spec
     ]
     if same:
-        return d[[i for _, i in same]], e[[k for k, _ in same]], f"{len(same)} same episode(s)"
+        return d[[j for _, j in same]], e[[k for k, _ in same]], f"{len(same)} same episode(s)"
     texts = set(env.texts)
-    idx = [i for i, t in enumerate(data.tasks[: len(d)]) if t in texts] or list(range(len(d)))
+    idx = [j for j, i in enumerate(data.framed) if data.tasks[i] in texts] or list(range(len(d)))
     return d[idx].mean(axis=0, keepdims=True), e.mean(axis=0, keepdims=True), "mean first frames"
 
 

@@ -34,7 +34,9 @@ class DataView:
     starts: list[int]  # first row of each episode, in ``episodes`` order
     episodes: list[int]
     tasks: list[str]  # task text of each episode
-    first_frames: dict[str, np.ndarray]  # camera name -> uint8 [E, H, W, 3] (first frame per episode)
+    # camera name -> uint8 [F, H, W, 3]: the first frame of each episode of ``framed``
+    first_frames: dict[str, np.ndarray]
+    framed: list[int] = field(default_factory=list)  # positions in ``episodes`` of first_frames' rows
     journal: dict[int, EpisodeSpec] = field(default_factory=dict)  # episode index -> its spec
 
     @property
@@ -56,8 +58,9 @@ def _journal_specs(root: Path, suite: str) -> dict[int, EpisodeSpec]:
     return out
 
 
-def read_dataset(root: str | Path, suite: str, max_episodes: int = 20) -> DataView:
-    """States and actions of every frame; first frames of the first ``max_episodes`` episodes."""
+def read_dataset(root: str | Path, suite: str, max_episodes: int = 20, per_task: int = 4) -> DataView:
+    """States and actions of every frame; first frames of the first ``per_task`` episodes of each task,
+    ``max_episodes`` in all (a dataset usually holds one task's episodes, then the next task's)."""
     from wamkit.data import LeRobotDataset
 
     ds = LeRobotDataset(root)
@@ -65,12 +68,13 @@ def read_dataset(root: str | Path, suite: str, max_episodes: int = 20) -> DataVi
     starts = [ds.episode_bounds(r)[0] for r in np.flatnonzero(np.r_[True, ep_of_row[1:] != ep_of_row[:-1]])]
     episodes = [int(ep_of_row[s]) for s in starts]
     frames: dict[str, list[np.ndarray]] = {}
-    tasks = []
-    for s in starts:
+    tasks, framed = [], []
+    for i, s in enumerate(starts):
         item = ds[s]
         tasks.append(item[TASK])
-        if len(tasks) > max_episodes:
+        if len(framed) >= max_episodes or tasks.count(item[TASK]) > per_task:
             continue
+        framed.append(i)
         for key in ds.camera_keys:
             frames.setdefault(key.removeprefix(IMAGE_PREFIX), []).append(item[key].numpy())
     return DataView(
@@ -84,6 +88,7 @@ def read_dataset(root: str | Path, suite: str, max_episodes: int = 20) -> DataVi
         episodes=episodes,
         tasks=tasks,
         first_frames={c: np.stack(v) for c, v in frames.items()},
+        framed=framed,
         journal=_journal_specs(Path(root), suite),
     )
 
