@@ -126,3 +126,36 @@ def test_an_evaluation_without_its_server_ends_in_one_line(tmp_path):
     _, err = proc.communicate(timeout=120)
     said = one_line_error(subprocess.CompletedProcess(proc.args, proc.returncode, "", err), "eval")
     assert f"cannot connect to {url} after" in said and "wamkit serve" in said
+
+
+def test_a_random_init_server_takes_the_shape_of_the_suite(tmp_path):
+    """``serve --random-init --suite libero_10``: LIBERO's two cameras, 8-D state and 7-D env action, so
+    its evaluation runs on a CPU with no training first (MetaWorld's shapes were served before)."""
+    import numpy as np
+
+    from wamkit.serve.client import PolicyClient
+
+    env = {k: v for k, v in os.environ.items() if k not in GL_VARS}
+    args = ["serve", "--model", "tiny", "--preset", "small", "--random-init", "--suite", "libero_10"]
+    args += ["--set", "env.image_size=64", "--option", "num_steps=2", "--port", "0", "--device", "cpu"]
+    proc = subprocess.Popen([str(WAMKIT), *args], cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        port = None
+        for line in proc.stderr:
+            if "serving tiny on ws://127.0.0.1:" in line:
+                port = int(line.rsplit(":", 1)[1].split()[0])
+                break
+        assert port is not None, f"the server never said its port (exit code {proc.poll()})"
+        with PolicyClient(f"127.0.0.1:{port}", connect_timeout_s=20) as client:
+            inputs = client.metadata["inputs"]
+            assert inputs["cameras"] == ["agentview", "wrist"] and inputs["state_dim"] == 8
+            assert inputs["image_size"] == 64 and client.metadata["action_space"]["dim"] == 7
+            obs = {k: np.zeros((64, 64, 3), np.uint8) for k in inputs["image_keys"]}
+            obs |= {inputs["state_key"]: np.zeros(8, np.float32), inputs["prompt_key"]: "put the bowl away"}
+            assert client.infer(obs)["actions"].shape == (client.metadata["chunk"], 7)
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stderr.close()
+    said = one_line_error(wamkit(*args[:6], "--suite", "libero_11", cwd=tmp_path), "serve")
+    assert "--suite: unknown suite 'libero_11'" in said

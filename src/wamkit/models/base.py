@@ -141,6 +141,24 @@ class ModelIO:
     def from_dict(cls, d: dict[str, Any]) -> ModelIO:
         return cls(**{**d, "cameras": tuple(d["cameras"])})
 
+    @classmethod
+    def of_embodiment(cls, name: str, state: str = "full", image_size: int = 128) -> ModelIO:
+        """What a model of embodiment ``name``'s data takes and gives, from its profile: its default
+        cameras, the state dims ``env.state`` keeps, its actions in its representation."""
+        from wamkit import embodiments
+        from wamkit.actions.representations import get_representation
+
+        profile = embodiments.get(name)
+        rep = get_representation(profile.representation)
+        return cls(
+            cameras=tuple(profile.default_cameras),
+            image_size=image_size,
+            state_dim=len(profile.state_dims(state)),
+            action_dim=rep.model_dim(profile.action_dim),
+            representation=rep.name,
+            embodiment=profile.name,
+        )
+
     def check_batch(self, batch: dict[str, Any], training: bool = False) -> int:
         """Raise ``ValueError`` saying what the model expects if ``batch`` does not fit; return B."""
         missing = [k for k in [image_key(c) for c in self.cameras] + [OBS_STATE, TASK] if k not in batch]

@@ -46,15 +46,11 @@ def preset_io(name: str) -> ModelIO:
     if name == "small":
         return ModelIO()
     from wamkit import embodiments
-    from wamkit.actions.representations import get_representation
 
     if name not in embodiments.names():
         have = ", ".join(["small", *embodiments.names()])
         raise ConfigError(f"model.preset: '{name}' is not a delay preset (have: {have})")
-    profile = embodiments.get(name)
-    rep = get_representation(profile.representation)
-    return ModelIO(cameras=profile.default_cameras, image_size=128, state_dim=profile.state_dim,
-                   action_dim=rep.model_dim(profile.action_dim), representation=rep.name)  # fmt: skip
+    return ModelIO.of_embodiment(name)
 
 
 OPTIONS = {"delay_ms": 0.0, "per_obs_ms": 0.0, "host_calls": 0}

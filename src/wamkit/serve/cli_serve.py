@@ -18,15 +18,18 @@ import dataclasses
 import logging
 import time
 
+from wamkit import embodiments
 from wamkit.config import (
     SERVE_FRONT_ENDS,
     SERVE_PRECISIONS,
     SERVE_WARM,
     ConfigError,
+    EnvConfig,
     RunConfig,
     load_config,
     parse_override,
 )
+from wamkit.models import ModelIO
 from wamkit.serve.lifetime import exit_with_parent
 from wamkit.serve.loading import load_served, random_init
 from wamkit.serve.policy import ServedPolicy
@@ -59,6 +62,12 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         "--preset", help="the model's size preset, with --random-init (default: model.preset)"
     )
     parser.add_argument("--random-init", action="store_true", help="untrained weights and identity stats")
+    parser.add_argument(
+        "--suite",
+        help="with --random-init: the inputs and actions of this suite's embodiment profile (its default "
+        "cameras, its state as env.state keeps it, images at env.image_size), for a smoke run of its "
+        "evaluation (default: the preset's inputs)",
+    )
     parser.add_argument(
         "--option", action="append", default=[], metavar="KEY=VALUE", help="a model option (repeatable)"
     )
@@ -156,7 +165,16 @@ def build_policy(args: argparse.Namespace, cfg: RunConfig) -> ServedPolicy:
         cfg.serve.device,
         cfg.serve.raw_actions,
         cfg.serve.precision,
+        io=suite_io(args.suite, cfg.env) if args.suite else None,
     )
+
+
+def suite_io(suite: str, env: EnvConfig) -> ModelIO:
+    """``--suite``: the ModelIO of the suite's embodiment profile (``env.state``, ``env.image_size``)."""
+    profile = embodiments.for_suite(suite)
+    if profile is None:
+        raise ConfigError(f"--suite: unknown suite '{suite}' (valid: {', '.join(embodiments.suites())})")
+    return ModelIO.of_embodiment(profile.name, env.state, env.image_size)
 
 
 def main(args: argparse.Namespace) -> int:

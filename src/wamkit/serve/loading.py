@@ -88,15 +88,14 @@ def random_init(
     device: str = "auto",
     raw_actions: bool = False,
     precision: str = "auto",
+    io: ModelIO | None = None,
 ) -> ServedPolicy:
-    """An untrained model of the preset's default inputs, with identity stats (for benchmarks). The
-    weights are drawn from a fixed seed, so servers started alike serve the same model (the same
-    weights hash: one evaluation may spread its stages over them)."""
+    """An untrained model of ``io`` (default: the preset's inputs), with identity stats (for benchmarks
+    and smoke runs). The weights are drawn from a fixed seed, so servers started alike serve the same
+    model (the same weights hash: one evaluation may spread its stages over them)."""
     dev = resolve_device(device)
     torch.manual_seed(0)
-    adapter = build_model(
-        ModelConfig(name=name, preset=preset, options=dict(options or {})), None, device=dev
-    )
+    adapter = build_model(ModelConfig(name=name, preset=preset, options=dict(options or {})), io, device=dev)
     adapter.module.to(dev)
     adapter.module.eval()
     return ServedPolicy(
