@@ -97,3 +97,18 @@ def test_incomplete_checkpoint_and_missing_ema_are_refused(run_dir, tmp_path):
         src=str(tmp_path / "nope"), out=str(tmp_path / "y"), to="serve", ema=False, overwrite=False
     )
     assert convert_main(args) == 2
+
+
+def test_docs_list_what_a_serving_directory_holds(run_dir, tmp_path):
+    """docs/convert.md's listing of a serving directory is what ``wamkit convert`` writes."""
+    import re
+    from pathlib import Path
+
+    out = tmp_path / "serve"
+    args = argparse.Namespace(src=str(run_dir), out=str(out), to="serve", ema=True, overwrite=False)
+    assert convert_main(args) == 0
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "convert.md").read_text()
+    listing = re.search(r"A serving directory holds (.*?)\. ", doc.replace("\n", " "))
+    assert listing, "docs/convert.md no longer says what a serving directory holds"
+    assert sorted(re.findall(r"`([^`]+)`", listing.group(1))) == sorted(p.name for p in out.iterdir())
+    assert json.loads((out / "source.json").read_text())["ema"] is True

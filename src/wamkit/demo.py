@@ -164,7 +164,8 @@ def run_demo(cfg: RunConfig, out: Path, fresh: bool = False) -> dict[str, Any]:
     b_all = blind["all"]
     c_all = chance["all"]
     print(
-        f"\nVision control (cameras blanked, the first {b_all['episodes']} of those episodes): {b_all['rate']:.1%}; "
+        f"\nVision control (cameras blanked, the first {blind_eval.trials} of those episodes per task, "
+        f"{b_all['episodes']} in all): {b_all['rate']:.1%}; "
         f"chance there (a training demonstration replayed blind): {c_all['rate']:.1%}"
     )
     fd = reported.get("forward_dynamics")
