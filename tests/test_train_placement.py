@@ -111,6 +111,24 @@ def test_train_plan_prints_without_data_or_weights(capsys):
     assert "does not fit" in capsys.readouterr().err
 
 
+def test_full_nano_sft_fits_one_80gb_gpu_reading_a_text_cache(capsys):
+    """The recipe on one 80 GB GPU and a 128 GB host: refused with the understanding tower on the
+    device, planned to fit when the run reads its captions' keys/values (the tower left out)."""
+    from wamkit.cli import main as wamkit
+
+    cfg = str(REPO / "configs" / "libero_10_cosmos3.yaml")
+    one_gpu = ["--plan", "--world-size", "1", "--device-memory", "80GB", "--host-memory", "128GB"]
+    assert wamkit(["train", cfg, *one_gpu]) == 2
+    assert "frozen weights                 15.26  device" in capsys.readouterr().err
+    assert wamkit(["train", cfg, "model.options.text_kv_cache=/nowhere/text_kv", *one_gpu]) == 0
+    out = capsys.readouterr().out
+    assert "text_kv_cache /nowhere/text_kv is not here: planned as a run reading it" in out
+    assert "(0.000B frozen, 6.968B trained)" in out and "frozen weights                  0.00  device" in out
+    device = float(out.split("device total ")[1].split(" GiB")[0])
+    host = float(out.split("host total ")[1].split(" GiB")[0])
+    assert device <= 74.5 and host * 1.073741824 <= 120  # GiB of 80 GB; the issue's host bound in GB
+
+
 def test_training_is_refused_before_anything_is_allocated(tmp_path, libero_tiny):
     from wamkit.train.loop import train
 

@@ -174,8 +174,18 @@ def print_plan(
             f"; model.pretrained {model.pretrained} is not here: the preset '{model.preset}' gives the shape"
         )
         model = dataclasses.replace(model, pretrained="")
+    text_kv = str(model.options.get("text_kv_cache", "") or "")
+    if text_kv and not (Path(text_kv) / "manifest.json").is_file():  # planned as read from it
+        note += f"; model.options.text_kv_cache {text_kv} is not here: planned as a run reading it"
+        model = dataclasses.replace(
+            model, options={k: v for k, v in model.options.items() if k != "text_kv_cache"}
+        )
+    else:
+        text_kv = ""
     meta = builds_on_meta(model.name)
     adapter = build_model(model, io, device="meta") if meta else build_model(model, io)
+    if text_kv:
+        adapter.drop_understanding_tower(force=True)
     sizes = memory.model_sizes(adapter)
     if device_memory:
         device_bytes, device_type = memory.parse_size(device_memory, "--device-memory"), "cuda"

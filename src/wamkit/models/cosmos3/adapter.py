@@ -136,7 +136,7 @@ class Cosmos3Adapter(Cosmos3Inference):
         # taken now, while the frozen weights are whole (sharded, they are no longer hashed here)
         self._text_fingerprint = self.text_fingerprint()
         self.text_kv.check(self._text_fingerprint)
-        self._drop_understanding_tower()
+        self.drop_understanding_tower()
         # each decoder layer's forward becomes its generation half (fast._gen_layer): the trainer calls
         # the layer itself, so FSDP2's per-layer hooks gather its shards as for the stock forward, and
         # gradient checkpointing recomputes that half alone
@@ -264,17 +264,18 @@ class Cosmos3Adapter(Cosmos3Inference):
     def _frozen_sha256(self) -> str:
         """sha256 over the frozen tensors (name, shape, fp32 bytes, in name order), read from the
         weights' source when the module is still on the meta device (taken once: the tower may be
-        dropped afterwards, :meth:`_drop_understanding_tower`)."""
+        dropped afterwards, :meth:`drop_understanding_tower`)."""
         if self._frozen_sha is None:
             self._frozen_sha = self._hash_frozen()
         return self._frozen_sha
 
-    def _drop_understanding_tower(self) -> None:
+    def drop_understanding_tower(self, force: bool = False) -> None:
         """With the text keys/values read from a cache, the understanding tower (each layer's text
         half, the token embeddings, the LM head and final norm) is never run: take it out of the module,
         so it is neither sharded nor placed on a device. Only where a checkpoint need not hold it (the
-        base is named: :meth:`base_reference`); the frozen hash is taken first."""
-        if self.base_reference() is None:
+        base is named: :meth:`base_reference`; ``force``: a memory plan's model, never trained); the
+        frozen hash is taken first."""
+        if not force and self.base_reference() is None:
             log.info(
                 "cosmos3: the understanding tower stays in the model (this random preset's checkpoints keep it)"
             )
