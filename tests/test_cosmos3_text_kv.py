@@ -229,3 +229,15 @@ def test_a_run_on_cached_text_trains_as_the_stock_run_and_converts(tmp_path):
     fresh = _adapter().module
     assert torch.equal(served.layers[0].mlp.up_proj.weight, fresh.layers[0].mlp.up_proj.weight)
     assert torch.equal(served.embed_tokens.weight, fresh.embed_tokens.weight)
+
+
+def test_bench_train_text_kv_adds_the_cached_row(capsys):
+    """`wamkit bench train --text-kv` times the trainer step reading a text cache beside the stock one."""
+    from wamkit.cli import main
+
+    argv = ["bench", "train", "--model", "cosmos3", "--preset", "tiny", "--micro-batch", "2", "--steps", "1",
+            "--warmup", "1", "--device", "cpu", "--text-kv"]  # fmt: skip
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "trainer step (FSDP2+clip+AdamW)" in out and "trainer step, text cache" in out
+    assert "text cache / stock trainer samples/s:" in out

@@ -102,6 +102,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="models that encode a video target (cosmos3): train from latents encoded once, as a "
         "latent cache gives them (wamkit cache-latents), not through the VAE at every step",
     )
+    parser.add_argument(
+        "--text-kv",
+        action="store_true",
+        help="cosmos3: a third row, the trainer step reading its captions' text keys/values from a text "
+        "cache (wamkit cache-text; the understanding tower out of the model), beside the stock one",
+    )
 
 
 def _int_list(text: str) -> list[int]:
@@ -197,6 +203,39 @@ def _run_config(args: argparse.Namespace, micro_batch: int, world: int, reshard:
     return cfg
 
 
+def _bench_text_cache(cfg, folder, precision: str):
+    """A text cache for the synthetic batch's captions, of the shapes the model's tower would give:
+    the keys/values are random (a speed benchmark reads them as it reads real ones), the fingerprint
+    the model's own. Returns the model config that reads it."""
+    import dataclasses
+
+    from wamkit.models import build_model
+    from wamkit.models.cosmos3 import text_kv
+    from wamkit.models.registry import builds_on_meta
+
+    torch.manual_seed(0)  # the trainer row's weights: its fingerprint
+    adapter = build_model(cfg, None, device="meta") if builds_on_meta(cfg.name) else build_model(cfg, None)
+    if not hasattr(adapter, "text_fingerprint"):
+        raise SystemExit(f"--text-kv: model {cfg.name!r} has no text keys/values to cache (cosmos3 has)")
+    task = synthetic_batch(adapter.io, 1)["task"][0]
+    hw = adapter._run_hw()
+    captions = set(adapter.training_captions([task])) | {adapter.prompt(task, hw, None)}
+    attn = adapter.module.layers[0].self_attn
+    shape = (len(adapter.module.layers), attn.num_key_value_heads, attn.head_dim)
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    g = torch.Generator().manual_seed(0)
+
+    def encode(caption: str):
+        from wamkit.models.cosmos3.fast import TextKV
+
+        u = int(adapter._text_segment(caption, hw)["input_ids"].numel())
+        kv = [torch.randn(shape[0], shape[1], u, shape[2], generator=g).to(dtype) for _ in range(2)]
+        return TextKV(*kv)
+
+    text_kv.build(folder, adapter.text_fingerprint(dtype), sorted(captions), encode)
+    return dataclasses.replace(cfg, options={**cfg.options, text_kv.OPTION: str(folder)})
+
+
 def _trainer_step(cfg, device: torch.device, args: argparse.Namespace, micro_batch: int):
     """The trainer's step on a synthetic batch, placed by its memory plan as ``wamkit train`` places it
     (built on meta where the model can be, refused if it fits nowhere): ``(step_fn, parameters,
@@ -213,6 +252,10 @@ def _trainer_step(cfg, device: torch.device, args: argparse.Namespace, micro_bat
     torch.manual_seed(0)
     meta = builds_on_meta(cfg.name)
     adapter = build_model(cfg, None, device="meta") if meta else build_model(cfg, None)
+    if (
+        getattr(adapter, "text_kv", None) is not None
+    ):  # a random preset keeps its tower; nothing is saved here
+        adapter.drop_understanding_tower(force=True)
     n_params, flops = sum(p.numel() for p in adapter.module.parameters()), adapter.flops_per_sample()
     plan = plan_here(run, info, adapter)
     placed = place(adapter, info, run, plan)
@@ -272,6 +315,25 @@ def main(args: argparse.Namespace) -> int:
         host = _host_memory()
         if args.profile:
             _profile(trainer_step, device, args.profile)
+        rows = [("bare forward+backward", t_bare), ("trainer step (FSDP2+clip+AdamW)", t_train)]
+        if args.text_kv:
+            del trainer_step
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats(device)
+            with tempfile.TemporaryDirectory(prefix="wamkit-text-kv-") as folder:
+                cached = _bench_text_cache(cfg, folder, args.precision)
+                text_step, _, _, _ = _trainer_step(cached, device, args, mb)
+                rows.append(
+                    (
+                        "trainer step, text cache",
+                        timed(text_step, device, args.steps, args.warmup) / args.accumulation,
+                    )
+                )
+                del text_step
+            mem_text = (
+                torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
+            )
     finally:
         shutdown(info)
 
@@ -281,13 +343,16 @@ def main(args: argparse.Namespace) -> int:
           f"(fwd+bwd), micro-batch {mb}, {args.precision} on {name}"
           + (", blocks compiled" if args.compile else ""))  # fmt: skip
     print(f"{'variant':<34} {'s/step':>9} {'samples/s':>10} {'TFLOP/s':>8} {'MFU':>7}")
-    for label, t in (("bare forward+backward", t_bare), ("trainer step (FSDP2+clip+AdamW)", t_train)):
+    for label, t in rows:
         sps = mb / t
         achieved = flops * sps
         mfu = f"{100 * achieved / peak:6.1f}%" if peak else "    n/a"
         print(f"{label:<34} {t:>9.4f} {sps:>10.1f} {achieved / 1e12:>8.2f} {mfu}")
     print(f"trainer / bare samples/s: {t_bare / t_train:.2f}   peak device memory (trainer): {mem:.1f} GiB   "
           f"host: peak RSS {host['peak_rss_gb']:.1f} GB, RssAnon now {host['rss_anon_gb']:.1f} GB")  # fmt: skip
+    if args.text_kv:
+        print(f"text cache / stock trainer samples/s: {t_train / rows[-1][1]:.2f}   peak device memory (text cache): "
+              f"{mem_text:.1f} GiB")  # fmt: skip
     print(f"trainer step: {args.accumulation} micro-batch(es) per optimizer step; memory plan: offload={plan.offload}, "
           f"reshard_after_forward={plan.reshard}, planned device total {plan.device_total / 2**30:.1f} GiB")  # fmt: skip
     return 0

@@ -293,7 +293,7 @@ class Cosmos3Adapter(Cosmos3Inference):
             raise RuntimeError(
                 f"cosmos3: frozen parameters left after dropping the understanding tower: {sorted(before & kept)[:3]}"
             )
-        self.dropped = frozenset(before)
+        self.dropped = self.dropped | before  # a second call (a plan's, a benchmark's) adds nothing
 
     def _hash_frozen(self) -> str:
         import hashlib
