@@ -35,6 +35,7 @@
 #                                          the next step's micro-batches hide
 #   bash scripts/gpu_runs.sh cosmos3-loss  # core: nano_l8 from random weights, the recipe's settings, 60 steps:
 #                                          the loss curve of docs/cosmos3.md (1 GPU)
+#   bash scripts/gpu_runs.sh sft-text-kv   # core: Nano's trainer step with and without a text cache (1 GPU)
 #   bash scripts/gpu_runs.sh sft-full      # core: full-size Cosmos3-Nano SFT placed by its memory plan on one
 #                                          GPU (the plan printed, the transformer step beside the trainer
 #                                          step with accumulation, EMA and offload), and the nano_l8 rows (1 GPU)
@@ -382,6 +383,13 @@ for k in ('time/step', 'time/save_s', 'time/save_write_s', 'time/save_wait_s'):
     print(k, [(s.step, round(s.value, 2)) for s in e.Scalars(k)] if k in e.Tags()['scalars'] else '-')
 " | tee -a "$OUT/index.txt"
     rm -rf "$tmp"
+    ;;
+  sft-text-kv)
+    # Nano's trainer step at micro-batch 32 (bf16, checkpointing, compiled blocks, latents encoded once)
+    # with the understanding tower run on every micro-batch, then reading a text cache (the tower out of
+    # the model): docs/benchmarks.md "Text cache" (1 GPU)
+    run sft_text_kv 560 $W bench train --model cosmos3 --preset nano --precision bf16 --micro-batch 32 --latents \
+      --option gradient_checkpointing=true --compile --accumulation 4 --steps 1 --warmup 1 --text-kv
     ;;
   cosmos3-loss)
     # nano_l8 from random weights with the recipe's settings, warm-up of 500 included (its first 60 steps
