@@ -159,3 +159,66 @@ def test_a_random_init_server_takes_the_shape_of_the_suite(tmp_path):
         proc.stderr.close()
     said = one_line_error(wamkit(*args[:6], "--suite", "libero_11", cwd=tmp_path), "serve")
     assert "--suite: unknown suite 'libero_11'" in said
+
+
+def test_train_ends_with_a_summary_and_a_next_command_that_runs(metaworld_data, tmp_path):
+    """The run's last words: steps, the final losses (the mean of the last log interval, as
+    losses.jsonl holds them), the checkpoint and the convert command, which runs as printed. Its stderr
+    is a pipe: the progress bar writes whole lines there, and the CPU plan counts in M and MiB."""
+    import json
+    import shlex
+
+    args = [f"data.root={metaworld_data}", "train.run_dir=run", "env.image_size=32", "train.max_steps=4"]
+    args += ["train.save_interval=4", "train.log_interval=2", "train.micro_batch=4", "train.global_batch=4"]
+    run = wamkit("train", "configs/demo.yaml", *args, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    records = [json.loads(line) for line in (tmp_path / "run" / "losses.jsonl").read_text().splitlines()]
+    mean = sum(r["loss"] for r in records[2:]) / 2
+    out = run.stdout.splitlines()
+    assert out[0].startswith("trained tiny: 4 steps to step 4 in "), run.stdout
+    assert out[1].startswith(f"  final losses (mean of steps 3-4): loss {mean:.4f}, "), run.stdout
+    assert out[2] == "  checkpoint: run/checkpoints/step_000004", run.stdout
+    assert out[3] == "  next: wamkit convert run/checkpoints/step_000004 --out run/serve", run.stdout
+    converted = wamkit(*shlex.split(out[3].split("next: wamkit ", 1)[1]), cwd=tmp_path)
+    assert converted.returncode == 0, converted.stderr[-3000:]
+    assert (tmp_path / "run" / "serve" / "model.safetensors").is_file()
+
+    assert "\r" not in run.stderr  # line-wise, not one line of carriage returns
+    bar = [line for line in run.stderr.splitlines() if line.startswith("train: ")]
+    assert bar and bar[-1].startswith("train: 100%") and "4/4" in bar[-1], run.stderr
+    plan = run.stderr.split("memory plan: ", 1)[1]
+    assert "M parameters (0.00M frozen, " in plan.splitlines()[0] and "0.000B" not in plan, plan
+    assert "MiB/process" in plan and "  optimizer moments" in plan
+    moments = float(plan.split("  optimizer moments")[1].split()[0])
+    assert moments > 1  # MiB of a 1-2M parameter model's Adam moments, not a 0.00 GiB
+
+
+def test_an_evaluation_at_another_image_size_than_its_model_warns_once(tmp_path):
+    """A model taking 32 px images evaluated on 64 px renders runs (the server resizes) and says so,
+    once, not per pipeline stage or per connection."""
+    import threading
+
+    env = {k: v for k, v in os.environ.items() if k not in GL_VARS}
+    args = ["serve", "--model", "tiny", "--preset", "small", "--random-init", "--suite", "metaworld"]
+    args += ["--set", "env.state=proprio", "--set", "env.image_size=32", "--option", "num_steps=2"]
+    args += ["--port", "0", "--device", "cpu"]
+    proc = subprocess.Popen([str(WAMKIT), *args], cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        port = None
+        for line in proc.stderr:
+            if "serving tiny on ws://127.0.0.1:" in line:
+                port = int(line.rsplit(":", 1)[1].split()[0])
+                break
+        assert port is not None, f"the server never said its port (exit code {proc.poll()})"
+        threading.Thread(target=proc.stderr.read, daemon=True).start()  # its log never fills the pipe
+        overrides = ["env.tasks=[reach-v3]", "env.image_size=64", "env.max_steps=8", "eval.trials=2"]
+        overrides += ["eval.num_envs=2", "eval.workers=1", "eval.pipeline_stages=2", "eval.videos=0"]
+        overrides += ["eval.calibrate_s=1", f"eval.server_url=ws://127.0.0.1:{port}", "eval.out_dir=ev"]
+        run = wamkit("eval", "configs/demo.yaml", *overrides, cwd=tmp_path)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert run.returncode == 0, run.stderr[-3000:]
+    said = [line for line in run.stderr.splitlines() if "env.image_size=64: the model served at" in line]
+    assert len(said) == 1, run.stderr
+    assert "takes 32 px images" in said[0] and "set env.image_size=32" in said[0]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import sys
 from pathlib import Path
+from typing import Any, TextIO
 
 LEVELS = ("debug", "info", "warning", "error")
 
@@ -35,3 +36,38 @@ def close_file_logs(folder: str | Path) -> None:
         ):
             root.removeHandler(handler)
             handler.close()
+
+
+# a progress bar written to a file or a pipe: one line this often at most (plus its first and last)
+PROGRESS_LINE_S = 30.0
+
+
+class _Lines:
+    """A stream for tqdm that writes each of its redraws as a whole line, and a redraw that says nothing
+    new not at all: a bar's carriage returns would otherwise make one line of a log file, with the log's
+    own lines cut into it."""
+
+    def __init__(self, stream: TextIO):
+        self.stream, self.last = stream, ""
+        self.encoding = getattr(stream, "encoding", "utf-8")
+
+    def write(self, text: str) -> None:
+        for part in text.replace("\r", "\n").split("\n"):
+            part = part.strip()
+            if part and part != self.last:
+                self.stream.write(part + "\n")
+                self.last = part
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+
+def progress_bar(**kwargs: Any):
+    """A tqdm bar on stderr: redrawn in place on a terminal; elsewhere (a file, a pipe) a plain line
+    every :data:`PROGRESS_LINE_S` seconds at most."""
+    from tqdm import tqdm
+
+    stream = sys.stderr
+    if stream is None or stream.isatty():
+        return tqdm(file=stream, dynamic_ncols=True, **kwargs)
+    return tqdm(file=_Lines(stream), mininterval=PROGRESS_LINE_S, ascii=True, ncols=100, **kwargs)

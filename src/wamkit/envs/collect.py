@@ -18,8 +18,6 @@ from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
-
 from wamkit.config import ConfigError, RunConfig
 from wamkit.constants import ACTION, OBS_STATE, TASK, image_key
 from wamkit.envs.base import EpisodeSpec, check_env_config, render_info
@@ -27,6 +25,7 @@ from wamkit.envs.expert import ExpertHost
 from wamkit.envs.journal import Journal
 from wamkit.envs.suites import expand_tasks, suite_info
 from wamkit.envs.workers import EnvWorker, WorkerDied
+from wamkit.log import progress_bar
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +150,7 @@ def collect(cfg: RunConfig, progress: bool = True) -> dict[str, Any]:
         return None
 
     total = c.episodes * len(tasks)
-    bar = tqdm(
+    bar = progress_bar(
         total=total, initial=sum(min(kept[t], c.episodes) for t in tasks), unit="ep", disable=not progress
     )
     n_workers = min(c.workers, sum(max(0, c.episodes - kept[t]) for t in tasks))  # none when all done

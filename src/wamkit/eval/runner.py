@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tqdm import tqdm
 
 from wamkit.config import ConfigError, EnvConfig, EvalConfig, RunConfig, ServeConfig
 from wamkit.constants import image_key
@@ -48,6 +47,7 @@ from wamkit.eval.scheduler import Pipeline, layout, server_idle
 from wamkit.eval.servers import ServerPool, same_model
 from wamkit.eval.video import filmed, frame_of, write_mp4
 from wamkit.files import atomic_write_json
+from wamkit.log import progress_bar
 
 log = logging.getLogger(__name__)
 STOP_WAIT_S = 10.0  # how long a stopped (interrupted) pipeline waits for its stage threads
@@ -111,7 +111,7 @@ class Progress:
     """Episodes done, success so far and ETA (tqdm), fed from the stage threads."""
 
     def __init__(self, total: int, enabled: bool):
-        self.bar = tqdm(total=total, desc="eval", unit="ep", disable=not enabled, dynamic_ncols=True)
+        self.bar = progress_bar(total=total, desc="eval", unit="ep", disable=not enabled)
         self.done = self.success = 0
         self._lock = threading.Lock()
 
@@ -177,9 +177,9 @@ def run_eval(
             with reach_servers(ecfg, cfg.serve) as urls:
                 # fail fast (no server, cameras the env does not render, servers serving different
                 # models, another model than the journal's) before workers start
-                identity = same_model(
-                    urls, [_probe(make_policy, url, env_cfg, ecfg.server_timeout_s) for url in urls]
-                )
+                probes = [_probe(make_policy, url, env_cfg, ecfg.server_timeout_s) for url in urls]
+                identity = same_model(urls, [said for said, _ in probes])
+                _warn_image_size(env_cfg, urls[0], probes[0][1])  # one model (same_model): one warning
                 server = {**server_location(ecfg), "identity": identity}
                 if identity is None:
                     server["unidentified"] = UNIDENTIFIED
@@ -270,16 +270,33 @@ def _blanked(make_policy):
     return lambda *args, **kwargs: _BlankImages(make_policy(*args, **kwargs))
 
 
-def _probe(make_policy, url: str, env_cfg: EnvConfig, reply_s: float) -> dict[str, Any] | None:
-    """Connect once (checks the server's inputs against the env) and return what it says it serves;
-    a server that connects but answers nothing within ``reply_s`` (eval.server_timeout_s) fails here."""
+def _probe(
+    make_policy, url: str, env_cfg: EnvConfig, reply_s: float
+) -> tuple[dict[str, Any] | None, int | None]:
+    """Connect once (checks the server's inputs against the env) and return what it says it serves
+    and the image size its model takes (None where it does not say); a server that connects but
+    answers nothing within ``reply_s`` (eval.server_timeout_s) fails here."""
     probe = make_policy(url, env_cfg, Patience(reply_timeout_s=reply_s))
     try:
-        return probe.identity  # the connection's own reading of what its server says
+        inputs = (getattr(probe, "metadata", None) or {}).get("inputs") or {}
+        size = inputs.get("image_size") if isinstance(inputs, dict) else None
+        # the identity is the connection's own reading of what its server says
+        return probe.identity, size if isinstance(size, int) else None
     finally:
         close = getattr(probe, "close", None)
         if close is not None:
             close()
+
+
+def _warn_image_size(env_cfg: EnvConfig, url: str, served: int | None) -> None:
+    """A model evaluated on frames of another size than it takes: the server resizes them, which runs,
+    but the policy then sees frames rendered at another resolution than its training data's."""
+    if served is not None and served != env_cfg.image_size:
+        log.warning(
+            "env.image_size=%d: the model served at %s takes %d px images, so the server resizes each "
+            "%d px frame; set env.image_size=%d to render what the model was trained on",
+            env_cfg.image_size, url, served, env_cfg.image_size, served,
+        )  # fmt: skip
 
 
 def _run(

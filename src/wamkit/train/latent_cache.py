@@ -20,12 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm import tqdm
 
 from wamkit.actions.spec import PreprocessSpec
 from wamkit.config import ConfigError, RunConfig
 from wamkit.data import collate
 from wamkit.device import resolve_device
+from wamkit.log import progress_bar
 from wamkit.models.base import LATENT_CACHE_OPTION, CachesLatents, ModelIO
 from wamkit.train.data_setup import build_spec, first_dataset_root, io_from_dataset
 
@@ -115,7 +115,7 @@ def cache_latents(
     )
     size = sum(len(rows) for _, _, rows in mine)
     done = size - sum(len(rows) for _, _, rows in todo)
-    bar = tqdm(total=size, initial=done, unit="clip", desc="cache-latents", disable=not progress)
+    bar = progress_bar(total=size, initial=done, unit="clip", desc="cache-latents", disable=not progress)
     it = iter(loader)
     for suite, k, rows in pending:
         parts = []

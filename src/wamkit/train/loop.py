@@ -13,6 +13,7 @@ import json
 import logging
 import random
 import resource
+import shlex
 import shutil
 import time
 from collections.abc import Callable
@@ -143,6 +144,7 @@ class _Loop:
         self.loader = make_loader(tuple(self.adapter.future_frame_offsets), extras, self.adapter)
         _seed_all(t.seed + 1_000_003 * (info.rank + 1))  # per-rank noise in the loss
         self.step = 0
+        self.saved: Path | None = None  # the newest checkpoint this run wrote
         self.pending: ckpt.PendingSave | None = None
         # DCP's background writer runs its collectives on a gloo group of its own, so that they never
         # interleave with the training's on the default group (NCCL or gloo) from another thread; made
@@ -239,6 +241,7 @@ class _Loop:
             return
         t0 = time.perf_counter()
         path = pending.finish()
+        self.saved = Path(path)
         waited = time.perf_counter() - t0
         log.info(
             "saved %s: shards written in %.2f s beside training, %.2f s waited to finish", path,
@@ -367,6 +370,7 @@ class _Loop:
             self.info.device, t.global_batch, t.micro_batch, self.info.world_size, self.accum,
         )  # fmt: skip
         self._it = iter(self.loader)
+        start = self.step
         try:
             self._train()
         except BaseException:
@@ -374,6 +378,30 @@ class _Loop:
                 self.pending.wait()
             raise
         self.logger.close()
+        if self.info.is_main:
+            print(self.summary(start, time.perf_counter() - self.t_start), flush=True)
+
+    def summary(self, start: int, seconds: float) -> str:
+        """What the run did, where its checkpoint is and the command that serves it."""
+        steps = f"{self.step - start} steps" + (f" (from step {start})" if start else "")
+        lines = [f"trained {self.adapter.name}: {steps} to step {self.step} in {seconds:.0f} s"]
+        last = self.logger.last
+        if last:
+            names = sorted(
+                (k for k in last[-1] if k not in ("step", "lr", "grad_norm")), key=lambda k: k != "loss"
+            )
+            means = ", ".join(f"{k} {sum(r[k] for r in last) / len(last):.4f}" for k in names)
+            span = (
+                f"step {last[0]['step']}" if len(last) == 1 else f"steps {last[0]['step']}-{last[-1]['step']}"
+            )
+            lines.append(f"  final losses (mean of {span}): {means}")
+        if self.saved is not None:
+            lines.append(f"  checkpoint: {self.saved}")
+            ema = " --ema" if self.cfg.train.ema else ""
+            out = shlex.quote(str(self.run_dir / "serve"))
+            lines.append(f"  next: wamkit convert {shlex.quote(str(self.saved))} --out {out}{ema}")
+            lines.append(f"  then: wamkit serve {out}")
+        return "\n".join(lines)
 
     def _train(self) -> None:
         t = self.cfg.train

@@ -45,6 +45,17 @@ from wamkit.models.base import ActivationShape
 log = logging.getLogger(__name__)
 
 GiB = 2**30
+MiB = 2**20
+
+
+def _counts(*ns: int) -> list[str]:
+    """Parameter counts in one unit, the one that shows the largest: billions from 0.1B, else millions
+    (a CPU model's 1.61M is not 0.002B)."""
+    if max(ns) >= 1e8:
+        return [f"{n / 1e9:.3f}B" for n in ns]
+    return [f"{n / 1e6:.2f}M" for n in ns]
+
+
 OFFLOAD_MODES = ("none", "ema", "optimizer")
 RESERVE_FIXED = 3 * GiB
 RESERVE_FRACTION = 0.05
@@ -178,21 +189,24 @@ class Plan:
         """The plan as text: one line per category, per process, then the totals against the budget."""
         i, s = self.inp, self.sizes
         dev = "device" if i.device_type == "cuda" else "host (CPU training)"
+        total, frozen, trained = _counts(s.total, s.frozen, s.trained)
+        # a plan under a GiB is written in MiB: a CPU model's table is not a column of 0.00
+        unit, size = ("GiB", GiB) if self.device_total >= GiB else ("MiB", MiB)
         lines = [
             f"memory plan: {i.world_size} process(es), {i.device_bytes / GiB:.1f} GiB per {dev}, "
             f"{i.host_bytes / GiB:.1f} GiB per host ({i.procs_per_host} process(es) on it); "
-            f"{s.total / 1e9:.3f}B parameters ({s.frozen / 1e9:.3f}B frozen, {s.trained / 1e9:.3f}B trained), "
+            f"{total} parameters ({frozen} frozen, {trained} trained), "
             f"{i.precision}, micro-batch {i.micro_batch}, checkpointing {'on' if i.checkpointing else 'off'}",
             f"  offload={self.offload}, reshard_after_forward={self.reshard}, gradients reduced on "
             f"{'every micro-batch' if self.grad_sync == 'every' else 'the last micro-batch'} of "
             f"{i.accumulation}",
-            f"  {'category':<24} {'GiB/process':>11}  where",
+            f"  {'category':<24} {unit + '/process':>11}  where",
         ]
         for cat, b, where in self.rows:
-            lines.append(f"  {cat:<24} {b / GiB:>11.2f}  {where}")
+            lines.append(f"  {cat:<24} {b / size:>11.2f}  {where}")
         dev_line = f"  device total {self.device_total / GiB:.2f} GiB of {i.device_bytes / GiB:.1f}"
         if i.device_type == "cpu":
-            dev_line = f"  process total {self.device_total / GiB:.2f} GiB (on the host)"
+            dev_line = f"  process total {self.device_total / size:.2f} {unit} (on the host)"
         lines.append(dev_line + ("" if self.fits_device else "  -> does not fit"))
         lines.append(
             f"  host total {self.host_total / GiB:.2f} GiB of {i.host_bytes / GiB:.1f} (offloaded state and "

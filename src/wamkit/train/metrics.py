@@ -10,9 +10,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
-
 from wamkit.files import LOSSES_FILE, append_jsonl, read_jsonl, rewrite_jsonl
+from wamkit.log import progress_bar
 
 LOSSES_JSONL = LOSSES_FILE
 
@@ -35,17 +34,19 @@ def read_losses(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
 
 
 class RunLogger:
-    """TensorBoard writer + losses.jsonl + tqdm, for rank 0."""
+    """TensorBoard writer + losses.jsonl + a progress bar, for rank 0; ``last`` holds the records of the
+    last log interval (the run's summary averages them)."""
 
     def __init__(self, run_dir: Path, start_step: int, max_steps: int, enabled: bool):
         self.enabled = enabled
+        self.last: list[dict[str, float]] = []
         if not enabled:
             return
         from torch.utils.tensorboard import SummaryWriter
 
         self.tb = SummaryWriter(str(run_dir / "tb"))
         self.jsonl = open(run_dir / LOSSES_JSONL, "a")  # noqa: SIM115 (closed in close())
-        self.bar = tqdm(total=max_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True)
+        self.bar = progress_bar(total=max_steps, initial=start_step, desc="train", unit="step")
 
     def steps(self, records: list[dict[str, float]]) -> None:
         """One record per optimizer step: ``step`` and the named losses (already averaged over ranks)."""
@@ -57,8 +58,9 @@ class RunLogger:
                 if k != "step":
                     self.tb.add_scalar(f"train/{k}", v, rec["step"])
         if records:
+            self.last = list(records)
+            self.bar.set_postfix(loss=f"{records[-1]['loss']:.4f}", refresh=False)
             self.bar.update(len(records))
-            self.bar.set_postfix(loss=f"{records[-1]['loss']:.4f}")
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
         if self.enabled:
