@@ -19,7 +19,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("overrides", nargs="*", help="the run's dotted overrides, e.g. data.root=...")
     parser.add_argument("--out", required=True, help="cache folder (created; a rerun finishes it)")
     parser.add_argument(
-        "--device", default="auto", help="where the understanding tower runs: auto | cpu | cuda (default: auto)"
+        "--device",
+        default="auto",
+        help="where the understanding tower runs: auto | cpu | cuda (default: auto)",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
