@@ -242,7 +242,7 @@ class EvalConfig:
     executor: Literal["local", "ray"] = "local"
     workers: int = 2  # env worker processes
     replan_interval: int = 8  # actions applied from each chunk before asking again
-    videos: int = 2  # episodes recorded as mp4 per task
+    videos: int = 2  # episodes recorded as mp4 per task, successes and failures sharing them (eval/video.py)
     # a control: every camera image the policy is sent is black (uint8 zeros of the rendered shape),
     # so the success left is what the policy gets without vision; the videos still show the scene
     blank_images: bool = False

@@ -10,7 +10,8 @@
 - a grid of held-out rollouts as GIFs (made from the evaluation's videos), successes and failures;
 - forward dynamics: for a few held-out episodes, the frame ``chunk`` steps ahead that the model
   predicts from the current frame and the scripted expert's next ``chunk`` actions, beside the real
-  one, with the mean pixel error against a copy-the-current-frame baseline.
+  one (one row per episode, labelled with its task and seed), with two pixel errors against a
+  copy-the-current-frame baseline and what each measures.
 
 Every number on the page is read from the files the stages wrote (``report.json`` holds them too),
 so the page and the run's summaries cannot disagree.
@@ -152,7 +153,7 @@ def forward_dynamics(
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
         played = pool.submit(_expert_rollouts, cfg.env, specs, max(starts) + chunk).result()
     rows, pred_err, copy_err, pred_sq, copy_sq = [], [], [], [], []
-    for (task, _, _), (frames, actions) in zip(specs, played, strict=True):
+    for (task, _, seed), (frames, actions) in zip(specs, played, strict=True):
         for t in starts:
             if t + chunk >= len(frames):
                 continue
@@ -167,11 +168,12 @@ def forward_dynamics(
             copy_err.append(float(np.abs(current - real).mean()))
             pred_sq.append(float(np.square(predicted - real).mean()))
             copy_sq.append(float(np.square(current - real).mean()))
-            rows.append((task, t, *(np.round(x).astype(np.uint8) for x in (current, predicted, real))))
+            rows.append((task, seed, t, *(np.round(x).astype(np.uint8) for x in (current, predicted, real))))
     if not rows:
         return None
     _fd_picture(rows, chunk, png)
     return {
+        "episodes": [{"task": task, "seed": seed, "label": f"{task} seed {seed}"} for task, _, seed in specs],
         "chunk": chunk,
         "predictions": len(rows),
         "model_rmse": float(np.sqrt(np.mean(pred_sq))),
@@ -179,7 +181,15 @@ def forward_dynamics(
         "model_error": float(np.mean(pred_err)),
         "copy_error": float(np.mean(copy_err)),
         "per_prediction": [
-            {"task": r[0], "step": r[1], "model_error": p, "copy_error": c, "model_mse": ps, "copy_mse": cs}
+            {
+                "task": r[0],
+                "seed": r[1],
+                "step": r[2],
+                "model_error": p,
+                "copy_error": c,
+                "model_mse": ps,
+                "copy_mse": cs,
+            }
             for r, p, c, ps, cs in zip(rows, pred_err, copy_err, pred_sq, copy_sq, strict=True)
         ],
     }
@@ -292,25 +302,61 @@ def _replays(env_cfg: Any, jobs: list[tuple[str, int, int, np.ndarray]]) -> list
     return solved
 
 
+# the forward-dynamics picture's panel size (inches at 100 dpi): 6 episodes of 4 starts take
+# 1,200 x 750 px, a screen
+FD_PANEL_IN = 1.0
+
+
 def _fd_picture(rows: list, chunk: int, png: Path) -> None:
+    """One row per episode (its task and seed written at the left), one (now, predicted, real)
+    triple per start step across it: the grid a screen holds, not one column per prediction."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(len(rows), 3, figsize=(5.4, 1.9 * len(rows)), dpi=100, squeeze=False)
-    for ax_row, (task, t, current, predicted, real) in zip(axes, rows, strict=True):
+    episodes = list(dict.fromkeys((task, seed) for task, seed, *_ in rows))
+    starts = sorted({t for _, _, t, *_ in rows})
+    cols = 3 * len(starts)
+    size = (FD_PANEL_IN * cols + 1.6, (FD_PANEL_IN + 0.25) * len(episodes))
+    fig, axes = plt.subplots(len(episodes), cols, figsize=size, dpi=100, squeeze=False)
+    for ax in axes.flat:
+        ax.set_axis_off()
+    for task, seed, t, *images in rows:
+        r, c = episodes.index((task, seed)), 3 * starts.index(t)
         for ax, img, title in zip(
-            ax_row, (current, predicted, real), ("now", f"predicted +{chunk}", f"real +{chunk}"), strict=True
+            axes[r, c : c + 3], images, (f"t={t} now", f"predicted +{chunk}", f"real +{chunk}"), strict=True
         ):
             ax.imshow(img, interpolation="nearest")
-            ax.set_xticks([])
-            ax.set_yticks([])
-            ax.set_title(f"{title}" if ax is not ax_row[0] else f"{task} t={t}: now", fontsize=7)
-    fig.tight_layout()
+            ax.set_title(title, fontsize=6)
+    for r, (task, seed) in enumerate(episodes):
+        fig.text(0.005, 1 - (r + 0.5) / len(episodes), f"{task}\nseed {seed}", fontsize=7, va="center")
+    fig.subplots_adjust(left=1.6 / size[0], right=0.995, top=0.95, bottom=0.01, wspace=0.08, hspace=0.35)
     png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png)
     plt.close(fig)
+
+
+def _fd_meaning(fd: dict[str, Any]) -> str:
+    """What the two errors measure, and what the model's standing against the copy says."""
+
+    def verdict(model: float, copy: float) -> str:
+        return "the model is closer than the copy" if model < copy else "the copy is closer than the model"
+
+    return (
+        '<ul id="fd-meaning">'
+        "<li><b>Copy</b>: the current frame given as the prediction. Most of a frame (table, walls, the "
+        "robot's base) does not move in the next steps, so copying is exact there and wrong only where the "
+        "arm and the objects moved: a strong baseline, and the one a model that ignores the actions "
+        "would match.</li>"
+        "<li><b>Root mean square</b> weighs large errors most: a moved arm or object drawn where it was. It "
+        f"is what the model's frame loss (squared error) minimises. Here {verdict(fd['model_rmse'], fd['copy_rmse'])}."
+        "</li><li><b>Mean absolute</b> counts every pixel's error alike. A regressed frame is the mean of "
+        "the futures the model cannot tell apart, slightly blurred and off by a few grey levels everywhere, "
+        "over the static pixels the copy gets exactly right; so the model can lose to the copy on this "
+        "figure while it wins on the root mean square, where the moved parts count. Here "
+        f"{verdict(fd['model_error'], fd['copy_error'])}.</li></ul>"
+    )
 
 
 def _rate(r: dict[str, Any]) -> str:
@@ -383,10 +429,16 @@ def write_report(
             f"on held-out seeds, in grey levels (0-255), against copying the current frame: root mean "
             f'square <b id="fd-rmse">model {fd["model_rmse"]:.1f}</b>, copy {fd["copy_rmse"]:.1f}; '
             f'mean absolute <b id="fd-mae">model {fd["model_error"]:.1f}</b>, copy {fd["copy_error"]:.1f}.</p>'
-            '<img src="forward_dynamics.png" alt="forward dynamics">'
+            f"{_fd_meaning(fd)}"
+            '<img src="forward_dynamics.png" alt="forward dynamics" style="max-width: 100%">'
         )
     else:
         fd_html = "<p>This model has no frame tokens (model.options.world_weight is 0): no predictions.</p>"
+    won = sum(p["success"] for p in rollouts)
+    filmed = (
+        f"{won} success(es) and {len(rollouts) - won} failure(s) filmed: each task keeps up to "
+        f"eval.videos={cfg.eval.videos} videos, successes and failures sharing them"
+    )
     loss_text = ", ".join(f"{k.replace('_', ' ')} {v:.4f}" for k, v in losses.items())
     page = f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>wamkit demo report</title>
@@ -411,7 +463,7 @@ the scene (each replays a training demonstration of its task, from another place
 {"".join(rows)}</table>
 <h2>Training loss</h2><p>{e(loss_text)}</p><img src="loss.png" alt="loss curve">
 <h2>Forward dynamics</h2>{fd_html}
-<h2>Held-out rollouts</h2><div class="grid">{grid}</div>
+<h2>Held-out rollouts</h2><p id="filmed">{e(filmed)}.</p><div class="grid">{grid}</div>
 </body></html>
 """
     return atomic_write_text(report_dir / REPORT, page)

@@ -45,7 +45,7 @@ from wamkit.eval.remote import Patience
 from wamkit.eval.report import write_reports
 from wamkit.eval.scheduler import Pipeline, layout, server_idle
 from wamkit.eval.servers import ServerPool, same_model
-from wamkit.eval.video import filmed, frame_of, write_mp4
+from wamkit.eval.video import VideoBudget, frame_of, write_mp4
 from wamkit.files import atomic_write_json
 from wamkit.log import progress_bar
 
@@ -317,9 +317,10 @@ def _run(
     out = Path(ecfg.out_dir)
     fps = _video_fps(env_cfg)
     bar = Progress(len(todo), progress)
+    videos = VideoBudget(ecfg.videos, journal.records.values())
 
     def on_finish(record: dict[str, Any], frames) -> None:
-        if frames:
+        if frames and videos.keep(str(record["task"]), bool(record["success_once"])):
             name = f"videos/{record['task']}/trial{record['trial']}_seed{record['seed']}.mp4"
             write_mp4(frames, out / name, fps=fps)
             record["video"] = name
@@ -349,7 +350,7 @@ def _run(
             pool.stage_policy,
             ecfg.replan_interval,
             on_finish,
-            film=lambda spec: filmed(spec.trial, ecfg.videos),
+            film=lambda spec: videos.film(spec.task, spec.trial),
             frame=lambda obs: frame_of(obs, list(env_cfg.cameras)),
             max_env_retries=ecfg.env_retries,
             servers=len(urls),

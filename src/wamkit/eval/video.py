@@ -1,21 +1,55 @@
 """mp4 videos of selected episodes, written with PyAV (H.264, yuv420p).
 
 Frames are the observation images the policy saw (uint8 [H, W, 3], upright); several cameras are
-placed side by side. Which episodes are filmed is decided by their name, so a rerun films the same ones.
+placed side by side. Which videos are kept: :class:`VideoBudget`.
 """
 
 from __future__ import annotations
 
+import threading
+from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from wamkit.constants import image_key
 
+# filmed candidates: the first this many times eval.videos trials of a task (while it has room)
+CANDIDATES = 4
 
-def filmed(trial: int, videos_per_task: int) -> bool:
-    """Trials 0 .. videos_per_task-1 of every task are recorded."""
-    return trial < videos_per_task
+
+class VideoBudget:
+    """``eval.videos`` videos a task at most, shared by its successes and failures: an outcome takes at
+    most half of them (rounded up), so where a task both succeeds and fails within its first
+    ``CANDIDATES x eval.videos`` trials, its videos show both (with ``eval.videos: 1``, whichever
+    finished first). An episode is filmed (its frames held while it runs) while its task has room;
+    whether it is kept is decided when it finishes, in the order episodes finish. Thread-safe (the
+    pipeline's stage threads finish episodes)."""
+
+    def __init__(self, per_task: int, finished: Iterable[dict[str, Any]] = ()):
+        self.per_task, self.per_outcome = per_task, (per_task + 1) // 2
+        self._kept: Counter[tuple[str, bool]] = Counter(
+            (str(r["task"]), bool(r["success_once"])) for r in finished if r.get("video")
+        )  # a resumed run's videos count
+        self._lock = threading.Lock()
+
+    def _room(self, task: str) -> bool:
+        return self._kept[(task, True)] + self._kept[(task, False)] < self.per_task
+
+    def film(self, task: str, trial: int) -> bool:
+        """Whether to hold this episode's frames."""
+        with self._lock:
+            return trial < CANDIDATES * self.per_task and self._room(task)
+
+    def keep(self, task: str, success: bool) -> bool:
+        """Whether a filmed episode that ended so is written (and counted)."""
+        with self._lock:
+            if not self._room(task) or self._kept[(task, success)] >= self.per_outcome:
+                return False
+            self._kept[(task, success)] += 1
+            return True
 
 
 def frame_of(obs: dict, cameras: list[str]) -> np.ndarray:
