@@ -60,3 +60,26 @@ def test_libero_smoke_eval(tmp_path):
         assert (stack["libero"], stack["robosuite"], stack["mujoco"]) == ("0.1.1", "1.4.0", "3.3.0")
         assert stack["metaworld"] == "3.1.1"
     assert (tmp_path / "videos" / task / "trial0_seed7.mp4").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_the_documented_cpu_smoke_run(tmp_path):
+    """docs/libero.md's smoke block as a user types it in a plain shell (no MUJOCO_GL, another
+    working directory), run as written: the evaluation waits for the server started beside it, the
+    random-init server takes LIBERO's shapes, the episode runs."""
+    import os
+    import subprocess
+
+    from .conftest import REPO
+
+    page = (REPO / "docs" / "libero.md").read_text()
+    block = page.split("test_the_documented_cpu_smoke_run -->\n```bash\n", 1)[1].split("```", 1)[0]
+    env = {k: v for k, v in os.environ.items() if k not in ("MUJOCO_GL", "PYOPENGL_PLATFORM", "DISPLAY")}
+    env["PATH"] = f"{REPO / '.venv' / 'bin'}:{env['PATH']}"
+    run = subprocess.run(
+        ["bash", "-c", block], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "| **libero_10** | **all** | **1** |" in run.stdout, run.stdout
+    records = list(read_journal(tmp_path / "runs" / "libero_smoke" / "episodes.jsonl").values())
+    assert [(r["length"], r["success_once"]) for r in records] == [(40, False)]
