@@ -42,3 +42,17 @@ def test_recipe_numbers(name: str, steps: int):
     assert cfg.eval.replan_interval == cfg.data.chunk == 16  # the whole chunk runs before the next request
     if name == "libero_all_cosmos3":
         assert cfg.data.suites == ["libero_spatial", "libero_object", "libero_goal", "libero_10"]
+
+
+def test_an_option_typo_is_refused_before_a_run_reads_data():
+    """The registry's check hook refuses a cosmos3 option or preset typo without building anything."""
+    from wamkit.config import ConfigError, ModelConfig
+    from wamkit.models.registry import check_model_config
+
+    check_model_config(ModelConfig(name="cosmos3", preset="tiny", options={"caption_dropout": 0.1}))
+    with pytest.raises(ConfigError, match="did you mean 'gradient_checkpointing'"):
+        check_model_config(
+            ModelConfig(name="cosmos3", preset="tiny", options={"gradient_checkpointng": True})
+        )
+    with pytest.raises(ConfigError, match="unknown cosmos3 preset 'tinyy'"):
+        check_model_config(ModelConfig(name="cosmos3", preset="tinyy"))

@@ -83,7 +83,9 @@ def build_model(cfg: ModelConfig, io: ModelIO | None = None, **kwargs: Any) -> M
 
 # The built-in models. A new model adds one line here and one folder next to this file.
 register_model("tiny", "wamkit.models.tiny:build", check="wamkit.models.tiny:check_config")
-register_model("cosmos3", "wamkit.models.cosmos3:build", meta=True)
+register_model(
+    "cosmos3", "wamkit.models.cosmos3:build", meta=True, check="wamkit.models.cosmos3:check_config"
+)
 # A model whose inference is a fixed, configurable delay and a deterministic function of its input:
 # for measuring the server and the evaluator alone, clearly labelled as such in benchmark output.
 register_model("delay", "wamkit.models.delay:build")

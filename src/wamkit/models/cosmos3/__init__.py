@@ -43,6 +43,16 @@ def _recipe_io() -> ModelIO:
 DEFAULT_IO = _recipe_io()
 
 
+def check_config(cfg: ModelConfig) -> None:
+    """Refuse an unknown preset or option (:class:`ConfigError`) before a run reads any data, building
+    nothing (the registry's check hook)."""
+    from wamkit.models.cosmos3.presets import PRESETS, resolve_options
+
+    resolve_options(dict(cfg.options))
+    if not cfg.pretrained and cfg.preset not in PRESETS:
+        raise ConfigError(f"model.preset: unknown cosmos3 preset {cfg.preset!r} (have: {', '.join(PRESETS)})")
+
+
 def build(cfg: ModelConfig, io: ModelIO | None = None, device: Any = None, **_: Any):
     """Build the adapter from a preset (random weights) or ``cfg.pretrained`` (a diffusers folder).
 
