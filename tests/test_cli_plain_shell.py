@@ -45,6 +45,20 @@ def metaworld_data(tmp_path_factory) -> Path:
     return root / "data"
 
 
+def _start_server(args: list[str], cwd, env: dict[str, str]):
+    """``wamkit serve ARGS`` started as a user starts it; ``(process, port)`` once it says its port."""
+    proc = subprocess.Popen([str(WAMKIT), *args], cwd=cwd, env=env, stderr=subprocess.PIPE, text=True)
+    port = None
+    for line in proc.stderr:
+        if "serving tiny on ws://127.0.0.1:" in line:
+            port = int(line.rsplit(":", 1)[1].split()[0])
+            break
+    if port is None:
+        proc.kill()
+    assert port is not None, f"the server never said its port (exit code {proc.poll()})"
+    return proc, port
+
+
 def test_check_renders_metaworld_from_a_shell_without_gl_settings(metaworld_data, tmp_path):
     # --trials 1: the journal's first two episodes are one task's; the checker takes one of each task
     run = wamkit("check", str(metaworld_data), "--suite", "metaworld", "--trials", "1", "--replay", "1",
@@ -138,14 +152,8 @@ def test_a_random_init_server_takes_the_shape_of_the_suite(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in GL_VARS}
     args = ["serve", "--model", "tiny", "--preset", "small", "--random-init", "--suite", "libero_10"]
     args += ["--set", "env.image_size=64", "--option", "num_steps=2", "--port", "0", "--device", "cpu"]
-    proc = subprocess.Popen([str(WAMKIT), *args], cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True)
+    proc, port = _start_server(args, tmp_path, env)
     try:
-        port = None
-        for line in proc.stderr:
-            if "serving tiny on ws://127.0.0.1:" in line:
-                port = int(line.rsplit(":", 1)[1].split()[0])
-                break
-        assert port is not None, f"the server never said its port (exit code {proc.poll()})"
         with PolicyClient(f"127.0.0.1:{port}", connect_timeout_s=20) as client:
             inputs = client.metadata["inputs"]
             assert inputs["cameras"] == ["agentview", "wrist"] and inputs["state_dim"] == 8
@@ -202,14 +210,8 @@ def test_an_evaluation_at_another_image_size_than_its_model_warns_once(tmp_path)
     args = ["serve", "--model", "tiny", "--preset", "small", "--random-init", "--suite", "metaworld"]
     args += ["--set", "env.state=proprio", "--set", "env.image_size=32", "--option", "num_steps=2"]
     args += ["--port", "0", "--device", "cpu"]
-    proc = subprocess.Popen([str(WAMKIT), *args], cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True)
+    proc, port = _start_server(args, tmp_path, env)
     try:
-        port = None
-        for line in proc.stderr:
-            if "serving tiny on ws://127.0.0.1:" in line:
-                port = int(line.rsplit(":", 1)[1].split()[0])
-                break
-        assert port is not None, f"the server never said its port (exit code {proc.poll()})"
         threading.Thread(target=proc.stderr.read, daemon=True).start()  # its log never fills the pipe
         overrides = ["env.tasks=[reach-v3]", "env.image_size=64", "env.max_steps=8", "eval.trials=2"]
         overrides += ["eval.num_envs=2", "eval.workers=1", "eval.pipeline_stages=2", "eval.videos=0"]
