@@ -39,16 +39,18 @@ case "${1:-run}" in
     sweep=$!
     first=$(grep -v '^#' "${VARIANTS:-scripts/cosmos3_demo_variants.txt}" | awk 'NF {print $1; exit}')
     while kill -0 "$sweep" 2>/dev/null && [ ! -f "$WORK/$first/stages/train.done" ]; do sleep 5; done
-    echo "[learns] $first trained; the recipe's loss curve starts"
-    OUT=$RESULTS/loss LOSS_LIMIT=${LOSS_LIMIT:-1200} bash scripts/gpu_runs.sh cosmos3-loss
-    cp "$RESULTS/loss/index.txt" "$RESULTS/loss_index.txt" 2>/dev/null
-    cp "$RESULTS/loss/cosmos3_loss.jsonl" "$RESULTS/" 2>/dev/null
-    tail -c 20000 "$RESULTS/loss/train_loss.log" >"$RESULTS/loss_train.log" 2>/dev/null
+    if [ "${LOSS_LIMIT:-1200}" -gt 0 ]; then  # LOSS_LIMIT=0: the closed-loop table alone
+      echo "[learns] $first trained; the recipe's loss curve starts"
+      OUT=$RESULTS/loss LOSS_LIMIT=${LOSS_LIMIT:-1200} bash scripts/gpu_runs.sh cosmos3-loss
+      cp "$RESULTS/loss/index.txt" "$RESULTS/loss_index.txt" 2>/dev/null
+      cp "$RESULTS/loss/cosmos3_loss.jsonl" "$RESULTS/" 2>/dev/null
+      tail -c 20000 "$RESULTS/loss/train_loss.log" >"$RESULTS/loss_train.log" 2>/dev/null
+    fi
     wait "$sweep"
     echo "[learns] finished"
     ;;
   start)
-    setsid nohup bash "$0" run >"$RESULTS/learns.log" 2>&1 </dev/null &
+    setsid nohup env LOSS_LIMIT="${LOSS_LIMIT:-1200}" bash "$0" run >"$RESULTS/learns.log" 2>&1 </dev/null &
     echo "[learns] started (log $RESULTS/learns.log)"
     ;;
   wait)
