@@ -26,6 +26,17 @@ def test_preset_plus_overrides(tmp_path):
     assert cfg.serve.port == RunConfig().serve.port  # untouched defaults come from one place
 
 
+def test_numbers_without_a_decimal_point_are_numbers(tmp_path):
+    # YAML 1.1 reads 1e-3 (no dot) as the string "1e-3", in a file and on the command line alike
+    preset = tmp_path / "p.yaml"
+    preset.write_text("train:\n  lr: 3e-4\n")
+    assert load_config(preset).train.lr == 3e-4
+    assert load_config(preset, ["train.lr=1e-3"]).train.lr == 1e-3
+    assert load_config(preset, ["train.lr=-2E+1"]).train.lr == -20.0
+    with pytest.raises(ConfigError, match="train.lr: expected a number, got '1e-3x'"):
+        load_config(preset, ["train.lr=1e-3x"])
+
+
 def test_one_task_index_is_a_list_of_one(tmp_path):
     # env.tasks=4 (one LIBERO task by index) reads as the number 4 in YAML; it means the list ["4"]
     preset = tmp_path / "p.yaml"

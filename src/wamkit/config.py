@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -131,6 +132,37 @@ Offload = Literal["auto", "none", "ema", "optimizer"]
 
 
 @dataclass
+class LoraConfig:
+    """``train.lora``: low-rank adapters (peft's LoRA) in place of training the model's linear layers in
+    full (:mod:`wamkit.train.lora`). The adapted layers' weights stay frozen (in the compute dtype), the
+    model's heads still train in full, and checkpoints hold only what trains."""
+
+    rank: int = 0  # the adapters' rank r; 0: LoRA off (full SFT)
+    alpha: float = 0.0  # the update B @ A is scaled by alpha / rank; 0: alpha = rank (a scale of 1)
+    dropout: float = 0.0  # dropout on each adapter's input (peft's lora_dropout)
+    # the layers to adapt: names of linear layers, whole or their last dotted parts (peft's matching:
+    # "mlp_moe_gen.up_proj" is that layer of every block); empty: the model's own list (cosmos3: every
+    # linear layer of the generation tower's blocks)
+    target_modules: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.rank < 0:
+            raise ConfigError(f"train.lora.rank: expected >= 0 (0: LoRA off), got {self.rank}")
+        if self.alpha < 0:
+            raise ConfigError(f"train.lora.alpha: expected >= 0 (0: alpha = rank), got {self.alpha}")
+        if not 0 <= self.dropout < 1:
+            raise ConfigError(f"train.lora.dropout: expected a probability in [0, 1), got {self.dropout}")
+        bad = [t for t in self.target_modules if not t.strip() or t != t.strip()]
+        if bad:
+            raise ConfigError(f"train.lora.target_modules: {bad[0]!r} is not a layer name")
+        if self.rank == 0 and self.target_modules:
+            raise ConfigError(
+                "train.lora.target_modules is set but train.lora.rank=0 (LoRA off): set a rank, e.g. "
+                "train.lora.rank=16"
+            )
+
+
+@dataclass
 class TrainConfig:
     """The SFT loop."""
 
@@ -170,6 +202,7 @@ class TrainConfig:
     offload: Offload = "auto"
     device: str = "auto"  # auto | cpu | cuda
     resume: str = ""  # "" (fresh), "auto" (newest complete checkpoint) or a checkpoint path
+    lora: LoraConfig = field(default_factory=LoraConfig)
 
     def __post_init__(self) -> None:
         for key in ("max_steps", "micro_batch", "global_batch", "save_interval", "log_interval"):
@@ -349,6 +382,9 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp))
 
 
+_DECIMAL = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+
+
 def _coerce(value: Any, tp: Any, key: str) -> Any:
     """Check ``value`` against the annotation ``tp`` and return it (ints widen to float)."""
     origin = typing.get_origin(tp)
@@ -391,6 +427,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             raise ConfigError(f"{key}: expected an integer, got {value!r}")
         return value
     if tp is float:
+        if isinstance(value, str) and _DECIMAL.fullmatch(value.strip()):
+            value = float(value)  # YAML 1.1 reads 1e-3 (no dot) as a string, in files and on the command line
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(f"{key}: expected a number, got {value!r}")
         return float(value)
