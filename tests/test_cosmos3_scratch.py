@@ -132,3 +132,33 @@ def test_the_state_token_reaches_the_actions_and_trains():
 def test_a_state_wider_than_the_action_heads_is_refused():
     with pytest.raises(ConfigError, match=r"state_token: the state \(8-D\) must fit the action heads' 4"):
         build(ModelIO(("corner",), 64, 8, 4, 16, "raw", "metaworld"), state_token=True)
+
+
+def _vae_tensors(vae: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().float().clone() for k, v in vae.state_dict().items()}
+
+
+def test_a_random_presets_vae_is_one_function_of_the_preset():
+    """Checkpoints and serving directories do not hold a random preset's frozen VAE: the server
+    rebuilds it, so it must be the encoder training saw. It was drawn from the global generator, so
+    `wamkit serve` (another seed state; on a GPU, CUDA's generator) encoded the camera with other
+    random convolutions than training and its cache did: a `small` Cosmos3 trained on the GPU failed
+    all 90 held-out episodes. Now it is the same under any global seed, built whole or on meta (the
+    trainer's path), in any dtype."""
+    from wamkit.models.cosmos3.components import build_random
+
+    torch.manual_seed(0)
+    _, whole, _ = build_random("mini", 4, torch.device("cpu"), torch.float32)
+    torch.manual_seed(1234)
+    torch.randn(1000)
+    _, sharded, _ = build_random("mini", 4, torch.device("meta"), torch.float32)
+    _, half, _ = build_random("mini", 4, torch.device("cpu"), torch.bfloat16)
+    ref = _vae_tensors(whole)
+    assert ref.keys() == _vae_tensors(sharded).keys()
+    for name, value in _vae_tensors(sharded).items():
+        assert torch.equal(value, ref[name]), name
+    for name, value in half.state_dict().items():
+        if value.dtype == torch.bfloat16:
+            assert torch.equal(value, ref[name].to(torch.bfloat16)), name
+    # random, not constant: the encoder separates images
+    assert any(v.ndim > 1 and v.std() > 0 for v in ref.values())

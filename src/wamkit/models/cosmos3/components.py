@@ -154,9 +154,14 @@ def _random_init_(tr: Cosmos3OmniTransformer) -> None:
 
 
 def _random_vae(vcfg: dict[str, Any], device: torch.device, dtype: torch.dtype) -> AutoencoderKLWan:
+    """A random preset's VAE: one fixed function of the preset, whatever the device, the dtype and the
+    global generator's state. Serving directories and checkpoints do not hold it (it is frozen), so the
+    model that serves must rebuild the very encoder it was trained with: each tensor is drawn on the
+    CPU from a generator of its own (seed 0 + crc32 of its name), as :class:`RandomWeights` draws the
+    transformer's, then cast and moved."""
     with torch.device("meta"):
         vae = AutoencoderKLWan(**vcfg, latents_mean=[0.0] * vcfg["z_dim"], latents_std=[1.0] * vcfg["z_dim"])
-    vae = _cast(vae, dtype).to_empty(device=device)
+    vae = vae.to_empty(device="cpu")
     with torch.no_grad():  # variance-preserving random weights: finite latents through the deep encoder
         for name, p in vae.named_parameters():
             if name.endswith("gamma"):
@@ -164,8 +169,9 @@ def _random_vae(vcfg: dict[str, Any], device: torch.device, dtype: torch.dtype) 
             elif name.endswith("bias"):
                 p.zero_()
             else:
-                p.normal_(0.0, 1.0 / math.sqrt(p[0].numel()))
-    return vae.eval().requires_grad_(False)
+                g = torch.Generator().manual_seed(zlib.crc32(name.encode()))
+                p.normal_(0.0, 1.0 / math.sqrt(p[0].numel()), generator=g)
+    return _cast(vae, dtype).to(device).eval().requires_grad_(False)
 
 
 def build_random(
