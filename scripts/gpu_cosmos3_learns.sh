@@ -47,6 +47,9 @@ case "${1:-run}" in
       tail -c 20000 "$RESULTS/loss/train_loss.log" >"$RESULTS/loss_train.log" 2>/dev/null
     fi
     wait "$sweep"
+    # what training taught, open loop, beside a blind and a state-lookup baseline
+    python3 scripts/cosmos3_action_error.py "$WORK/$first/train" "$WORK/$first/serve" \
+      >"$RESULTS/action_error.txt" 2>&1
     echo "[learns] finished"
     ;;
   start)
