@@ -5,6 +5,8 @@
   (the preprocessing spec training ran, stats inside).
   The DCP is read by one process with no process group (DCP reshards on load), so a checkpoint of N
   GPUs converts on a laptop. ``ema=True`` takes the EMA of the trained weights instead of the weights.
+  A LoRA checkpoint (``train.lora``) has its adapters merged into the base's layers (peft's
+  ``merge_and_unload``, :mod:`wamkit.train.lora`): the serving directory holds a plain model.
 - :func:`serving_to_dcp`: a serving directory -> a model-only DCP directory (the warm-start direction,
   for models too large to load whole on every rank).
 - :func:`serving_to_extra`: a serving directory -> the adapter's own format through its optional
@@ -72,7 +74,9 @@ def _build_from_model_json(path: Path, base: dict[str, Any] | None = None) -> Mo
         adapter = build_model(cfg, ModelIO.from_dict(meta["io"]))
         if base is not None:
             ref = getattr(adapter, "base_reference", None)
-            base_weights.check_same(base, base_weights.resolve(ref() if ref else None), f"{path}")
+            whole = bool(base.get("whole"))  # a LoRA run's base: the adapted layers' weights hashed too
+            here = (ref(whole=True) if whole else ref()) if ref is not None else None
+            base_weights.check_same(base, base_weights.resolve(here), f"{path}")
     except ConfigError as err:
         raise ConversionError(str(err)) from None
     return adapter
@@ -92,15 +96,20 @@ def load_checkpoint_weights(ckpt_dir: str | os.PathLike, ema: bool = False) -> M
     if not (ckpt / MARKER).is_file():
         raise ConversionError(f"{ckpt}: incomplete checkpoint (no {MARKER}): an interrupted save")
     from wamkit.train.checkpoint import read_meta
+    from wamkit.train.lora import LoraSpec, inject
 
-    base = read_meta(ckpt).get("base")
+    meta = read_meta(ckpt)
+    base = meta.get("base")
     adapter = _build_from_model_json(ckpt, base)
+    # LoRA's layers as the run had them (their weights come from the checkpoint), merged below
+    lora = inject(adapter, LoraSpec.from_meta(meta["lora"])) if meta.get("lora") else None
+    groups = lora.groups if lora is not None else adapter.param_groups()
     keys = {k for k in dcp.FileSystemReader(str(ckpt)).read_metadata().state_dict_metadata}
     whole = adapter.module.state_dict()
     # a checkpoint with a base holds the trained weights only: the frozen ones are the base's, as built
     state = {"model": {n: t for n, t in whole.items() if base is None or f"model.{n}" in keys}}
     if base is not None:
-        trained = {id(p) for g in adapter.param_groups() for p in g.params}
+        trained = {id(p) for g in groups for p in g.params}
         names = {id(p): n for n, p in adapter.module.named_parameters()}
         lost = sorted(names[i] for i in trained if f"model.{names[i]}" not in keys)
         if lost:
@@ -116,6 +125,8 @@ def load_checkpoint_weights(ckpt_dir: str | os.PathLike, ema: bool = False) -> M
         for n, v in state["ema"].items():
             state["model"][n] = v.to(state["model"][n].dtype)
     adapter.module.load_state_dict({**whole, **state["model"]}, strict=True)
+    if lora is not None:
+        lora.merge()
     return adapter
 
 
@@ -181,7 +192,13 @@ def checkpoint_to_serving(
     written = {k: v.detach().clone() for k, v in adapter.module.state_dict().items()}
     _verify_same(written, load_pretrained(tmp).module.state_dict(), tmp)
     _verify_spec(spec, tmp)
-    atomic_write_json(tmp / "source.json", {"checkpoint": str(ckpt.resolve()), "ema": ema})
+    from wamkit.train.checkpoint import read_meta
+
+    source = {"checkpoint": str(ckpt.resolve()), "ema": ema}
+    lora = read_meta(ckpt).get("lora")
+    if lora is not None:  # the weights hold the run's adapters, merged
+        source["lora_merged"] = {k: lora[k] for k in ("rank", "alpha")}
+    atomic_write_json(tmp / "source.json", source)
     return _commit(tmp, out, overwrite)
 
 

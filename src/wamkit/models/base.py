@@ -216,6 +216,18 @@ class ParamGroup:
     weight_decay: bool = True
 
 
+@dataclass(frozen=True)
+class LoraTargets:
+    """Where ``train.lora`` puts its adapters in a model (an adapter's optional ``lora_targets()``):
+    ``modules``, the linear layers adapted unless ``train.lora.target_modules`` names others (whole
+    module names or their last dotted parts, as peft matches them); ``full_groups``, the names of
+    ``param_groups()`` that still train in full beside the adapters (heads the recipe initialises
+    afresh). Every other parameter is frozen under LoRA."""
+
+    modules: tuple[str, ...]
+    full_groups: tuple[str, ...] = ()
+
+
 @runtime_checkable
 class ModelAdapter(Protocol):
     """What the trainer, the exporter and the server need from a model.

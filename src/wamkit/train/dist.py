@@ -140,9 +140,15 @@ def apply_fsdp(
 
 
 def shard_adapter(
-    adapter, device: torch.device, precision: str, compile_blocks: bool = False, reshard: str = "auto"
+    adapter,
+    device: torch.device,
+    precision: str,
+    compile_blocks: bool = False,
+    reshard: str = "auto",
+    groups: list[ParamGroup] | None = None,
 ) -> tuple[LossModule, list[ParamGroup], dict[str, torch.nn.Parameter]]:
-    """Freeze what ``param_groups()`` leaves out, shard, and return ``(root, groups, trained)``.
+    """Freeze what ``groups`` (by default ``param_groups()``; LoRA gives its own) leaves out, shard, and
+    return ``(root, groups, trained)``.
 
     ``fully_shard`` replaces parameters with DTensor ones, so groups are rebuilt by parameter name
     afterwards; ``trained`` maps name -> sharded parameter (what the optimizer and the EMA see).
@@ -150,7 +156,7 @@ def shard_adapter(
     module = adapter.module
     name_of = {id(p): n for n, p in module.named_parameters()}
     named = []
-    for g in adapter.param_groups():
+    for g in adapter.param_groups() if groups is None else groups:
         missing = [i for i, p in enumerate(g.params) if id(p) not in name_of]
         if missing:
             raise ValueError(

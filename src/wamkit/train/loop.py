@@ -38,6 +38,7 @@ from wamkit.log import close_file_logs, setup_logging
 from wamkit.models.base import ModelAdapter, ModelIO
 from wamkit.train import base_weights
 from wamkit.train import checkpoint as ckpt
+from wamkit.train import lora as lora_
 from wamkit.train.dist import DistInfo, init_distributed, shutdown
 from wamkit.train.metrics import RunLogger, truncate_losses
 from wamkit.train.optim import PowerEMA, build_optimizer, lr_factor, set_lr
@@ -128,9 +129,12 @@ class _Loop:
         _seed_all(t.seed)  # the same initial weights on every rank: each keeps its shard of them
         self.adapter = adapter_fn(cfg, io)
         module = self.adapter.module
-        self.plan = plan_here(cfg, info, self.adapter)  # refused here, before anything is allocated
+        # the base is named (and hashed) before LoRA renames the layers it adapts: their weights are the base's
         self.base = self._base()
-        placed = place(self.adapter, info, cfg, self.plan)
+        self.lora = lora_.apply(self.adapter, t.lora, t.seed)  # None: full SFT
+        groups = self.lora.groups if self.lora is not None else None
+        self.plan = plan_here(cfg, info, self.adapter, groups=groups)  # refused before anything is allocated
+        placed = place(self.adapter, info, cfg, self.plan, self.lora)
         self.root, groups, trained = placed.root, placed.groups, placed.trained
         self.trainable = list(trained.values())
         offload = self.plan.offload
@@ -173,7 +177,12 @@ class _Loop:
     def _base(self) -> dict[str, Any] | None:
         """The adapter's base with its content hash (rank 0 hashes, every rank records the same)."""
         ref = getattr(self.adapter, "base_reference", None)
-        box = [base_weights.resolve(ref(), self.run_dir) if ref is not None and self.info.is_main else None]
+        whole = self.cfg.train.lora.rank > 0  # under LoRA the adapted layers' weights are the base's too
+        box = [
+            base_weights.resolve(ref(whole=whole) if whole else ref(), self.run_dir)
+            if ref is not None and self.info.is_main
+            else None
+        ]
         dist.broadcast_object_list(box, src=0)
         if box[0] is not None:
             log.info(
@@ -195,7 +204,9 @@ class _Loop:
         return state
 
     def _load(self, path: Path) -> None:
-        base_weights.check_same(ckpt.read_meta(path).get("base"), self.base, f"--resume {path}")
+        meta = ckpt.read_meta(path)
+        lora_.check_same(meta.get("lora"), self.lora.spec if self.lora else None, f"--resume {path}")
+        base_weights.check_same(meta.get("base"), self.base, f"--resume {path}")
         state = self._sharded()
         rank_state = ckpt.load_checkpoint(path, state)
         if _loaded_in_place(state["optim"], self.optimizer):
@@ -220,7 +231,6 @@ class _Loop:
         rehost = getattr(self.optimizer, "rehost", None)
         if rehost is not None:  # torch's load_state_dict puts moments beside their parameters
             rehost()
-        meta = ckpt.read_meta(path)
         self.step = meta["step"]
         self.lineage = meta.get("lineage") or self.lineage  # a resumed run continues its lineage
         if rank_state:
@@ -233,6 +243,13 @@ class _Loop:
                 path,
             )
         log.info("resumed from %s at step %d", path, self.step)
+
+    def _meta(self) -> dict[str, Any] | None:
+        """What ``meta.json`` records besides the step: the base the frozen weights come from, LoRA's settings."""
+        meta = {"base": self.base} if self.base is not None else {}
+        if self.lora is not None:
+            meta["lora"] = self.lora.spec.to_meta()
+        return meta or None
 
     def _finish_save(self) -> None:
         """Complete the checkpoint being written, if any (before anything it holds changes)."""
@@ -269,7 +286,7 @@ class _Loop:
             files,
             self.cfg.train.keep_last,
             self.lineage,
-            {"base": self.base} if self.base is not None else None,
+            self._meta(),
             self.writer_group,
         )
         dt = time.perf_counter() - t0

@@ -83,9 +83,11 @@ class ModelSizes:
         return self.frozen + self.trained
 
 
-def model_sizes(adapter) -> ModelSizes:
-    """Count an adapter's parameters by role (trained = ``param_groups()``), on any device (meta too)."""
-    trained_ids = {id(p) for g in adapter.param_groups() for p in g.params}
+def model_sizes(adapter, groups: list | None = None) -> ModelSizes:
+    """Count an adapter's parameters by role (trained = ``groups``, by default its ``param_groups()``;
+    LoRA gives its own), on any device (meta too)."""
+    groups = adapter.param_groups() if groups is None else groups
+    trained_ids = {id(p) for g in groups for p in g.params}
     frozen = trained = 0
     for p in adapter.module.parameters():
         if id(p) in trained_ids:

@@ -24,6 +24,7 @@ from wamkit.device import proc_status, status_bytes
 from wamkit.models.base import ModelAdapter, ParamGroup
 from wamkit.train import memory
 from wamkit.train.dist import DistInfo, shard_adapter
+from wamkit.train.lora import Lora
 
 log = logging.getLogger(__name__)
 
@@ -70,10 +71,15 @@ def plan_input(
 
 
 def plan_here(
-    cfg: RunConfig, info: DistInfo, adapter: ModelAdapter, micro_batch: int | None = None
+    cfg: RunConfig,
+    info: DistInfo,
+    adapter: ModelAdapter,
+    micro_batch: int | None = None,
+    groups: list[ParamGroup] | None = None,
 ) -> memory.Plan:
-    """The plan for this run's processes and devices; refused (ConfigError) if it fits nowhere."""
-    sizes = memory.model_sizes(adapter)
+    """The plan for this run's processes and devices; refused (ConfigError) if it fits nowhere.
+    ``groups``: what trains (by default the adapter's ``param_groups()``; LoRA gives its own)."""
+    sizes = memory.model_sizes(adapter, groups)
     local = int(os.environ.get("LOCAL_WORLD_SIZE", info.world_size))
     inp = plan_input(
         cfg,
@@ -102,25 +108,32 @@ class Placed:
     load_s: float  # seconds filling the shards from the weights' source (0 for a model built whole)
 
 
-def cast_frozen(adapter: ModelAdapter, dtype: torch.dtype) -> None:
+def cast_frozen(adapter: ModelAdapter, dtype: torch.dtype, groups: list[ParamGroup] | None = None) -> None:
     """Frozen parameters in the compute dtype: no fp32 copy of weights that never change (a bf16
-    forward reads the same values either way: a bf16 cast of the fp32 copy of a bf16 weight is exact)."""
-    trained = {id(p) for g in adapter.param_groups() for p in g.params}
+    forward reads the same values either way: a bf16 cast of the fp32 copy of a bf16 weight is exact).
+    ``groups``: what trains (by default the adapter's ``param_groups()``)."""
+    groups = adapter.param_groups() if groups is None else groups
+    trained = {id(p) for g in groups for p in g.params}
     for p in adapter.module.parameters():
         if id(p) not in trained and p.is_floating_point() and p.dtype != dtype:
             p.data = p.data.to(dtype)
 
 
-def place(adapter: ModelAdapter, info: DistInfo, cfg: RunConfig, plan: memory.Plan) -> Placed:
-    """Shard ``adapter`` as ``plan`` says and, if it was built on meta, fill its shards on the device."""
+def place(
+    adapter: ModelAdapter, info: DistInfo, cfg: RunConfig, plan: memory.Plan, lora: Lora | None = None
+) -> Placed:
+    """Shard ``adapter`` as ``plan`` says and, if it was built on meta, fill its shards on the device.
+    With ``lora`` (:mod:`wamkit.train.lora`, put in before) its groups train, the adapted layers' base
+    weights are frozen like the rest, and the shards are filled through its view of the weights."""
     t = cfg.train
+    groups = lora.groups if lora is not None else None
     if t.precision == "bf16":
-        cast_frozen(adapter, torch.bfloat16)
+        cast_frozen(adapter, torch.bfloat16, groups)
     meta = on_meta(adapter)
     # several processes with auto: FSDP2's own auto (reshard every block but the last, whose weights the
     # backward needs at once), which the plan counted as resharding
     reshard = "auto" if t.reshard_after_forward == "auto" and info.world_size > 1 else plan.reshard
-    root, groups, trained = shard_adapter(adapter, info.device, t.precision, t.compile, reshard)
+    root, groups, trained = shard_adapter(adapter, info.device, t.precision, t.compile, reshard, groups)
     load_s = 0.0
     if meta:
         load = getattr(adapter, "load_weights", None)
@@ -128,7 +141,7 @@ def place(adapter: ModelAdapter, info: DistInfo, cfg: RunConfig, plan: memory.Pl
             raise RuntimeError(f"{adapter.name}: built on the meta device but has no load_weights(device)")
         t0 = time.perf_counter()
         root.to_empty(device=info.device)
-        n = load(info.device)
+        n = load(info.device) if lora is None else load(info.device, wrap=lora.wrap)
         load_s = time.perf_counter() - t0
         log.info(
             "weights streamed into this process's shards: %.2f GB read in %.1f s; host RssAnon %.2f GB",
@@ -161,6 +174,7 @@ def print_plan(
     from wamkit.device import resolve_device
     from wamkit.models import build_model
     from wamkit.models.registry import builds_on_meta
+    from wamkit.train.lora import apply as apply_lora
 
     if world_size < 1:
         raise ConfigError(f"--world-size: expected a positive number of processes, got {world_size}")
@@ -186,7 +200,8 @@ def print_plan(
     adapter = build_model(model, io, device="meta") if meta else build_model(model, io)
     if text_kv:
         adapter.drop_understanding_tower(force=True)
-    sizes = memory.model_sizes(adapter)
+    lora = apply_lora(adapter, cfg.train.lora)
+    sizes = memory.model_sizes(adapter, lora.groups if lora is not None else None)
     if device_memory:
         device_bytes, device_type = memory.parse_size(device_memory, "--device-memory"), "cuda"
     else:

@@ -48,7 +48,14 @@ from wamkit.actions.representations import get_representation
 from wamkit.config import ConfigError
 from wamkit.constants import ACTION, ACTION_IS_PAD, IDLE_FRAMES, OBS_STATE, TASK, future_image_key, image_key
 from wamkit.device import to_device
-from wamkit.models.base import LATENT_CACHE_OPTION, ActivationShape, ModelIO, ParamGroup, weights_sha256
+from wamkit.models.base import (
+    LATENT_CACHE_OPTION,
+    ActivationShape,
+    LoraTargets,
+    ModelIO,
+    ParamGroup,
+    weights_sha256,
+)
 from wamkit.models.cosmos3 import latents
 from wamkit.models.cosmos3.encoding import Canvas, ClipEncoder
 from wamkit.models.cosmos3.fast import TextKV, _gen_layer, build_context, encode_text, gen_step
@@ -60,7 +67,7 @@ from wamkit.models.cosmos3.presets import domain_id
 from wamkit.models.cosmos3.recipe import train_sigmas
 from wamkit.models.cosmos3.text_kv import OPTION as TEXT_KV_OPTION
 from wamkit.models.cosmos3.text_kv import TextCache
-from wamkit.models.cosmos3.towers import param_role, train_flops
+from wamkit.models.cosmos3.towers import GEN_LINEARS, param_role, train_flops
 
 NUM_TRAIN_TIMESTEPS = 1000  # the model's timestep = sigma * 1000 (then x timestep_scale inside)
 log = logging.getLogger(__name__)
@@ -162,6 +169,13 @@ class Cosmos3Adapter(Cosmos3Inference):
         """The ``Cosmos3VLTextMoTDecoderLayer``s: FSDP2 shards each one (diffusers' ``_no_split_modules``)."""
         return list(self.module.layers)
 
+    def lora_targets(self) -> LoraTargets:
+        """``train.lora``: adapters in every decoder layer's generation-tower linear layers (the
+        attention projections and the MLP); the action heads, which the recipe initialises afresh,
+        train in full. The time embedder, the vae<->llm projections and the norms stay as the base has
+        them."""
+        return LoraTargets(modules=GEN_LINEARS, full_groups=("action_heads",))
+
     def config_dict(self) -> dict[str, Any]:
         # the latent cache is this run's training data, not part of the model: a served or exported
         # model must not need the folder
@@ -234,23 +248,28 @@ class Cosmos3Adapter(Cosmos3Inference):
         """``make(device)`` gives the source the transformer's weights stream from (built on meta)."""
         self._weight_source = make
 
-    def load_weights(self, device: torch.device) -> int:
+    def load_weights(self, device: torch.device, wrap=None) -> int:
         """Fill the (sharded, materialised) transformer from its source; returns bytes read. The rotary
-        frequencies, a non-persistent buffer no file holds, are computed again on ``device``."""
+        frequencies, a non-persistent buffer no file holds, are computed again on ``device``.
+        ``wrap(source) -> source``: the trainer's view of the source, for a module it changed after
+        the build (LoRA: the adapted layers' tensors under peft's names, the adapters' initial values)."""
         from wamkit.models.cosmos3.components import _rebuild_rotary
         from wamkit.models.weights import fill
 
         make = getattr(self, "_weight_source", None)
         if make is None:
             raise RuntimeError("cosmos3: load_weights needs a model built on the meta device")
-        n = fill(self.module, make(device), self.pretrained or f"the {self.preset} preset", self.dropped)
+        source = make(device) if wrap is None else wrap(make(device))
+        n = fill(self.module, source, self.pretrained or f"the {self.preset} preset", self.dropped)
         _rebuild_rotary(self.module, device)
         return n
 
-    def base_reference(self) -> dict[str, Any] | None:
+    def base_reference(self, whole: bool = False) -> dict[str, Any] | None:
         """What the frozen weights are, for checkpoints that leave them out (wamkit.train.base_weights):
         the safetensors files of ``pretrained``, or the tiny preset (regenerated exactly anywhere, pinned
-        by the hash of its frozen tensors); None for other random presets (a checkpoint keeps them)."""
+        by the hash of its frozen tensors); None for other random presets (a checkpoint keeps them).
+        ``whole``: the tiny preset's hash covers every tensor, the trained towers' too (a LoRA run's
+        checkpoints leave out the adapted layers' weights as well); asked before LoRA renames them."""
         from wamkit.models.cosmos3.components import pipeline_root
 
         if self.pretrained:
@@ -258,7 +277,10 @@ class Cosmos3Adapter(Cosmos3Inference):
             files = sorted(str(f.relative_to(root)) for f in tdir.glob("*.safetensors"))
             return {"kind": "diffusers", "path": str(root.resolve()), "files": files}
         if self.preset == "tiny" and not self.options["base"]:
-            return {"kind": "preset", "preset": "tiny", "sha256": self._frozen_sha256()}
+            if not whole:
+                return {"kind": "preset", "preset": "tiny", "sha256": self._frozen_sha256()}
+            h = hashlib.sha256(f"{self._frozen_sha256()}|{self._hash_params(trained=True)}".encode())
+            return {"kind": "preset", "preset": "tiny", "sha256": h.hexdigest(), "whole": True}
         return None
 
     def _frozen_sha256(self) -> str:
@@ -266,7 +288,7 @@ class Cosmos3Adapter(Cosmos3Inference):
         weights' source when the module is still on the meta device (taken once: the tower may be
         dropped afterwards, :meth:`drop_understanding_tower`)."""
         if self._frozen_sha is None:
-            self._frozen_sha = self._hash_frozen()
+            self._frozen_sha = self._hash_params(trained=False)
         return self._frozen_sha
 
     def drop_understanding_tower(self, force: bool = False) -> None:
@@ -295,14 +317,13 @@ class Cosmos3Adapter(Cosmos3Inference):
             )
         self.dropped = self.dropped | before  # a second call (a plan's, a benchmark's) adds nothing
 
-    def _hash_frozen(self) -> str:
-        import hashlib
-
+    def _hash_params(self, trained: bool) -> str:
+        """sha256 over the frozen tensors (``trained``: the others), as :meth:`_frozen_sha256` says."""
         make = getattr(self, "_weight_source", None)
         src = make(torch.device("cpu")) if make is not None and self.device.type == "meta" else None
         h = hashlib.sha256()
         for name, p in sorted(self.module.named_parameters()):
-            if param_role(name) != "frozen":
+            if (param_role(name) == "frozen") == trained:
                 continue
             t = src.read(name, 0, p.shape[0]) if src is not None else p.detach()
             t = t.float().contiguous().cpu()

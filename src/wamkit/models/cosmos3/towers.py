@@ -35,6 +35,16 @@ _UND_LAYER_PARTS = (
     "input_layernorm.",
     "post_attention_layernorm.",
 )
+# The generation tower's linear layers inside a decoder layer (what train.lora adapts by default).
+GEN_LINEARS = (
+    "self_attn.add_q_proj",
+    "self_attn.add_k_proj",
+    "self_attn.add_v_proj",
+    "self_attn.to_add_out",
+    "mlp_moe_gen.gate_proj",
+    "mlp_moe_gen.up_proj",
+    "mlp_moe_gen.down_proj",
+)
 _GEN_TOP = ("norm_moe_gen.", "time_embedder.", "proj_in.", "proj_out.")
 _FROZEN_TOP = ("embed_tokens.", "lm_head.", "norm.", "audio_")
 _ACTION_TOP = ("action_proj_in.", "action_proj_out.", "action_modality_embed")
