@@ -7,8 +7,9 @@ and against the very server, :func:`calibrate` measures:
 
 - ``t_step``: one worker's busy seconds per env step, with no server in the loop: every slot applies
   ``replan_interval`` actions per call (actions from one warm-up reply), all workers at once, IPC
-  included; ``t_reset``: the same per episode start; each the median over rounds. The first start and
-  chunk of each slot (simulator construction, caches) are not timed;
+  included; ``t_reset``: the same per episode start; each the median over rounds. The slots come
+  started by :func:`start_envs`, which builds their simulators: the run needs them anyway, so that
+  is done before the calibration and not counted in its time;
 - ``latency(b)``: the server's seconds for one request of ``b`` observations (its reported model time,
   the round trip when it reports none), for each batch size the run can send; every size is sent once
   untimed first (a cold first call of a shape is compilation or allocation, not inference), then timed
@@ -20,8 +21,15 @@ and against the very server, :func:`calibrate` measures:
 the server's model calls (a request of ``b`` observations served in a call of ``B`` counts
 ``latency(B) × b / B``, so a call that merged several stages' requests counts once), each request at
 its own server's latency, divided by S: S servers answer S requests at once. A server that drops out
-mid-run therefore shows as lost efficiency, not as a lower capacity. The whole takes about
-``eval.calibrate_s`` seconds, half on each side (at least one timed round of each).
+mid-run therefore shows as lost efficiency, not as a lower capacity.
+
+The budget, ``eval.calibrate_s``, covers everything :func:`calibrate` does: the inference side
+(connections, the warm-up reply, cold, warm and timed calls) takes at most half, the simulation side
+(the timed starts and chunks) what is left, and at least half. Each side stops before a call or round
+that would end past its deadline, and does no less than its floor however long that takes: per server
+and batch size a cold call, ``WARM_CALLS`` warm calls and one timed call; one timed start of every
+slot and one timed chunk. A run whose floor exceeds the budget (a simulator that takes seconds per
+start, a model that takes seconds per call) calibrates for its floor; the log line says how long.
 """
 
 from __future__ import annotations
@@ -133,8 +141,8 @@ def _call_all(ex: Executor, method: str, per_worker: dict[int, Any]) -> tuple[di
     return results, busy
 
 
-class _Sim:
-    """The run's slots, started on its first episodes, stepped with fixed chunks."""
+class CalibrationEnvs:
+    """The run's slots, started on its first episodes (:func:`start_envs`), stepped with fixed chunks."""
 
     def __init__(self, ex: Executor, num_envs: int, episodes: list[EpisodeSpec]):
         self.ex = ex
@@ -172,46 +180,68 @@ class _Sim:
         return [i for i, o in enumerate(self.obs) if o is None]
 
 
+def start_envs(ex: Executor, num_envs: int, episodes: list[EpisodeSpec]) -> CalibrationEnvs:
+    """Start every slot on one of the run's first episodes (slot ``i`` on ``episodes[i % len]``; an env
+    that raised gets one more chance), which builds the simulators the run needs anyway; the
+    calibration then steps these slots. Fails when every env raised."""
+    envs = CalibrationEnvs(ex, num_envs, episodes)
+    envs.start(list(range(num_envs)))
+    envs.start(envs.ended())
+    if len(envs.ended()) == num_envs:
+        raise RuntimeError("calibration: every env raised on its first episode")
+    return envs
+
+
 def calibrate(
-    ex: Executor,
+    envs: CalibrationEnvs,
     servers: dict[str, Callable[[], Callable]],
-    episodes: list[EpisodeSpec],
-    num_envs: int,
     sizes: list[int],
     budget_s: float,
     replan_interval: int,
 ) -> Calibration:
     """Measure ``t_step``, ``t_reset`` and ``latency(b)`` for ``b`` in ``sizes`` on each server
-    (``servers``: URL -> policy factory; module docstring). A server that fails (refused, dropped, no
-    reply within its connection's reply timeout) stops the calibration with an error naming its URL."""
+    (``servers``: URL -> policy factory) on ``envs`` from :func:`start_envs`, in about ``budget_s``
+    seconds (module docstring). A server that fails (refused, dropped, no reply within its
+    connection's reply timeout) stops the calibration with an error naming its URL."""
     t0 = time.perf_counter()
-    sim = _Sim(ex, num_envs, episodes)
-    sim.start(list(range(num_envs)))  # untimed: builds the simulators
-    sim.start(sim.ended())  # an env that raised gets one more chance
-    obs = [o for o in sim.obs if o is not None]
-    if not obs:
-        raise RuntimeError("calibration: every env raised on its first episode")
+    obs = [o for o in envs.obs if o is not None]
+    num_envs = len(envs.slots)
     chunks: np.ndarray | None = None
     per_server: list[dict[int, float]] = []
-    for url, make_policy in servers.items():
+    for k, (url, make_policy) in enumerate(servers.items()):
         with _server(url, make_policy) as policy:
+            cold: set[int] = set()
             if chunks is None:  # the simulation side steps with the actions of one warm-up reply
-                reply = policy([obs[j % len(obs)] for j in range(num_envs)])
+                reply = policy(_batch(obs, num_envs), list(range(num_envs)))
                 chunks = np.asarray(reply[0])[:, :replan_interval]
-            per_server.append(_time_server(policy, obs, sizes, budget_s / 2 / len(servers)))
+                cold = {num_envs}  # the warm-up was that size's cold call
+            until = t0 + budget_s / 2 * (k + 1) / len(servers)
+            per_server.append(_time_server(policy, obs, sizes, until, cold))
     assert chunks is not None
-    t_step, t_reset = _time_sim(sim, chunks, budget_s / 2)
+    # the simulation side: what is left of the budget, and at least its half
+    t_step, t_reset = _time_sim(envs, chunks, max(t0 + budget_s, time.perf_counter() + budget_s / 2))
     latency = {b: statistics.fmean(t[b] for t in per_server) for b in sizes}
     several = per_server if len(per_server) > 1 else []
     cal = Calibration(t_step, t_reset, latency, time.perf_counter() - t0, several)
     log.info(
-        "calibration (%.1f s): %.2f ms per env step, %.1f ms per episode start, server %s ms by batch size",
+        "calibration (%.1f s, eval.calibrate_s=%g): %.2f ms per env step, %.1f ms per episode start, "
+        "server %s ms by batch size",
         cal.seconds,
+        budget_s,
         1000 * t_step,
         1000 * t_reset,
         [{b: round(1000 * s, 1) for b, s in t.items()} for t in per_server],
     )
     return cal
+
+
+def _batch(obs: list[dict], b: int) -> list[dict]:
+    return [obs[i % len(obs)] for i in range(b)]
+
+
+def _fits(last_s: float, until: float) -> bool:
+    """Whether one more call (round) as long as the last one ends by ``until``."""
+    return time.perf_counter() + last_s <= until
 
 
 @contextlib.contextmanager
@@ -234,45 +264,55 @@ def _server(url: str, make_policy: Callable[[], Callable]) -> Iterator[Callable]
         raise ConnectionError(f"calibration: the server at {url} failed: {err}") from err
 
 
-def _time_sim(sim: _Sim, chunks: np.ndarray, budget_s: float) -> tuple[float, float]:
-    """``(t_step, t_reset)``: one untimed chunk, timed starts of every slot, then timed chunks.
+def _time_sim(envs: CalibrationEnvs, chunks: np.ndarray, until: float) -> tuple[float, float]:
+    """``(t_step, t_reset)``: a timed start of every slot, then timed chunks (ended slots started
+    again, timed) while one more round ends by ``until``; at least one chunk.
 
-    Each is the median over rounds of a round's busy seconds per step (per start), so a spell of
+    The slots stand at an episode start (:func:`start_envs`), so the first timed start is a restart
+    as in the run, and the simulators have run a start's steps and renders before any chunk is timed.
+    Each figure is the median over rounds of a round's busy seconds per step (per start), so a spell of
     another process on a shared machine moves it less than a mean would."""
-    sim.advance(chunks)  # untimed: the first steps warm caches
-    per_start = [sim.start(list(range(len(sim.slots)))) / len(sim.slots)]
+    per_start = [envs.start(list(range(len(envs.slots)))) / len(envs.slots)]
     per_step: list[float] = []
-    deadline, rounds = time.perf_counter() + budget_s, 0
-    while rounds < MAX_SIM_ROUNDS and (not per_step or time.perf_counter() < deadline):
-        ended = sim.ended()
+    rounds, last = 0, 0.0
+    while rounds < MAX_SIM_ROUNDS and (not per_step or _fits(last, until)):
+        t = time.perf_counter()
+        ended = envs.ended()
         if ended:
-            per_start.append(sim.start(ended) / len(ended))
-        n, busy = sim.advance(chunks)
+            per_start.append(envs.start(ended) / len(ended))
+        n, busy = envs.advance(chunks)
         rounds += 1
         if n:
             per_step.append(busy / n)
+        last = time.perf_counter() - t
     if not per_step:
         log.warning("calibration: no env step could be timed (every env raised); the bound omits steps")
     return statistics.median(per_step or [0.0]), statistics.median(per_start)
 
 
-def _time_server(policy: Callable, obs: list[dict], sizes: list[int], budget_s: float) -> dict[int, float]:
-    """Median server seconds per request of each size, after untimed requests of that size: a cold
-    first call of the shape (compilation, allocation), then ``WARM_CALLS`` more or a fifth of its
-    share, whichever lasts longer (the server and GPU busy again before anything is timed)."""
+def _time_server(
+    policy: Callable, obs: list[dict], sizes: list[int], until: float, cold: set[int]
+) -> dict[int, float]:
+    """Median server seconds per request of each size, each size in an equal share of the time left
+    until ``until``: a cold first call of the shape (compilation, allocation; skipped for the sizes in
+    ``cold``, already sent once), then ``WARM_CALLS`` more or a fifth of what is left of its share,
+    whichever lasts longer (the server and GPU busy again before anything is timed), then timed calls
+    while one more ends within the share (at least one, at most ``MAX_TIMED_CALLS``)."""
     latency = {}
-    share = budget_s / max(1, len(sizes))
-    for b in sizes:
-        batch = [obs[i % len(obs)] for i in range(b)]
-        seeds = list(range(b))  # seeded as the evaluator's requests are (the same per-row draws)
-        policy(batch, seeds)
-        warm_until, warm = time.perf_counter() + share / 5, 0
+    for i, b in enumerate(sizes):
+        share_end = time.perf_counter() + max(0.0, until - time.perf_counter()) / (len(sizes) - i)
+        batch, seeds = _batch(obs, b), list(range(b))  # seeded as the evaluator's requests are
+        if b not in cold:
+            policy(batch, seeds)
+        warm, warm_until = 0, time.perf_counter() + max(0.0, share_end - time.perf_counter()) / 5
         while warm < WARM_CALLS or time.perf_counter() < warm_until:
             policy(batch, seeds)
             warm += 1
         times: list[float] = []
-        deadline = time.perf_counter() + share
-        while not times or (time.perf_counter() < deadline and len(times) < MAX_TIMED_CALLS):
+        last = 0.0
+        while not times or (len(times) < MAX_TIMED_CALLS and _fits(last, share_end)):
+            t = time.perf_counter()
             times.append(float(policy(batch, seeds)[1]))
+            last = time.perf_counter() - t
         latency[b] = statistics.median(times)
     return latency

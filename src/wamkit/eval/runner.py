@@ -6,8 +6,10 @@ the plots and ``videos/<task>/trial<t>_seed<s>.mp4``.
 
 Order of a run: plan and journal (a resume with other settings is refused) -> reach the server(s),
 check that they all serve one model (:func:`wamkit.eval.servers.same_model`) and that it is the
-journal's (``plan.json`` ``server.identity``) -> start the env workers -> calibrate (:mod:`wamkit.eval.calibrate`; also picks P for ``--pipeline auto``) -> the timed
-pipeline -> reports, with the efficiency against the calibrated bound beside the utilisation.
+journal's (``plan.json`` ``server.identity``) -> start the env workers -> unless
+``eval.calibrate_s=0``, start every env slot once (building its simulator), then calibrate
+(:mod:`wamkit.eval.calibrate`; also picks P for ``--pipeline auto``) -> the timed pipeline ->
+reports, with the efficiency against the calibrated bound beside the utilisation.
 
 Env workers a caller keeps: :func:`start_env_workers` starts the workers a run of ``cfg`` would, and
 ``run_eval(cfg, env_workers=...)`` uses them instead of starting its own, neither closing them nor
@@ -36,7 +38,7 @@ from wamkit.constants import image_key
 from wamkit.envs.base import EpisodeSpec
 from wamkit.eval.backends import backend_module, connect
 from wamkit.eval.backends.base import Target
-from wamkit.eval.calibrate import Calibration, batch_sizes, calibrate, independent_bound
+from wamkit.eval.calibrate import Calibration, batch_sizes, calibrate, independent_bound, start_envs
 from wamkit.eval.episodes import plan_episodes, plan_record
 from wamkit.eval.executors import Executor, make_executor
 from wamkit.eval.journal import Journal, episode_key
@@ -404,8 +406,14 @@ def _calibrate(
     ``per_server``: URL -> policy factory (each server is measured, and so warmed)."""
     stages, n, cal, s = ecfg.pipeline_stages, ecfg.num_envs, None, len(per_server)
     if ecfg.calibrate_s > 0:
+        t0 = time.perf_counter()
+        envs = start_envs(executor, n, todo)  # the run's simulators: built here, not in the calibration
+        log.info(
+            "%d env slot(s) started in %.1f s before the calibration (a slot's first start builds its "
+            "simulator)", n, time.perf_counter() - t0,
+        )  # fmt: skip
         sizes = batch_sizes(n, stages, s)
-        cal = calibrate(executor, per_server, todo, n, sizes, ecfg.calibrate_s, ecfg.replan_interval)
+        cal = calibrate(envs, per_server, sizes, ecfg.calibrate_s, ecfg.replan_interval)
     if stages == 0:
         from wamkit.eval.autotune import choose_stages
 
