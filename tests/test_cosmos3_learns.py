@@ -1,0 +1,72 @@
+"""The Cosmos3 path learns a task on a CPU (issue: "Show that the Cosmos3 path learns").
+
+The CPU-sized preset (`mini`) is trained from scratch on collected MetaWorld demonstrations of
+drawer-open, served by `wamkit serve` and evaluated in closed loop by the pipelined evaluator, each
+command run as a user runs it. It checks that training, conversion, the served model's rebuilt frozen
+parts and the evaluator fit together into a policy that works; it does not yet show that the model
+reads its camera (docs/cosmos3.md: with the camera blanked it does as well). Slow (`make test-slow`):
+a quarter of an hour on two cores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("diffusers", reason="cosmos3 needs the wamkit[cosmos3] extra")
+
+WAMKIT = Path(sys.executable).parent / "wamkit"
+COMMON = ["env.tasks=[drawer-open-v3]"]
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "cosmos3_action_error.py"
+
+
+def _wamkit(cwd: Path, *args: str) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("MUJOCO_GL", "PYOPENGL_PLATFORM")}
+    run = subprocess.run([str(WAMKIT), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=3600)
+    assert run.returncode == 0, f"wamkit {args[0]} failed:\n{run.stderr[-4000:]}"
+
+
+def _rate(out: Path) -> float:
+    return json.loads((out / "summary.json").read_text())["all"]["rate"]
+
+
+def _action_error(run: Path, serve: Path) -> dict[str, float]:
+    """``scripts/cosmos3_action_error.py``'s figures: the served sampler's, the blind baseline's."""
+    out = subprocess.run([sys.executable, str(SCRIPT), str(run), str(serve)], capture_output=True, text=True,
+                         timeout=1800, env={**os.environ, "PYTHONWARNINGS": "ignore"})  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = dict(line.strip().rsplit(None, 1) for line in out.stdout.splitlines() if line.startswith("  "))
+    rows = {name.strip(): float(value) for name, value in rows.items()}
+    return {"served": rows["served sampler"], "blind": rows["mean chunk (blind)"]}
+
+
+@pytest.mark.slow
+def test_a_cpu_sized_cosmos3_learns_drawer_open(tmp_path):
+    data, cache, run, serve = (tmp_path / n for n in ("data", "latents", "train", "serve"))
+    _wamkit(tmp_path, "collect", "--config", "demo_cosmos3", "--out", str(data), "--episodes", "40",
+            "--workers", "2", *COMMON)  # fmt: skip
+    train = [
+        "demo_cosmos3", *COMMON, f"data.root={data}", "data.num_workers=0", "data.frame_memory_mb=256",
+        "model.preset=mini", "model.options.attention=loop", "model.options.num_inference_steps=10",
+        "train.precision=fp32", "train.device=cpu", f"train.run_dir={run}", "train.max_steps=800",
+        "train.micro_batch=16", "train.global_batch=16", "train.save_interval=800", "train.warmup_steps=50",
+    ]  # fmt: skip
+    _wamkit(tmp_path, "cache-latents", *train, "--out", str(cache), "--no-progress")
+    _wamkit(tmp_path, "train", *train, f"model.options.latent_cache={cache}")
+    _wamkit(tmp_path, "convert", str(run), "--out", str(serve))
+    # open loop, the served model (its VAE rebuilt by the loader) on its own training frames: on the
+    # machine of docs/cosmos3.md 0.163 against the blind baseline's 0.367; a served VAE other than the
+    # training one gave 0.287
+    err = _action_error(run, serve)
+    assert err["served"] < 0.6 * err["blind"], err
+    evaluation = ["demo_cosmos3", *COMMON, f"eval.serve_dir={serve}", "eval.trials=20", "eval.num_envs=4",
+                  "eval.workers=2", "eval.videos=0", "serve.device=cpu"]  # fmt: skip
+    _wamkit(tmp_path, "eval", *evaluation, f"eval.out_dir={tmp_path / 'eval'}")
+    # closed loop: 7 of 20 there (35%, 95% CI 18-57); the served VAE other than the training one: 0 of
+    # 20. At least 3 of 20: a 35% policy falls below it with probability 1.2%
+    assert _rate(tmp_path / "eval") >= 0.15
