@@ -40,11 +40,11 @@ def cache_text(cfg, out: str | Path, device: str = "auto", progress: bool = True
     "captions", "written"}``. The model is built as the trainer builds it (seeded with
     ``train.seed``), in the compute dtype of ``train.precision``."""
     import torch
-    from tqdm import tqdm
 
     from wamkit.config import ConfigError
     from wamkit.data import LeRobotDataset
     from wamkit.device import resolve_device
+    from wamkit.log import progress_bar
     from wamkit.models import build_model
     from wamkit.models.cosmos3 import text_kv
     from wamkit.train.data_setup import first_dataset_root, io_from_dataset
@@ -62,11 +62,10 @@ def cache_text(cfg, out: str | Path, device: str = "auto", progress: bool = True
     adapter.module.to(dev, dtype)
     captions = adapter.training_captions(run_tasks(cfg))
     log.info("text cache %s: %d captions, encoding on %s in %s", out, len(captions), dev, dtype)
-    bar = tqdm(total=len(captions), unit="caption", desc="cache-text", disable=not progress)
+    bar = progress_bar(total=len(captions), unit="caption", desc="cache-text", disable=not progress)
 
-    def tick(done: int, todo: int) -> None:
-        bar.total, bar.n = len(captions), len(captions) - todo + done
-        bar.refresh()
+    def tick(done: int, todo: int) -> None:  # update(): at most a line per interval off a terminal
+        bar.update(len(captions) - todo + done - bar.n)
 
     with torch.no_grad():
         report = text_kv.build(
