@@ -105,3 +105,21 @@ def test_cli_entry_point_runs_as_a_module():
         [sys.executable, "-m", "wamkit", "--version"], capture_output=True, text=True, check=True
     )
     assert out.stdout.startswith("wamkit ")
+
+
+def test_log_records_go_to_the_stderr_of_the_moment(monkeypatch, capsys):
+    # a command run in a process whose stderr changed after logging was set up (a test's capture, a
+    # redirect) wrote to the old, closed stream: "--- Logging error ---" and a traceback
+    import io
+    import logging
+
+    from wamkit.log import setup_logging
+
+    old = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", old)
+    setup_logging("info")
+    monkeypatch.undo()
+    old.close()
+    logging.getLogger("wamkit.test").warning("after the stream changed")
+    err = capsys.readouterr().err
+    assert "after the stream changed" in err and "Logging error" not in err

@@ -13,6 +13,13 @@ import pytest
 from tests.conftest import REPO
 
 
+def _ratio_tolerance(a: float, b: float) -> float:
+    """How far a ratio printed to 2 decimals may lie from a / b of samples/s printed to 1 decimal (each
+    within 0.05 of its value): d(a/b) <= 0.05 / b * (1 + a / b), plus the ratio's own 0.005. On a
+    loaded CPU the rates are small (1.8, 3.2), so the rounding of the printed rates dominates."""
+    return 0.05 / b * (1 + a / b) + 0.005 + 1e-9
+
+
 def test_bench_train_processes_prints_rows_and_ratios_that_add_up():
     cmd = [
         sys.executable, "-m", "wamkit", "bench", "train", "--model", "tiny", "--preset", "small",
@@ -39,8 +46,8 @@ def test_bench_train_processes_prints_rows_and_ratios_that_add_up():
         got = sps[n, mb, mode]
         assert abs(got - n * mb / s_step) <= 0.01 * got + 0.1  # every process's samples count
         assert abs(float(m[5]) - got / n) <= 0.1
-        assert abs(scaling - got / sps[1, mb, "auto"]) <= 0.01 * scaling + 0.01
-        assert abs(vs_best - got / best1) <= 0.01 * vs_best + 0.01
+        assert abs(scaling - got / sps[1, mb, "auto"]) <= _ratio_tolerance(got, sps[1, mb, "auto"])
+        assert abs(vs_best - got / best1) <= _ratio_tolerance(got, best1)
     assert float(rows[1, 2, "auto"][6]) == float(rows[1, 4, "auto"][6]) == 1.0
     assert f"micro-batch {2 if sps[1, 2, 'auto'] > sps[1, 4, 'auto'] else 4}," in out.stdout.splitlines()[-1]
 

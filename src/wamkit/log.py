@@ -10,13 +10,26 @@ from typing import Any, TextIO
 LEVELS = ("debug", "info", "warning", "error")
 
 
+class _Stderr(logging.StreamHandler):
+    """A stream handler that writes to whatever ``sys.stderr`` is at each record (a redirect or a
+    test's capture made after set-up), never to a stream that has since been closed."""
+
+    @property
+    def stream(self) -> TextIO:  # type: ignore[override]
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: TextIO) -> None:
+        pass
+
+
 def setup_logging(level: str = "info", file: str | None = None) -> None:
     """Configure the root logger once: a terse stream handler, plus a file handler if given."""
     root = logging.getLogger()
     root.setLevel(level.upper())
     fmt = logging.Formatter("%(asctime)s %(levelname).1s %(name)s: %(message)s", "%H:%M:%S")
     if not any(getattr(h, "_wamkit", False) for h in root.handlers):
-        handler = logging.StreamHandler(sys.stderr)
+        handler = _Stderr()
         handler.setFormatter(fmt)
         handler._wamkit = True  # type: ignore[attr-defined]
         root.addHandler(handler)
