@@ -1,11 +1,12 @@
-"""The Cosmos3 path learns a task on a CPU (issue: "Show that the Cosmos3 path learns").
+"""The Cosmos3 path learns a task from its camera, on a CPU (issue: "Show that the Cosmos3 path learns").
 
 The CPU-sized preset (`mini`) is trained from scratch on collected MetaWorld demonstrations of
-drawer-open, served by `wamkit serve` and evaluated in closed loop by the pipelined evaluator, each
-command run as a user runs it. It checks that training, conversion, the served model's rebuilt frozen
-parts and the evaluator fit together into a policy that works; it does not yet show that the model
-reads its camera (docs/cosmos3.md: with the camera blanked it does as well). Slow (`make test-slow`):
-a quarter of an hour on two cores.
+drawer-open (the drawer's x moves over 20 cm), served by `wamkit serve` and evaluated in closed loop
+by the pipelined evaluator, each command run as a user runs it; then evaluated again with its camera
+blanked. The robot's state is left out (`state_token: false`): with it, this preset at this length
+learns to act from the state and does as well blind (docs/cosmos3.md), so the camera is its only cue
+here and the blind control shows what the camera is worth. Slow (`make test-slow`): about half an hour
+on two cores.
 """
 
 from __future__ import annotations
@@ -46,27 +47,29 @@ def _action_error(run: Path, serve: Path) -> dict[str, float]:
 
 
 @pytest.mark.slow
-def test_a_cpu_sized_cosmos3_learns_drawer_open(tmp_path):
+def test_a_cpu_sized_cosmos3_learns_drawer_open_from_its_camera(tmp_path):
     data, cache, run, serve = (tmp_path / n for n in ("data", "latents", "train", "serve"))
     _wamkit(tmp_path, "collect", "--config", "demo_cosmos3", "--out", str(data), "--episodes", "40",
             "--workers", "2", *COMMON)  # fmt: skip
     train = [
         "demo_cosmos3", *COMMON, f"data.root={data}", "data.num_workers=0", "data.frame_memory_mb=256",
         "model.preset=mini", "model.options.attention=loop", "model.options.num_inference_steps=10",
-        "train.precision=fp32", "train.device=cpu", f"train.run_dir={run}", "train.max_steps=800",
-        "train.micro_batch=16", "train.global_batch=16", "train.save_interval=800", "train.warmup_steps=50",
+        "model.options.state_token=false", "train.precision=fp32", "train.device=cpu", f"train.run_dir={run}",
+        "train.max_steps=800", "train.micro_batch=16", "train.global_batch=16", "train.save_interval=800",
+        "train.warmup_steps=50",
     ]  # fmt: skip
     _wamkit(tmp_path, "cache-latents", *train, "--out", str(cache), "--no-progress")
     _wamkit(tmp_path, "train", *train, f"model.options.latent_cache={cache}")
     _wamkit(tmp_path, "convert", str(run), "--out", str(serve))
-    # open loop, the served model (its VAE rebuilt by the loader) on its own training frames: on the
-    # machine of docs/cosmos3.md 0.163 against the blind baseline's 0.367; a served VAE other than the
-    # training one gave 0.287
+    # open loop, the served model (its VAE rebuilt by the loader) on its own training frames: 0.190
+    # against the blind baseline's 0.367 on the machine of docs/cosmos3.md
     err = _action_error(run, serve)
-    assert err["served"] < 0.6 * err["blind"], err
-    evaluation = ["demo_cosmos3", *COMMON, f"eval.serve_dir={serve}", "eval.trials=20", "eval.num_envs=4",
+    assert err["served"] < 0.75 * err["blind"], err
+    evaluation = ["demo_cosmos3", *COMMON, f"eval.serve_dir={serve}", "eval.trials=30", "eval.num_envs=4",
                   "eval.workers=2", "eval.videos=0", "serve.device=cpu"]  # fmt: skip
     _wamkit(tmp_path, "eval", *evaluation, f"eval.out_dir={tmp_path / 'eval'}")
-    # closed loop: 7 of 20 there (35%, 95% CI 18-57); the served VAE other than the training one: 0 of
-    # 20. At least 3 of 20: a 35% policy falls below it with probability 1.2%
-    assert _rate(tmp_path / "eval") >= 0.15
+    _wamkit(tmp_path, "eval", *evaluation, f"eval.out_dir={tmp_path / 'blind'}", "eval.blank_images=true")
+    seen, blind = _rate(tmp_path / "eval"), _rate(tmp_path / "blind")
+    # there: 30% held out, 0% blind (20 episodes each). 3 or more of 30 above the blind control: a 30%
+    # policy beside a 0% control falls short with probability 0.2%
+    assert seen >= blind + 0.1, f"held out {seen:.0%} against {blind:.0%} with the camera blanked"
