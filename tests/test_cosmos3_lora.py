@@ -10,10 +10,8 @@ import json
 import os
 import random
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +38,7 @@ from wamkit.train.metrics import read_losses  # noqa: E402
 
 from .conftest import REPO  # noqa: E402
 from .test_cosmos3_train import IO, fixture_batch  # noqa: E402
+from .test_train_support import kill_at_step  # noqa: E402
 
 CONFIG = REPO / "configs" / "libero_10_cosmos3.yaml"
 # 4 layers of the tiny preset: 64 wide, MLP 192 wide, about 300 keys per attention (as in
@@ -254,15 +253,7 @@ def test_sigkill_at_a_random_step_then_resume_auto_gives_identical_losses(data, 
     proc = subprocess.Popen(
         _train_cmd(data, cut, *args), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     )
-    losses = cut / "losses.jsonl"
-    deadline = time.monotonic() + 300
-    while not (losses.is_file() and len(losses.read_text().splitlines()) >= kill_at):
-        assert proc.poll() is None, f"training exited early: {proc.stderr.read().decode()[-2000:]}"
-        assert time.monotonic() < deadline, "training did not reach the kill step in time"
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert proc.returncode == -signal.SIGKILL, f"kill at step {kill_at} came too late"
+    kill_at_step(proc, cut, kill_at, 300)
     assert ref.wait(timeout=300) == 0, ref.stderr.read().decode()[-3000:]
     done = subprocess.run(
         [*_train_cmd(data, cut, *args), "--resume", "auto"], env=_env(), capture_output=True, text=True,

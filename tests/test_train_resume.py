@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import load_file
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-from tests.test_train_support import build_toy
+from tests.test_train_support import build_toy, kill_at_step
 from wamkit.export import checkpoint_to_serving
 from wamkit.models import register_model
 from wamkit.train.metrics import read_losses
@@ -61,15 +61,7 @@ def test_sigkill_at_random_step_then_resume_auto_gives_identical_losses(tmp_path
     proc = subprocess.Popen(
         _train_cmd(cut, args), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     )
-    losses = cut / "losses.jsonl"
-    deadline = time.monotonic() + 240
-    while not (losses.is_file() and len(losses.read_text().splitlines()) >= kill_at):
-        assert proc.poll() is None, f"training exited early: {proc.stderr.read().decode()[-2000:]}"
-        assert time.monotonic() < deadline, "training did not reach the kill step in time"
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert proc.returncode == -signal.SIGKILL, f"kill at step {kill_at} came too late"
+    kill_at_step(proc, cut, kill_at, 240)
     assert ref.wait(timeout=300) == 0, ref.stderr.read().decode()[-3000:]
     done = subprocess.run(
         [*_train_cmd(cut, args), "--resume", "auto"], env=_env(), capture_output=True, text=True, timeout=300

@@ -6,7 +6,10 @@ resumed: ``python -m tests.test_train_support [overrides] [--resume auto]``.
 
 from __future__ import annotations
 
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -136,6 +139,20 @@ def toy_data(cfg, rank, world, run_dir: Path, io: ModelIO = IO):
 def tiny_data(cfg, rank, world, run_dir: Path):
     """Synthetic batches shaped for the built-in ``tiny`` model (64 px images)."""
     return toy_data(cfg, rank, world, run_dir, TINY_IO)
+
+
+def kill_at_step(proc: subprocess.Popen, run_dir: Path, step: int, timeout_s: float) -> None:
+    """SIGKILL a training process once ``run_dir/losses.jsonl`` has ``step`` lines (fails if it exits
+    first, or if the kill lands after the run ended)."""
+    losses = run_dir / "losses.jsonl"
+    deadline = time.monotonic() + timeout_s
+    while not (losses.is_file() and len(losses.read_text().splitlines()) >= step):
+        assert proc.poll() is None, f"training exited early: {proc.stderr.read().decode()[-2000:]}"
+        assert time.monotonic() < deadline, "training did not reach the kill step in time"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, f"kill at step {step} came too late"
 
 
 def main(argv: list[str]) -> int:
