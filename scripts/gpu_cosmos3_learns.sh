@@ -17,17 +17,29 @@ RESULTS=${RESULTS:-/tmp/c3_out}
 export WORK=${WORK:-/tmp/c3_sweep}
 mkdir -p "$RESULTS"
 
-collect_results() {
+collect_results() {  # a device call returns at most 8 files: one archive, and the figures on stdout
   [ -n "${OUT:-}" ] || return 0
-  cp "$RESULTS"/*.log "$RESULTS"/*.tsv "$RESULTS"/*.txt "$RESULTS"/*.jsonl "$RESULTS"/*.tar.gz "$OUT/" 2>/dev/null
+  local pack=/tmp/c3_pack
+  rm -rf "$pack" && mkdir -p "$pack"
+  cp "$RESULTS"/*.log "$RESULTS"/*.tsv "$RESULTS"/*.txt "$RESULTS"/*.jsonl "$pack/" 2>/dev/null
   # the loss curve so far, while it runs
-  [ -f /tmp/l8_loss/run/losses.jsonl ] && cp /tmp/l8_loss/run/losses.jsonl "$OUT/cosmos3_loss_partial.jsonl"
+  [ -f /tmp/l8_loss/run/losses.jsonl ] && cp /tmp/l8_loss/run/losses.jsonl "$pack/cosmos3_loss_partial.jsonl"
+  local d f v
   for d in "$WORK"/*/eval "$WORK"/*/eval_blind; do
-    [ -f "$d/summary.json" ] && cp "$d/summary.json" "$OUT/$(basename "$(dirname "$d")")_$(basename "$d")_summary.json"
+    v=$(basename "$(dirname "$d")")_$(basename "$d")
+    [ -f "$d/summary.json" ] || continue
+    cp "$d/summary.json" "$pack/${v}_summary.json"
+    python3 -c "
+import json, sys
+s = json.load(open(sys.argv[1]))['all']
+print(f'[learns] {sys.argv[2]}: {s[\"success_once\"]}/{s[\"episodes\"]} ({100 * s[\"rate\"]:.1f}%, 95% CI '
+      f'{100 * s[\"ci95\"][0]:.1f}-{100 * s[\"ci95\"][1]:.1f})')" "$d/summary.json" "$v"
   done
   for f in "$WORK"/*/stages/*.done; do  # named *.json: files named *.done do not come back
-    [ -f "$f" ] && cp "$f" "$OUT/$(basename "$(dirname "$(dirname "$f")")")_$(basename "$f" .done).json"
+    [ -f "$f" ] && cp "$f" "$pack/$(basename "$(dirname "$(dirname "$f")")")_$(basename "$f" .done).json"
   done
+  tar -czf "$OUT/learns.tar.gz" -C "$pack" . 2>/dev/null
+  [ -f "$RESULTS/sweep.tsv" ] && cp "$RESULTS/sweep.tsv" "$OUT/"
   return 0
 }
 
@@ -57,6 +69,10 @@ case "${1:-run}" in
     echo "[learns] started (log $RESULTS/learns.log)"
     ;;
   wait)
+    if [ ! -f "$RESULTS/learns.log" ]; then  # a machine given back between calls keeps nothing
+      echo "[learns] no run on this machine (was it given back between calls?): start again" >&2
+      exit 3
+    fi
     end=$((SECONDS + ${2:-560}))
     while [ $SECONDS -lt $end ] && ! grep -q '^\[learns\] finished' "$RESULTS/learns.log" 2>/dev/null; do sleep 10; done
     tail -n 20 "$RESULTS/learns.log"
