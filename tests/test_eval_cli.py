@@ -10,9 +10,11 @@ import sys
 
 import pytest
 
-from wamkit.config import ModelConfig
+from wamkit.config import ConfigError, EvalConfig, ModelConfig, ServeConfig
+from wamkit.eval.runner import reach_servers
 from wamkit.models import build_model
 from wamkit.models.pretrained import save_pretrained
+from wamkit.serve.client import PolicyClient
 from wamkit.serve.loading import identity_spec
 
 
@@ -98,3 +100,19 @@ def test_a_model_from_other_data_is_refused_before_any_episode():
     with pytest.raises(ConfigError, match=r"render_quality: model 'fast', env 'default'"):
         check_spec_fits(spec, mw, "ws://x", "default")
     check_spec_fits({**spec, "render_quality": None}, mw, "ws://x", "default")  # unrecorded: not checked
+
+
+def test_the_server_an_evaluation_starts_gets_the_runs_whole_serve_section(serve_dir, tmp_path):
+    """Settings beyond device, precision and batching reach the child `wamkit serve`: its metadata
+    reports the run's max_batch and message limit (the limit was dropped before)."""
+    serve = ServeConfig(device="cpu", max_batch=3, max_wait_ms=7.0, max_message_mb=1.5, warm="none")
+    ecfg = EvalConfig(serve_dir=str(serve_dir), out_dir=str(tmp_path))
+    with reach_servers(ecfg, serve) as urls, PolicyClient(urls[0]) as client:
+        assert client.metadata["max_batch"] == 3
+        assert client.metadata["max_message_bytes"] == int(1.5 * 2**20)
+    log = (tmp_path / "server.log").read_text()
+    assert "serve.max_message_mb" not in log  # accepted as an override, not refused
+
+    raw = ServeConfig(device="cpu", raw_actions=True)
+    with pytest.raises(ConfigError, match="serve.raw_actions"), reach_servers(ecfg, raw):
+        pass

@@ -55,7 +55,7 @@ from typing import Any
 import numpy as np
 
 from wamkit import embodiments
-from wamkit.config import SERVE_PRECISIONS, ConfigError, load_config
+from wamkit.config import SERVE_PRECISIONS, ConfigError, ServeConfig, load_config
 from wamkit.constants import OBS_STATE, TASK, image_key
 from wamkit.files import atomic_write_json
 
@@ -174,11 +174,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _serve_args(args: argparse.Namespace, device: str = "") -> tuple[list[str], str]:
-    """``wamkit serve`` arguments and a label saying what the server is."""
+def _serve_args(args: argparse.Namespace, device: str = "") -> tuple[list[str], ServeConfig, str]:
+    """What to serve (``wamkit serve`` arguments), the server's ``serve`` section, and a label saying
+    what the server is."""
     device = device or args.device
     if args.model:
-        cmd = ["--model", args.model, "--random-init", "--device", device, "--precision", args.precision]
+        serve = ServeConfig(device=device, precision=args.precision)
+        cmd = ["--model", args.model, "--random-init"]
         if args.preset:
             cmd += ["--preset", args.preset]
         for opt in args.option:
@@ -186,8 +188,8 @@ def _serve_args(args: argparse.Namespace, device: str = "") -> tuple[list[str], 
         fitted = ", observations fitted to its input shapes (--fit-shapes)" if args.fit_shapes else ""
         name = f"model '{args.model}'" + (f" preset {args.preset}" if args.preset else "")
         name += "".join(f" {opt}" for opt in args.option)
-        return cmd, f"{name}, random weights, {device}, precision {args.precision}{fitted}"
-    cmd = ["--model", "delay", "--random-init", "--device", "cpu"]
+        return cmd, serve, f"{name}, random weights, {device}, precision {args.precision}{fitted}"
+    cmd = ["--model", "delay", "--random-init"]
     cmd += ["--option", f"delay_ms={args.delay_ms}", "--option", f"per_obs_ms={args.per_obs_ms}"]
     profile = embodiments.for_suite(args.suite)
     if profile is not None:  # the delay server of the suite's embodiment (its shapes)
@@ -198,7 +200,7 @@ def _serve_args(args: argparse.Namespace, device: str = "") -> tuple[list[str], 
     )
     if (args.delay_ms, args.per_obs_ms) == (20.0, 2.0):
         label += " (the default cost: the shape of a 1B-class policy on one GPU)"
-    return cmd, label
+    return cmd, ServeConfig(device="cpu"), label
 
 
 def _modes(args: argparse.Namespace, servers: int = 1) -> list[tuple[str, int, int]]:
@@ -392,9 +394,11 @@ def _start_servers(args, stack: contextlib.ExitStack, root: Path, n: int) -> tup
     urls, labels = [], []
     for i, device in enumerate(devices):
         serve_device, env = _device_env(device)
-        cmd, label = _serve_args(args, serve_device)
+        cmd, serve, label = _serve_args(args, serve_device)
         log_path = root / ("server.log" if n == 1 else f"server{i}.log")
-        urls.append(stack.enter_context(start_server_process(cmd, log_path=log_path, env=env)).url)
+        urls.append(
+            stack.enter_context(start_server_process(cmd, log_path=log_path, env=env, serve=serve)).url
+        )
         labels.append(label)
     if n == 1:
         return urls, labels[0]

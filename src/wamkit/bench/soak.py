@@ -24,7 +24,7 @@ import threading
 import time
 from pathlib import Path
 
-from wamkit.config import ConfigError, load_config
+from wamkit.config import ConfigError, ServeConfig, load_config
 from wamkit.eval.memory import sample
 
 
@@ -122,16 +122,10 @@ def main(args: argparse.Namespace) -> int:
     with contextlib.ExitStack() as stack:
         root = Path(args.out) if args.out else Path(stack.enter_context(tempfile.TemporaryDirectory()))
         root.mkdir(parents=True, exist_ok=True)
-        cmd = [
-            "--model",
-            "delay",
-            "--random-init",
-            "--device",
-            "cpu",
-            "--option",
-            f"delay_ms={args.delay_ms}",
-        ]
-        server = stack.enter_context(start_server_process(cmd, log_path=root / "server.log"))
+        cmd = ["--model", "delay", "--random-init", "--option", f"delay_ms={args.delay_ms}"]
+        server = stack.enter_context(
+            start_server_process(cmd, log_path=root / "server.log", serve=ServeConfig(device="cpu"))
+        )
         cfg = _config(args, server.url, root / "run", trials)
         workers = stack.enter_context(start_env_workers(cfg))
         n = trials * len(tasks)

@@ -90,8 +90,8 @@ def server_location(ecfg: EvalConfig) -> dict[str, Any]:
 @contextlib.contextmanager
 def reach_servers(ecfg: EvalConfig, serve: ServeConfig | None = None) -> Iterator[list[str]]:
     """Yield the server URLs: ``eval.server_url``, or a local server started from ``eval.serve_dir`` in
-    its own process (log in ``<out_dir>/server.log``), stopped on exit, with the run's ``serve``
-    settings (device, precision, batching)."""
+    its own process (log in ``<out_dir>/server.log``), stopped on exit, with the run's whole ``serve``
+    section (:func:`wamkit.eval.server_proc.serve_section_args`)."""
     if ecfg.server_urls:
         yield ecfg.server_urls
         return
@@ -101,11 +101,15 @@ def reach_servers(ecfg: EvalConfig, serve: ServeConfig | None = None) -> Iterato
         raise ConfigError(
             f"eval.serve_dir: {ecfg.serve_dir} is not a directory (a serving directory is expected)"
         )
-    Path(ecfg.out_dir).mkdir(parents=True, exist_ok=True)
     serve = serve or ServeConfig()
-    args = [ecfg.serve_dir, "--device", serve.device, "--precision", serve.precision]
-    args += ["--max-batch", str(serve.max_batch), "--max-wait-ms", str(serve.max_wait_ms)]
-    with start_server_process(args, log_path=Path(ecfg.out_dir) / "server.log") as srv:
+    if serve.raw_actions:
+        raise ConfigError(
+            "serve.raw_actions=true: the server an evaluation starts must reply with env-ready actions; "
+            "set serve.raw_actions=false"
+        )
+    Path(ecfg.out_dir).mkdir(parents=True, exist_ok=True)
+    log_path = Path(ecfg.out_dir) / "server.log"
+    with start_server_process([ecfg.serve_dir], log_path=log_path, serve=serve) as srv:
         yield [srv.url]
 
 

@@ -4,6 +4,8 @@ and the benchmark. A separate process keeps the model's threads and the GIL away
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import os
 import socket
 import subprocess
@@ -15,7 +17,21 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
+from wamkit.config import ServeConfig
 from wamkit.serve.lifetime import PARENT_PID_ENV
+
+# set by start_server_process itself (--host, --port)
+_PER_PROCESS = ("host", "port")
+
+
+def serve_section_args(serve: ServeConfig) -> list[str]:
+    """Every setting of ``serve`` but the address, as ``wamkit serve`` overrides (``--set serve.K=V``),
+    so a server started for a run gets the run's whole ``serve`` section, not a chosen few of it."""
+    args = []
+    for f in dataclasses.fields(serve):
+        if f.name not in _PER_PROCESS:
+            args += ["--set", f"serve.{f.name}={json.dumps(getattr(serve, f.name))}"]
+    return args
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -32,12 +48,14 @@ def start_server_process(
     log_path: Path | None = None,
     port: int = 0,
     env: dict[str, str] | None = None,
+    serve: ServeConfig | None = None,
 ) -> Iterator[ServerProcess]:
     """Run ``wamkit serve <serve_args> --host H --port P`` until the block ends.
 
     ``serve_args`` is a serving directory, or the argument list of ``wamkit serve`` (e.g.
     ``["--model", "delay", "--random-init", "--option", "delay_ms=20"]``); ``port`` 0 picks a free one;
-    ``env`` adds environment variables (e.g. ``CUDA_VISIBLE_DEVICES`` to give it one GPU).
+    ``env`` adds environment variables (e.g. ``CUDA_VISIBLE_DEVICES`` to give it one GPU); ``serve``
+    (default: :class:`ServeConfig`'s defaults) is the server's whole ``serve`` section.
     Waits until ``/healthz`` answers (a large model may take minutes to build or load); a server that exits first raises with the
     end of its log.
     """
@@ -45,6 +63,7 @@ def start_server_process(
         serve_args = [serve_args]
     port = port or free_port(host)
     cmd = [sys.executable, "-m", "wamkit", "--log-level", "warning", "serve", *serve_args]
+    cmd += serve_section_args(serve or ServeConfig())
     cmd += ["--host", host, "--port", str(port)]
     log_file = open(log_path, "w+") if log_path else tempfile.TemporaryFile("w+")  # noqa: SIM115
     proc = subprocess.Popen(
