@@ -23,7 +23,7 @@ pytest.importorskip("diffusers", reason="cosmos3 needs the wamkit[cosmos3] extra
 
 WAMKIT = Path(sys.executable).parent / "wamkit"
 COMMON = ["env.tasks=[drawer-open-v3]"]
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "cosmos3_action_error.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "maintainers" / "cosmos3_action_error.py"
 
 
 def _wamkit(cwd: Path, *args: str) -> None:
@@ -37,7 +37,7 @@ def _rate(out: Path) -> float:
 
 
 def _action_error(run: Path, serve: Path) -> dict[str, float]:
-    """``scripts/cosmos3_action_error.py``'s figures: the served sampler's, the blind baseline's."""
+    """``maintainers/cosmos3_action_error.py``'s figures: the served sampler's, the blind baseline's."""
     out = subprocess.run([sys.executable, str(SCRIPT), str(run), str(serve)], capture_output=True, text=True,
                          timeout=1800, env={**os.environ, "PYTHONWARNINGS": "ignore"})  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]

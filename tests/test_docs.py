@@ -28,7 +28,7 @@ from wamkit.cli import build_parser
 
 from .conftest import REPO
 
-PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "maintainers" / "README.md"]
 MARK = re.compile(r"<!--\s*(needs|tested-by|small):\s*(.*?)\s*-->")
 
 

@@ -1,7 +1,7 @@
-"""scripts/libero_bundle.py: what LIBERO's bundle for the GPU machine keeps, and that it installs whole.
+"""maintainers/libero_bundle.py: what LIBERO's bundle for the GPU machine keeps, and that it installs whole.
 
 The full build (every LIBERO-10 task built and reset, about ten minutes here) is run by hand
-(docs/gpu_machine.md); these tests check its selection and packing on a few files of the installed extra.
+(maintainers/README.md); these tests check its selection and packing on a few files of the installed extra.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.libero]
 pytest.importorskip("robosuite")
 pytest.importorskip("libero")
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "libero_bundle.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "maintainers" / "libero_bundle.py"
 
 
 def _script():

@@ -1,6 +1,6 @@
-# Source on the GPU machine, in the checkout's root: installs the carried wheels (scripts/gpu_carry.sh)
+# Source on the GPU machine, in the checkout's root: installs the carried wheels (maintainers/gpu_carry.sh)
 # into /tmp/site, unpacks the GL loaders when carried, and puts src/ first on PYTHONPATH.
-#   source scripts/gpu_env.sh
+#   source maintainers/gpu_env.sh
 for d in .whl/*/; do
   [ -d "$d" ] && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site "$d"*.whl

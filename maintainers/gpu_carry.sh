@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
-# Prepare what travels to the GPU machine (the device tool's `carry`; see docs/gpu_machine.md).
+# Prepare what travels to the GPU machine (the device tool's `carry`; see maintainers/README.md).
 #
 # That machine has CPython 3.12, torch and many packages, but no package registry. This script, run
 # here, downloads the cp312 wheels wamkit needs beyond its image into .whl/<group>/ and the GL loader
 # Debian packages into .gl/ (both ignored by git). Each group stays under the 64 MiB a call may carry.
 #
-#   bash scripts/gpu_carry.sh core   # wamkit serve/bench: diffusers, websockets, PyAV, qwen tokenizer
-#   bash scripts/gpu_carry.sh sim    # MetaWorld evaluation: mujoco, metaworld, gymnasium (+ .gl debs)
-#   bash scripts/gpu_carry.sh serve  # core without PyAV (9 MB): fits in one call beside sim
-#   bash scripts/gpu_carry.sh ao     # torchao (3 MB), for bench cosmos3's fast+compile+fp8_torchao
-#   bash scripts/gpu_carry.sh av     # PyAV alone (35 MB): with sim and serve, for scripts/demo_sweep.sh
+#   bash maintainers/gpu_carry.sh core   # wamkit serve/bench: diffusers, websockets, PyAV, qwen tokenizer
+#   bash maintainers/gpu_carry.sh sim    # MetaWorld evaluation: mujoco, metaworld, gymnasium (+ .gl debs)
+#   bash maintainers/gpu_carry.sh serve  # core without PyAV (9 MB): fits in one call beside sim
+#   bash maintainers/gpu_carry.sh ao     # torchao (3 MB), for bench cosmos3's fast+compile+fp8_torchao
+#   bash maintainers/gpu_carry.sh av     # PyAV alone (35 MB): with sim and serve, for maintainers/demo_sweep.sh
 #
-# On the GPU machine, `source scripts/gpu_env.sh` installs what was carried into /tmp/site and sets
+# On the GPU machine, `source maintainers/gpu_env.sh` installs what was carried into /tmp/site and sets
 # PYTHONPATH (src/ first, so the checkout's wamkit is the one imported).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -11,11 +11,11 @@ keeps those under site-packages that the GPU machine's image lacks, and packs th
 pieces of at most ``--part-mb``. It also writes each task's fingerprint at trial 0 (state after reset
 and settle, a coarse image signature: wamkit.envs.drift) made with this stack.
 
-    python scripts/libero_bundle.py build --suites libero_10          # here: .libero_bundle/
-    python3 scripts/libero_bundle.py install                           # there: into /tmp/site
-    python3 scripts/libero_bundle.py check --suites libero_10          # there: same episode starts?
+    python maintainers/libero_bundle.py build --suites libero_10          # here: .libero_bundle/
+    python3 maintainers/libero_bundle.py install                           # there: into /tmp/site
+    python3 maintainers/libero_bundle.py check --suites libero_10          # there: same episode starts?
 
-``install`` unpacks the pieces into ``--target`` (default /tmp/site, which scripts/gpu_env.sh puts on
+``install`` unpacks the pieces into ``--target`` (default /tmp/site, which maintainers/gpu_env.sh puts on
 PYTHONPATH) and ``check`` rebuilds every task, resets trial 0 and compares with the fingerprints made
 here, naming task and quantity (states to 1e-4; image block means to a looser tolerance, as another
 renderer draws them).
@@ -36,7 +36,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-# Top-level packages the GPU machine's image already has, or that scripts/gpu_carry.sh carries (sim).
+# Top-level packages the GPU machine's image already has, or that maintainers/gpu_carry.sh carries (sim).
 PROVIDED = {
     "numpy", "scipy", "torch", "cv2", "numba", "llvmlite", "h5py", "PIL", "yaml", "matplotlib", "tqdm",
     "cloudpickle", "mujoco", "gymnasium", "metaworld", "glfw", "OpenGL", "farama_notifications", "absl",

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Variants of the demo preset (src/wamkit/configs/demo.yaml) side by side on one dataset, on a machine
-# with more cores than a laptop (the GPU machine: `source scripts/gpu_env.sh` first, with the `sim`
-# carry and PyAV; see docs/gpu_machine.md). The dataset is collected once; every variant trains and is
+# with more cores than a laptop (the GPU machine: `source maintainers/gpu_env.sh` first, with the `sim`
+# carry and PyAV; see maintainers/README.md). The dataset is collected once; every variant trains and is
 # evaluated from its own folder, JOBS at a time, each on THREADS CPU threads (training on CUDA when
 # TRAIN_DEVICE=cuda; serving stays on the CPU in fp32, as on a laptop). One line per variant in
 # VARIANTS: a name, then `wamkit demo` overrides; CONFIG names the preset they start from (default: the
@@ -10,7 +10,7 @@
 # Variants already finished in WORK are skipped (each stage resumes), so a second call to a machine kept
 # warm goes on where a first one stopped; SUMMARY_ONLY=1 only writes the table.
 #
-#   VARIANTS=my_variants.txt JOBS=8 timeout 540 bash scripts/demo_sweep.sh; SUMMARY_ONLY=1 VARIANTS=... bash scripts/demo_sweep.sh
+#   VARIANTS=my_variants.txt JOBS=8 timeout 540 bash maintainers/demo_sweep.sh; SUMMARY_ONLY=1 VARIANTS=... bash maintainers/demo_sweep.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/sweep_out}

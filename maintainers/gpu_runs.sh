@@ -1,66 +1,66 @@
 #!/usr/bin/env bash
-# The GPU benchmark runs behind docs/benchmarks.md (how to run them: docs/gpu_machine.md), grouped so that each group fits one call of at most
+# The GPU benchmark runs behind docs/benchmarks.md (how to run them: maintainers/README.md), grouped so that each group fits one call of at most
 # 10 minutes on a 2-GPU H200 machine (nvidia-h200-x2); groups named together run in turn. Run on that machine, in the checkout's root,
-# after the carried wheels are in place (`source scripts/gpu_env.sh`; which groups of scripts/gpu_carry.sh
+# after the carried wheels are in place (`source maintainers/gpu_env.sh`; which groups of maintainers/gpu_carry.sh
 # each needs is said below). Every command's output goes to $OUT/<name>.log (and its figures to
 # $OUT/<name>.json); a failing command is reported and the group goes on.
 #
-#   bash scripts/gpu_runs.sh inference     # core: Cosmos3 inference (GPU 0) beside Cosmos3 SFT (GPU 1)
-#   bash scripts/gpu_runs.sh gpu-tests     # core: the tests marked gpu, on the GPU
-#   bash scripts/gpu_runs.sh cosmos3-all   # serve (+ sim): Cosmos3 inference at batch 32 then the evaluator
+#   bash maintainers/gpu_runs.sh inference     # core: Cosmos3 inference (GPU 0) beside Cosmos3 SFT (GPU 1)
+#   bash maintainers/gpu_runs.sh gpu-tests     # core: the tests marked gpu, on the GPU
+#   bash maintainers/gpu_runs.sh cosmos3-all   # serve (+ sim): Cosmos3 inference at batch 32 then the evaluator
 #                                          against it (GPU 0); batch 8 and 1, tiny/base served, the gpu tests (GPU 1)
-#   bash scripts/gpu_runs.sh serve-sft     # core: Cosmos3-Nano served (GPU 0) beside the nano_l8 SFT rows (GPU 1)
-#   bash scripts/gpu_runs.sh sft           # core: the nano_l8 SFT rows of serve-sft alone (1 GPU)
-#   bash scripts/gpu_runs.sh serve-tiny    # core: the tiny/base batcher rows (1 minute)
-#   bash scripts/gpu_runs.sh serve-standins  # core: the same rows with the delay model asleep
-#   bash scripts/gpu_runs.sh serve-front-ends  # core: the tiny/base rows and a launch-bound stand-in with
+#   bash maintainers/gpu_runs.sh serve-sft     # core: Cosmos3-Nano served (GPU 0) beside the nano_l8 SFT rows (GPU 1)
+#   bash maintainers/gpu_runs.sh sft           # core: the nano_l8 SFT rows of serve-sft alone (1 GPU)
+#   bash maintainers/gpu_runs.sh serve-tiny    # core: the tiny/base batcher rows (1 minute)
+#   bash maintainers/gpu_runs.sh serve-standins  # core: the same rows with the delay model asleep
+#   bash maintainers/gpu_runs.sh serve-front-ends  # core: the tiny/base rows and a launch-bound stand-in with
 #                                          the server's event loop in a process, then in a thread (4 minutes)
-#   bash scripts/gpu_runs.sh serve         # serve: Cosmos3-Nano served against in-process
-#   bash scripts/gpu_runs.sh eval-tiny1b   # sim + serve: the MetaWorld schedules against tiny/1b (1 GPU)
-#   bash scripts/gpu_runs.sh eval          # sim + core: MetaWorld schedules (delay, tiny/1b), SIGKILL resume on 2 GPUs
-#   bash scripts/gpu_runs.sh eval-2gpu     # sim + core: two servers for one evaluation, tiny/1b training on 1 and 2 GPUs
+#   bash maintainers/gpu_runs.sh serve         # serve: Cosmos3-Nano served against in-process
+#   bash maintainers/gpu_runs.sh eval-tiny1b   # sim + serve: the MetaWorld schedules against tiny/1b (1 GPU)
+#   bash maintainers/gpu_runs.sh eval          # sim + core: MetaWorld schedules (delay, tiny/1b), SIGKILL resume on 2 GPUs
+#   bash maintainers/gpu_runs.sh eval-2gpu     # sim + core: two servers for one evaluation, tiny/1b training on 1 and 2 GPUs
 #                                          (eval-2servers, train-tiny-2gpu: each alone)
-#   bash scripts/gpu_runs.sh cosmos3-eval  # sim + serve: the schedules against a Cosmos3-Nano-shaped server
-#   bash scripts/gpu_runs.sh train-cosmos3 # serve: Cosmos3 nano_l8 SFT (cached-latent shape) on 1 and 2 GPUs
-#   bash scripts/gpu_runs.sh sft-disk      # core: wamkit train from a random-weight diffusers folder on disk:
+#   bash maintainers/gpu_runs.sh cosmos3-eval  # sim + serve: the schedules against a Cosmos3-Nano-shaped server
+#   bash maintainers/gpu_runs.sh train-cosmos3 # serve: Cosmos3 nano_l8 SFT (cached-latent shape) on 1 and 2 GPUs
+#   bash maintainers/gpu_runs.sh sft-disk      # core: wamkit train from a random-weight diffusers folder on disk:
 #                                          Nano streamed into its shard (host RssAnon, time to the first
 #                                          step; killed then: its 112 GB checkpoint would not fit the disk),
 #                                          nano_l8 to one async checkpoint (size, write time) and its export
-#   bash scripts/gpu_runs.sh sft-compile-l8  # core: nano_l8 with compiled blocks: the transformer step profiled
+#   bash maintainers/gpu_runs.sh sft-compile-l8  # core: nano_l8 with compiled blocks: the transformer step profiled
 #                                          (bench cosmos3-sft), then bench train's two rows (1 GPU)
-#   bash scripts/gpu_runs.sh sft-compile   # core: full-size Nano with compiled blocks at the recipe's
+#   bash maintainers/gpu_runs.sh sft-compile   # core: full-size Nano with compiled blocks at the recipe's
 #                                          accumulation (64 micro-batches of 32), the plan's placement
-#   bash scripts/gpu_runs.sh sft-save      # core: nano_l8 trained with a checkpoint mid-run: how long the
+#   bash maintainers/gpu_runs.sh sft-save      # core: nano_l8 trained with a checkpoint mid-run: how long the
 #                                          async save stands training still and how much of its write
 #                                          the next step's micro-batches hide
-#   bash scripts/gpu_runs.sh cosmos3-loss  # core: nano_l8 from random weights, the recipe's settings, 60 steps:
+#   bash maintainers/gpu_runs.sh cosmos3-loss  # core: nano_l8 from random weights, the recipe's settings, 60 steps:
 #                                          the loss curve of docs/cosmos3.md (1 GPU)
-#   bash scripts/gpu_runs.sh sft-text-kv   # core: Nano's trainer step with and without a text cache (1 GPU)
-#   bash scripts/gpu_runs.sh sft-full      # core: full-size Cosmos3-Nano SFT placed by its memory plan on one
+#   bash maintainers/gpu_runs.sh sft-text-kv   # core: Nano's trainer step with and without a text cache (1 GPU)
+#   bash maintainers/gpu_runs.sh sft-full      # core: full-size Cosmos3-Nano SFT placed by its memory plan on one
 #                                          GPU (the plan printed, the transformer step beside the trainer
 #                                          step with accumulation, EMA and offload), and the nano_l8 rows (1 GPU)
-#   bash scripts/gpu_runs.sh serve32-smoke # core: the compiled, FP8 and warm-start paths on the tiny preset
+#   bash maintainers/gpu_runs.sh serve32-smoke # core: the compiled, FP8 and warm-start paths on the tiny preset
 #                                          (a check that they run, 2 minutes)
-#   bash scripts/gpu_runs.sh serve32-bf16  # core: Nano stock against fast+compile at batch 1, 8, 32
-#   bash scripts/gpu_runs.sh serve32-fp8   # core: Nano fast+compile bf16 against FP8 at batch 1, 8, 32
+#   bash maintainers/gpu_runs.sh serve32-bf16  # core: Nano stock against fast+compile at batch 1, 8, 32
+#   bash maintainers/gpu_runs.sh serve32-fp8   # core: Nano fast+compile bf16 against FP8 at batch 1, 8, 32
 #                                          (after serve32-bf16 on a warm machine: its bf16 compiles are
 #                                          inductor cache hits)
-#   bash scripts/gpu_runs.sh serve32-accuracy  # core: FP8 against bf16 and bf16 against fp32, 64 requests
-#   bash scripts/gpu_runs.sh serve32-start # core: a Nano server's start to its first answer at buckets 1-2
+#   bash maintainers/gpu_runs.sh serve32-accuracy  # core: FP8 against bf16 and bf16 against fp32, 64 requests
+#   bash maintainers/gpu_runs.sh serve32-start # core: a Nano server's start to its first answer at buckets 1-2
 #                                          (START_BATCH), cold, then from the compile cache
-#   bash scripts/gpu_runs.sh serve32-layers  # core: step_graph=compile_layers checked on tiny, and its
+#   bash maintainers/gpu_runs.sh serve32-layers  # core: step_graph=compile_layers checked on tiny, and its
 #                                          Nano server started cold and warm at every bucket to 32
-#   bash scripts/gpu_runs.sh serve32-layers-speed  # core: compile_layers against compile at 1, 8, 32
-#   bash scripts/gpu_runs.sh serve32-table  # core + ao: stock, bf16 and both FP8 backends at 1, 8, 32
-#   bash scripts/gpu_runs.sh serve32-fp8-served  # core: Nano served in FP8 against in-process FP8, batch 2, 8
-#   bash scripts/gpu_runs.sh serve32-default  # core: the default step's server start (cold, warm) to 32,
+#   bash maintainers/gpu_runs.sh serve32-layers-speed  # core: compile_layers against compile at 1, 8, 32
+#   bash maintainers/gpu_runs.sh serve32-table  # core + ao: stock, bf16 and both FP8 backends at 1, 8, 32
+#   bash maintainers/gpu_runs.sh serve32-fp8-served  # core: Nano served in FP8 against in-process FP8, batch 2, 8
+#   bash maintainers/gpu_runs.sh serve32-default  # core: the default step's server start (cold, warm) to 32,
 #                                          then Nano served against in-process at batch 8 and 32
 #
-# LIBERO-10 (docs/gpu_machine.md, "LIBERO on the GPU machine"): three carries to one warm machine, then
+# LIBERO-10 (maintainers/README.md, "LIBERO on the GPU machine"): three carries to one warm machine, then
 # the runs (each group one call; LIBERO_CONFIG_PATH and PYTHONPATH as in the libero section below):
-#   carry .libero_bundle/part-000:                         bash scripts/gpu_runs.sh libero-stash
-#   carry .whl/sim .whl/serve .gl:                         source scripts/gpu_env.sh
-#   carry .libero_bundle/part-001 .libero_bundle/fingerprints.json:  bash scripts/gpu_runs.sh libero-install
+#   carry .libero_bundle/part-000:                         bash maintainers/gpu_runs.sh libero-stash
+#   carry .whl/sim .whl/serve .gl:                         source maintainers/gpu_env.sh
+#   carry .libero_bundle/part-001 .libero_bundle/fingerprints.json:  bash maintainers/gpu_runs.sh libero-install
 #   then: libero-render, libero-schedules, libero-500a, libero-500b (the 500 episodes in two calls),
 #   libero-cosmos3 (libero-cosmos3-16: 16 envs on the default step, one run per schedule;
 #   libero-cosmos3-fp8: the same, pipelined only, served in FP8)
@@ -419,16 +419,16 @@ for key in ('loss', 'flow_matching_loss_action', 'flow_matching_loss_vision'):
       --fit-shapes --stages 2,auto --json "$OUT/eval_cosmos3.json"
     ;;
   libero-stash)
-    # LIBERO travels in pieces (scripts/libero_bundle.py build): a call carrying one piece keeps it
+    # LIBERO travels in pieces (maintainers/libero_bundle.py build): a call carrying one piece keeps it
     mkdir -p /tmp/lb && cp .libero_bundle/* /tmp/lb/ && ls -la /tmp/lb
     ;;
   libero-install)
     # the call carrying the last piece: install into /tmp/site and check every LIBERO-10 task's trial 0
     mkdir -p /tmp/lb && cp .libero_bundle/* /tmp/lb/ && ls -la /tmp/lb
-    python3 scripts/libero_bundle.py install --bundle /tmp/lb
+    python3 maintainers/libero_bundle.py install --bundle /tmp/lb
     # LIBERO_CHECK=0 skips the check (about a minute) on a machine whose image and bundle passed it before
     if [ "${LIBERO_CHECK:-1}" != 0 ]; then
-      run libero_check 300 python3 scripts/libero_bundle.py check --bundle /tmp/lb --suites libero_10
+      run libero_check 300 python3 maintainers/libero_bundle.py check --bundle /tmp/lb --suites libero_10
     fi
     ;;
   libero-render)

@@ -1,6 +1,6 @@
 """Open-loop action error of a Cosmos3 serving directory on its own training data (maintainers' check).
 
-    python scripts/cosmos3_action_error.py RUN_DIR SERVE_DIR [--samples 48]
+    python maintainers/cosmos3_action_error.py RUN_DIR SERVE_DIR [--samples 48]
 
 On ``--samples`` training samples (the run's dataset and preprocessing, model space: normalised
 actions) it prints the mean absolute error against the recorded chunk of

@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # The GPU figures of docs/benchmarks.md "Cosmos3 trained from scratch" and docs/cosmos3.md "Does the
-# recipe's loss fall?" (maintainers; docs/gpu_machine.md). `run`: the demo's MetaWorld data at 128 px,
-# then each variant of scripts/cosmos3_demo_variants.txt through `wamkit demo demo_cosmos3` (train and
+# recipe's loss fall?" (maintainers; maintainers/README.md). `run`: the demo's MetaWorld data at 128 px,
+# then each variant of maintainers/cosmos3_demo_variants.txt through `wamkit demo demo_cosmos3` (train and
 # serve on the GPU); once the first variant's training is done (so its training time is its own), the
-# recipe's loss curve (`scripts/gpu_runs.sh cosmos3-loss`) runs beside its evaluation.
+# recipe's loss curve (`maintainers/gpu_runs.sh cosmos3-loss`) runs beside its evaluation.
 #
 # Whole, it takes longer than one device call (10 minutes), so `start` runs it in a process session of
 # its own, which outlives the call on a machine kept warm, and `wait S` follows it for up to S seconds
 # and copies what is finished to $OUT. Four calls to one warm machine, each straight after the last:
-#   carry .whl/av .whl/serve:  source scripts/gpu_env.sh
-#   carry .whl/sim .gl:        source scripts/gpu_env.sh >/dev/null && bash scripts/gpu_cosmos3_learns.sh start && bash scripts/gpu_cosmos3_learns.sh wait 560
-#   then, until it prints "finished":  export PYTHONPATH=$PWD/src:/tmp/site MUJOCO_GL=egl PYOPENGL_PLATFORM=egl; bash scripts/gpu_cosmos3_learns.sh wait 580
+#   carry .whl/av .whl/serve:  source maintainers/gpu_env.sh
+#   carry .whl/sim .gl:        source maintainers/gpu_env.sh >/dev/null && bash maintainers/gpu_cosmos3_learns.sh start && bash maintainers/gpu_cosmos3_learns.sh wait 560
+#   then, until it prints "finished":  export PYTHONPATH=$PWD/src:/tmp/site MUJOCO_GL=egl PYOPENGL_PLATFORM=egl; bash maintainers/gpu_cosmos3_learns.sh wait 580
 set -uo pipefail
 cd "$(dirname "$0")/.."
 RESULTS=${RESULTS:-/tmp/c3_out}
@@ -45,22 +45,22 @@ print(f'[learns] {sys.argv[2]}: {s[\"success_once\"]}/{s[\"episodes\"]} ({100 * 
 
 case "${1:-run}" in
   run)
-    OUT=$RESULTS VARIANTS=${VARIANTS:-scripts/cosmos3_demo_variants.txt} CONFIG=demo_cosmos3 \
+    OUT=$RESULTS VARIANTS=${VARIANTS:-maintainers/cosmos3_demo_variants.txt} CONFIG=demo_cosmos3 \
       DATA_OVERRIDES="env.image_size=128" JOBS=${JOBS:-2} THREADS=${THREADS:-6} TRAIN_DEVICE=cuda \
-      bash scripts/demo_sweep.sh &
+      bash maintainers/demo_sweep.sh &
     sweep=$!
-    first=$(grep -v '^#' "${VARIANTS:-scripts/cosmos3_demo_variants.txt}" | awk 'NF {print $1; exit}')
+    first=$(grep -v '^#' "${VARIANTS:-maintainers/cosmos3_demo_variants.txt}" | awk 'NF {print $1; exit}')
     while kill -0 "$sweep" 2>/dev/null && [ ! -f "$WORK/$first/stages/train.done" ]; do sleep 5; done
     if [ "${LOSS_LIMIT:-1200}" -gt 0 ]; then  # LOSS_LIMIT=0: the closed-loop table alone
       echo "[learns] $first trained; the recipe's loss curve starts"
-      OUT=$RESULTS/loss LOSS_LIMIT=${LOSS_LIMIT:-1200} bash scripts/gpu_runs.sh cosmos3-loss
+      OUT=$RESULTS/loss LOSS_LIMIT=${LOSS_LIMIT:-1200} bash maintainers/gpu_runs.sh cosmos3-loss
       cp "$RESULTS/loss/index.txt" "$RESULTS/loss_index.txt" 2>/dev/null
       cp "$RESULTS/loss/cosmos3_loss.jsonl" "$RESULTS/" 2>/dev/null
       tail -c 20000 "$RESULTS/loss/train_loss.log" >"$RESULTS/loss_train.log" 2>/dev/null
     fi
     wait "$sweep"
     # what training taught, open loop, beside a blind and a state-lookup baseline
-    python3 scripts/cosmos3_action_error.py "$WORK/$first/train" "$WORK/$first/serve" \
+    python3 maintainers/cosmos3_action_error.py "$WORK/$first/train" "$WORK/$first/serve" \
       >"$RESULTS/action_error.txt" 2>&1
     echo "[learns] finished"
     ;;
