@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import multiprocessing
 import signal
 import socket
 import threading
@@ -50,8 +49,7 @@ def request(i: int, batch: int | None = None) -> dict:
     }
 
 
-@pytest.mark.parametrize("front_end", ["thread", "process"])
-def test_run_server_runs_the_model_on_the_main_thread_and_stops_on_ctrl_c(front_end):
+def test_run_server_runs_the_model_on_the_main_thread_and_stops_on_ctrl_c():
     # `wamkit serve` (run_server): the model's calls run on the main thread, the event loop in its own;
     # a model's intra-op parallel regions are far slower from a secondary thread (serve/batcher.py)
     import _thread
@@ -77,8 +75,7 @@ def test_run_server_runs_the_model_on_the_main_thread_and_stops_on_ctrl_c(front_
             _thread.interrupt_main()  # Ctrl-C
 
     threading.Thread(target=client, daemon=True).start()
-    # returns on the interrupt; with a front-end process, the batches cross a pipe to this thread
-    run_server(served, "127.0.0.1", 0, started=ports.put, front_end=front_end, max_batch=8)
+    run_server(served, "127.0.0.1", 0, started=ports.put, max_batch=8)  # returns on the interrupt
     assert len(replies) == 3 and all(r["actions"].shape == (16, 4) for r in replies)
     np.testing.assert_array_equal(replies[0]["actions"], served.infer(request(0))["actions"])
     assert threads and all(t is threading.main_thread() for t in threads)
@@ -156,7 +153,7 @@ def test_caller_thread_executor_fails_what_an_interrupt_leaves():
     assert not runner.is_alive()
 
 
-def _interrupt_under_load(served, front_end: str = "thread") -> int:
+def _interrupt_under_load(served) -> int:
     """run_server with 8 clients sending nonstop, Ctrl-C once 20 replies came; the replies answered."""
     import _thread
     import queue
@@ -184,7 +181,7 @@ def _interrupt_under_load(served, front_end: str = "thread") -> int:
 
     threading.Thread(target=load, daemon=True).start()
     # returns; raised on a hung stop
-    run_server(served, "127.0.0.1", 0, started=ports.put, front_end=front_end, max_batch=4)
+    run_server(served, "127.0.0.1", 0, started=ports.put, max_batch=4)
     return len(answered)
 
 
@@ -195,42 +192,6 @@ def test_run_server_stops_on_ctrl_c_under_load():
     served = random_init("delay", "small", {"delay_ms": 20}, device="cpu")
     for _ in range(3):
         assert _interrupt_under_load(served) >= 20
-    # with the event loop in a front-end process: the batch the interrupt leaves waiting fails when the
-    # pipe closes, and that process stops with the server
-    assert _interrupt_under_load(served, "process") >= 20
-    assert not [p for p in multiprocessing.active_children() if p.name == "wamkit-front-end"]
-
-
-def test_front_end_process_relays_model_failures():
-    # a model error raised in the model's process reaches the clients as the thread front end words it
-    import queue
-
-    from wamkit.serve.server import run_server
-
-    served = random_init("delay", "small", {"delay_ms": 1}, device="cpu")
-
-    def failing_run(requests):
-        raise ZeroDivisionError("no actions today")
-
-    served.run = failing_run
-    ports, errors = queue.SimpleQueue(), []
-
-    def client() -> None:
-        import _thread
-
-        try:
-            with (
-                PolicyClient(f"ws://127.0.0.1:{ports.get(timeout=60)}") as cl,
-                pytest.raises(ServerError) as err,
-            ):
-                cl.infer(request(0))
-            errors.append(str(err.value))
-        finally:
-            _thread.interrupt_main()
-
-    threading.Thread(target=client, daemon=True).start()
-    run_server(served, "127.0.0.1", 0, started=ports.put, front_end="process", max_batch=4)
-    assert errors and "model failed: ZeroDivisionError: no actions today" in errors[0]
 
 
 def test_many_clients_every_reply_is_its_own(policy):
@@ -479,7 +440,7 @@ def test_a_reply_timeout_fails_in_the_calling_thread_and_a_late_reply_answers_no
         server.shutdown()
 
 
-def test_front_end_process_that_cannot_bind_says_why_once():
+def test_a_server_that_cannot_bind_says_why_once():
     from wamkit.serve.server import run_server
 
     served = random_init("delay", "small", device="cpu")
@@ -488,6 +449,5 @@ def test_front_end_process_that_cannot_bind_says_why_once():
         taken.listen()
         port = taken.getsockname()[1]
         with pytest.raises(RuntimeError, match="server failed to start") as err:
-            run_server(served, "127.0.0.1", port, front_end="process")
+            run_server(served, "127.0.0.1", port)
     assert str(err.value).count("server failed to start") == 1 and "Errno" in str(err.value)
-    assert not [p for p in multiprocessing.active_children() if p.name == "wamkit-front-end"]

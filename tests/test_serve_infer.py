@@ -261,22 +261,20 @@ def test_random_init_servers_started_alike_serve_the_same_weights():
     assert weights_sha256(a.adapter.module) == weights_sha256(b.adapter.module)
 
 
-def test_bench_serve_repeats_give_each_row_its_median_pass_and_run_both_front_ends(tmp_path, capsys):
+def test_bench_serve_repeats_give_each_row_its_median_pass(tmp_path, capsys):
     from wamkit.bench.serve import _median_rows
 
     passes = [[{"ratio_to_in_process": r, "pass": i}] for i, r in enumerate((0.9, 0.5, 0.7))]
     assert _median_rows(passes) == [{"ratio_to_in_process": 0.7, "pass": 2}]
-    for front_end in ("thread", "process"):
-        out = tmp_path / f"{front_end}.json"
-        argv = ["bench", "serve", "--seconds", "0.2", "--batch", "2", "--concurrency", "2", "--repeats", "2"]
-        argv += ["--front-end", front_end, "--option", "delay_ms=2", "--device", "cpu", "--json", str(out)]
-        assert wamkit(argv) == 0
-        result = json.loads(out.read_text())
-        assert result["front_end"] == front_end and len(result["passes"]) == 2
-        for i, row in enumerate(result["rows"]):  # each table row is one of its passes
-            assert {k: v for k, v in row.items() if k != "speedup_over_single"} in [
-                p[i] for p in result["passes"]
-            ]
-            assert row["ratio_to_in_process"] == row["obs_s"] / row["in_process_obs_s"] > 0
-        printed = capsys.readouterr().out
-        assert f"front end: {front_end}" in printed and "medians of 2 passes" in printed
+    out = tmp_path / "serve.json"
+    argv = ["bench", "serve", "--seconds", "0.2", "--batch", "2", "--concurrency", "2", "--repeats", "2"]
+    argv += ["--option", "delay_ms=2", "--device", "cpu", "--json", str(out)]
+    assert wamkit(argv) == 0
+    result = json.loads(out.read_text())
+    assert len(result["passes"]) == 2
+    for i, row in enumerate(result["rows"]):  # each table row is one of its passes
+        assert {k: v for k, v in row.items() if k != "speedup_over_single"} in [
+            p[i] for p in result["passes"]
+        ]
+        assert row["ratio_to_in_process"] == row["obs_s"] / row["in_process_obs_s"] > 0
+    assert "medians of 2 passes" in capsys.readouterr().out

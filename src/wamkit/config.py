@@ -219,8 +219,6 @@ ServePrecision = Literal["auto", "fp32", "bf16", "fp8"]
 ServeWarm = Literal["auto", "all", "none"]
 SERVE_WARM: tuple[str, ...] = get_args(ServeWarm)
 SERVE_PRECISIONS: tuple[str, ...] = get_args(ServePrecision)
-ServeFrontEnd = Literal["process", "thread"]
-SERVE_FRONT_ENDS: tuple[str, ...] = get_args(ServeFrontEnd)
 
 
 @dataclass
@@ -238,10 +236,6 @@ class ServeConfig:
     # (speed; whatever precision it trained in), the weights' own dtype otherwise; fp32 = no autocast
     # (the reference numerics); bf16 = autocast (CUDA only). The served identity records the result.
     precision: ServePrecision = "auto"
-    # where `wamkit serve` runs its event loop (websockets, request checks, batching): "thread", a thread
-    # beside the model's (one process); "process", a process of its own, so that the loop's work never
-    # holds the interpreter lock the model's host thread needs (docs/serve.md: no gain measured yet)
-    front_end: ServeFrontEnd = "thread"
     # run every batch bucket once before answering (``/healthz`` says "warming" meanwhile): auto = when
     # the model captures or compiles its steps (Cosmos3 on CUDA), all, none
     warm: ServeWarm = "auto"

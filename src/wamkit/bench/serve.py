@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from wamkit.config import SERVE_FRONT_ENDS, SERVE_PRECISIONS, parse_override
+from wamkit.config import SERVE_PRECISIONS, parse_override
 
 # the delay model's cost when --model delay is given no --option; other models keep their preset
 DELAY_DEFAULTS = ["delay_ms=10", "per_obs_ms=0.05"]
@@ -66,12 +66,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--concurrency", type=_ints, default=[1, 4, 16, 32], help="connections (default: 1,4,16,32)"
-    )
-    parser.add_argument(
-        "--front-end",
-        choices=SERVE_FRONT_ENDS,
-        default="thread",
-        help="where the server's event loop runs (serve.front_end; default: thread)",
     )
     parser.add_argument("--max-batch", type=int, default=32, help="server max_batch (default: 32)")
     parser.add_argument("--max-wait-ms", type=float, default=2.0, help="server max_wait_ms (default: 2)")
@@ -117,7 +111,7 @@ def make_obs(meta_io: dict[str, Any], batch: int | None, seed: int = 0) -> dict[
 
 def _end_with_parent() -> None:
     """Stop this process as Ctrl-C would once the benchmark that started it is gone (killed, say):
-    it holds a port and maybe a GPU, and is not a daemon (it starts a front-end process itself)."""
+    it holds a port and maybe a GPU, and is not a daemon (it is stopped as a server is, by Ctrl-C)."""
     import threading
 
     parent = mp.parent_process()
@@ -143,7 +137,6 @@ def _serve_process(
     max_batch: int,
     max_wait_ms: float,
     threads: int,
-    front_end: str,
     q,
 ) -> None:
     import torch
@@ -155,14 +148,13 @@ def _serve_process(
 
     _end_with_parent()
     policy = random_init(model, preset, options, device, precision=precision)
-    # as `wamkit serve` does: the model on the main thread, the event loop in a thread (or a front-end
-    # process of its own); sends the bound port back, then serves until interrupted
+    # as `wamkit serve` does: the model on the main thread, the event loop in a thread; sends the bound
+    # port back, then serves until interrupted
     run_server(
         policy,
         "127.0.0.1",
         0,
         started=q.put,
-        front_end=front_end,
         max_batch=max_batch,
         max_wait_ms=max_wait_ms,
     )
@@ -301,8 +293,7 @@ def main(args: argparse.Namespace) -> int:
     policy = random_init(args.model, args.preset, options, args.device, precision=args.precision)
     meta = policy.metadata()["inputs"]
     print(
-        f"model: {args.model}/{args.preset} {options} on {args.device}, autocast {'bf16' if policy.autocast else 'off'}, "
-        f"front end: {args.front_end}"
+        f"model: {args.model}/{args.preset} {options} on {args.device}, autocast {'bf16' if policy.autocast else 'off'}"
         + (" (BENCHMARK MODEL: a fixed delay, not a policy)" if args.model == "delay" else "")
     )
     sizes = sorted({*args.batch, *(min(c, args.max_batch) for c in args.concurrency)})
@@ -323,10 +314,9 @@ def main(args: argparse.Namespace) -> int:
             args.max_batch,
             args.max_wait_ms,
             args.threads,
-            args.front_end,
             q,
         ),
-        daemon=False,  # it starts its own front-end process, which a daemonic process may not
+        daemon=False,  # stopped by Ctrl-C, as a server is (_end_with_parent)
     )
     proc.start()
     try:
@@ -337,7 +327,7 @@ def main(args: argparse.Namespace) -> int:
                 inproc = {b: _in_process(policy, make_obs(meta, b), args.seconds) for b in sizes}
             passes.append(_served_rows(args, url, meta, inproc, client_processes))
     finally:
-        if proc.is_alive():  # Ctrl-C, as `wamkit serve` is stopped: it stops its front end too
+        if proc.is_alive():  # Ctrl-C, as `wamkit serve` is stopped
             os.kill(proc.pid, signal.SIGINT)
         proc.join(30)
         if proc.is_alive():
@@ -378,7 +368,6 @@ def main(args: argparse.Namespace) -> int:
                     "model": args.model,
                     "preset": args.preset,
                     "options": options,
-                    "front_end": args.front_end,
                     "rows": rows,
                     "passes": passes,
                 },

@@ -20,7 +20,6 @@ import time
 
 from wamkit import embodiments
 from wamkit.config import (
-    SERVE_FRONT_ENDS,
     SERVE_PRECISIONS,
     SERVE_WARM,
     ConfigError,
@@ -46,7 +45,6 @@ FLAGS = {
     "device": "device",
     "max_message_mb": "max_message_mb",
     "precision": "precision",
-    "front_end": "front_end",
     "warm": "warm",
     "compile_cache": "compile_cache",
 }
@@ -118,12 +116,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--empty-metadata",
         action="store_true",
         help="send {} on connect, as openpi's own servers do (to check a client that must do without)",
-    )
-    parser.add_argument(
-        "--front-end",
-        choices=SERVE_FRONT_ENDS,
-        help="where the event loop runs: thread (beside the model) or process (its own; experimental, no "
-        "gain measured); default: serve.front_end",
     )
 
 
@@ -212,7 +204,6 @@ def main(args: argparse.Namespace) -> int:
         max_batch=s.max_batch,
         max_wait_ms=s.max_wait_ms,
         max_message_mb=s.max_message_mb,
-        front_end=s.front_end,
         empty_metadata=bool(getattr(args, "empty_metadata", False)),
     )
     return 0

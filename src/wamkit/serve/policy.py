@@ -143,16 +143,6 @@ def _autocast(adapter: Any, precision: str) -> tuple[torch.dtype | None, str]:
     return (torch.bfloat16 if bf16 else None), device
 
 
-@dataclass(frozen=True)
-class _ModelName:
-    """What a front-end view keeps of the model: its name (:meth:`ServedPolicy.front_end`)."""
-
-    name: str
-
-    def predict(self, *args: Any, **kwargs: Any) -> Any:
-        raise RuntimeError(f"{self.name}: a front-end view of a policy has no model to run")
-
-
 def bucket_sizes(max_batch: int) -> list[int]:
     """One batch size per bucket up to ``max_batch``: the powers of two below it, then itself."""
     return [1 << i for i in range(max(max_batch, 1).bit_length()) if 1 << i < max_batch] + [max_batch]
@@ -207,18 +197,6 @@ class ServedPolicy:
                 else "off",
             }
         return self._identity
-
-    def front_end(self) -> ServedPolicy:
-        """This policy without its model: what a server's front-end process needs to read and check
-        requests (:meth:`prepare`) and to describe the model (:meth:`metadata`), small enough to send to
-        another process. Its :meth:`run` refuses: model calls go to the process that holds the model."""
-        view = object.__new__(type(self))
-        kept = ("io", "spec", "raw_actions", "source", "env_action_dim", "_device_type")
-        view.__dict__.update({k: self.__dict__[k] for k in kept})
-        view._identity = self.identity()  # the weights' hash is taken here, where the weights are
-        view.adapter = _ModelName(self.adapter.name)
-        view.autocast = None
-        return view
 
     def metadata(self, **extra: Any) -> dict[str, Any]:
         """What a client needs to know, sent on connect (plain msgpack types only)."""

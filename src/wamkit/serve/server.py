@@ -34,11 +34,10 @@ from typing import Any
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
-from wamkit.config import SERVE_FRONT_ENDS
 from wamkit.serve.batcher import CallerThreadExecutor, DynamicBatcher, ModelError
 from wamkit.serve.codec import CodecError, packb, unpackb
 from wamkit.serve.metrics import ServerMetrics
-from wamkit.serve.policy import Request, RequestError, ServedPolicy
+from wamkit.serve.policy import RequestError, ServedPolicy
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +64,6 @@ class PolicyServer:
         max_message_mb: float = 64.0,
         max_in_flight: int = 16,
         model_executor: Executor | None = None,
-        model_call: Callable[[list[Request]], list[dict[str, Any]]] | None = None,
         empty_metadata: bool = False,
     ):
         self.policy = policy
@@ -86,7 +84,7 @@ class PolicyServer:
         # turnaround): a batch waits only for connections expected back within its patience
         self._turnaround: dict[ServerConnection, float] = {}
         self.batcher = DynamicBatcher(
-            model_call or policy.run,  # model_call: where another process holds the model
+            policy.run,
             max_batch,
             max_wait_ms,
             self.metrics,
@@ -329,37 +327,22 @@ def start_server_in_thread(
     return ServerHandle(PolicyServer(policy, host, port, **kwargs)).start()
 
 
-START_TIMEOUT_S = 120.0  # a front-end process imports wamkit and binds within this
-
-
 def run_server(
     policy: ServedPolicy,
     host: str = "127.0.0.1",
     port: int = 8000,
     started: Any = None,
-    front_end: str = "thread",
     warm: tuple[int, ...] | list[int] = (),
     compile_cache: str = "",
     **kwargs: Any,
 ) -> None:
     """Serve in the foreground until interrupted (Ctrl-C). The model runs on this (the main) thread: a
     model's intra-op parallel regions run at full speed only from the main thread
-    (:mod:`wamkit.serve.batcher`). ``started(port)`` is called once bound.
-
-    ``front_end="thread"`` (the default): the event loop (websockets, decoding and checking requests,
-    batching, answering) runs in a thread of this process. ``"process"``: it runs in a process of its
-    own, which sends each batch here over a pipe, so its work never holds the interpreter lock that a
-    launch-bound model's host thread needs between kernel launches; the batch crosses the pipe as a
-    pickle instead (3 MB for 32 observations of two 128 px cameras). On the H200 machine the two measured the same
-    within the host's drift (docs/serve.md).
+    (:mod:`wamkit.serve.batcher`); the event loop (websockets, decoding and checking requests,
+    batching, answering) runs in a thread. ``started(port)`` is called once bound.
     """
     warm_up = functools.partial(warm_buckets, policy, list(warm), compile_cache)
-    if front_end == "thread":
-        _run_threaded(policy, host, port, started, warm_up, **kwargs)
-    elif front_end == "process":
-        _run_with_front_end(policy, host, port, started, warm_up, **kwargs)
-    else:
-        raise ValueError(f"serve.front_end: {front_end!r}; expected one of {SERVE_FRONT_ENDS}")
+    _run_threaded(policy, host, port, started, warm_up, **kwargs)
 
 
 def warm_buckets(
@@ -414,141 +397,3 @@ def _run_threaded(
         raise RuntimeError(f"server stopped: {handle._error}") from handle._error
     if handle._thread.is_alive():
         raise RuntimeError("the server's event loop did not stop within 30 s of the model's last call")
-
-
-def _run_with_front_end(
-    policy: ServedPolicy, host: str, port: int, started: Any, warm_up: Any, **kwargs: Any
-) -> None:
-    import multiprocessing as mp
-
-    warm_up()  # before the front end listens: its /healthz cannot see this process's progress
-
-    ctx = mp.get_context("spawn")  # a fresh interpreter: no copy of the model, no CUDA state
-    calls, theirs = ctx.Pipe()
-    control, stop = ctx.Queue(), ctx.Event()
-    level = logging.getLevelName(logging.getLogger().getEffectiveLevel())
-    front = ctx.Process(
-        target=_front_end_main,
-        args=(policy.front_end(), host, port, kwargs, theirs, control, stop, level),
-        name="wamkit-front-end",
-        daemon=True,  # never outlives this process
-    )
-    import signal
-
-    before = signal.signal(signal.SIGINT, signal.SIG_IGN)  # the child starts with Ctrl-C ignored (the
-    try:  # parent handles it), also while it imports, before it could say so itself
-        front.start()
-    finally:
-        signal.signal(signal.SIGINT, before)
-    theirs.close()  # the front end holds its end alone: closing ours is its EOF
-    try:
-        bound = _wait_started(front, control)
-        if started is not None:
-            started(bound)
-        _answer_calls(policy, calls, front)
-    except KeyboardInterrupt:
-        log.info("interrupted: stopping the server")
-    finally:
-        stop.set()
-        calls.close()  # a batch the front end still waits for fails ("server is shutting down")
-        front.join(30)
-        if front.is_alive():
-            front.kill()
-            raise RuntimeError("the server's front-end process did not stop within 30 s; killed")
-
-
-def _wait_started(front: Any, control: Any) -> int:
-    """The front end's bound port, once it listens; raises with its error if it could not start."""
-    import queue
-
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        try:
-            kind, value = control.get(timeout=0.5)
-        except queue.Empty:
-            if not front.is_alive():
-                raise RuntimeError(f"the server's front-end process exited (code {front.exitcode})") from None
-            continue
-        if kind == "failed":
-            raise RuntimeError(f"server failed to start: {value}")
-        return int(value)
-    raise TimeoutError(f"the server's front-end process did not listen within {START_TIMEOUT_S:.0f} s")
-
-
-def _answer_calls(policy: ServedPolicy, calls: Any, front: Any) -> None:
-    """Run each batch the front end sends and send back the replies (or the error), until it ends."""
-    while True:
-        if not calls.poll(0.5):
-            if not front.is_alive():
-                raise RuntimeError(f"the server's front-end process exited (code {front.exitcode})")
-            continue
-        try:
-            requests = calls.recv()
-        except EOFError:
-            raise RuntimeError("the server's front-end process closed its pipe") from None
-        try:
-            answer = ("ok", policy.run(requests))
-        except Exception as err:  # noqa: BLE001 -- the batch's requests fail, as with a thread front end
-            if not isinstance(err, ValueError):  # its traceback is here; the front end logs its words
-                log.exception("model call with %d requests failed", len(requests))
-            answer = ("error", (type(err).__name__, str(err), isinstance(err, ValueError)))
-        calls.send(answer)
-
-
-class _RemoteModel:
-    """The front end's model call: the batch goes to the model's process, the replies come back. The
-    wait ends when the replies come, the pipe closes, or ``stop`` is set (the parent's pipe end may
-    outlive it in a process the model forked)."""
-
-    def __init__(self, calls: Any, stop: Any) -> None:
-        self.calls, self.stop = calls, stop
-
-    def run(self, requests: list[Request]) -> list[dict[str, Any]]:
-        try:
-            self.calls.send(requests)
-            while not self.calls.poll(0.5):
-                if self.stop.is_set():
-                    raise ModelError("server is shutting down")
-            kind, value = self.calls.recv()
-        except (EOFError, OSError):
-            raise ModelError("server is shutting down") from None
-        if kind == "ok":
-            return value
-        name, message, refused = value
-        # the error under its own name ("model failed: <its type>: <message>", as a thread front end
-        # words it); a refusal of the inputs stays a ValueError, which the batcher logs as such
-        raise type(name, (ValueError,) if refused else (RuntimeError,), {})(message)
-
-
-def _front_end_main(
-    view: ServedPolicy, host: str, port: int, kwargs: dict, calls: Any, control: Any, stop: Any, level: str
-) -> None:
-    """The front-end process: the server's event loop, model calls sent to the parent. Ctrl-C is the
-    parent's to handle (it sets ``stop``); a parent gone without a word ends this process too."""
-    import multiprocessing as mp
-    import signal
-
-    from wamkit.log import setup_logging
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    setup_logging(level.lower())
-    server = PolicyServer(view, host, port, model_call=_RemoteModel(calls, stop).run, **kwargs)
-    handle = ServerHandle(server, lambda bound: control.put(("started", bound)))
-    try:
-        handle.start(timeout=START_TIMEOUT_S)
-    except BaseException as err:  # noqa: BLE001 -- the parent raises it
-        cause = err.__cause__ or err  # ServerHandle.start says "server failed to start" itself
-        control.put(("failed", f"{type(cause).__name__}: {cause}"))
-        return
-    parent = mp.parent_process()
-    try:
-        while not stop.wait(0.5):
-            if parent is not None and not parent.is_alive():
-                break
-            if not handle._thread.is_alive():
-                log.error("the server's event loop stopped: %s", handle._error)
-                break
-    finally:
-        # a batch still waiting for its replies fails when the parent closes its end of the pipe (or
-        # dies): the model-call thread's read ends, and so the loop's stop never waits on it
-        handle.stop()
