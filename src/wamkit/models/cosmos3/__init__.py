@@ -19,6 +19,8 @@ from wamkit.models.base import ModelIO
 
 # model.options.attention (models/cosmos3/packing.py): auto = flex on CUDA, mask elsewhere
 ATTENTION_MODES = ("auto", "mask", "loop", "flex")
+# how the served sampler runs a denoising step (models/cosmos3/fast_policy.py, FastPolicy)
+STEP_GRAPHS = ("auto", "none", "cuda_graph", "compile", "compile_layers")
 
 # The embodiment of cosmos-framework's published SFT recipe (docs/cosmos3.md): its profile gives the
 # presets' domain name and view description, and the default IO below.
@@ -129,4 +131,4 @@ def export_diffusers(adapter, out_dir):
     return _export(adapter, out_dir)
 
 
-__all__ = ["ATTENTION_MODES", "DEFAULT_IO", "build", "export_diffusers"]
+__all__ = ["ATTENTION_MODES", "DEFAULT_IO", "STEP_GRAPHS", "build", "export_diffusers"]

@@ -30,11 +30,11 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from wamkit.device import to_device
+from wamkit.models.cosmos3 import STEP_GRAPHS
 from wamkit.models.cosmos3.fast import StepContext, TextKV, _gen_layer, build_context, encode_text, gen_step
 from wamkit.models.cosmos3.packing import RequestSegments
 from wamkit.models.cosmos3.towers import param_role
 
-STEP_GRAPHS = ("auto", "none", "cuda_graph", "compile", "compile_layers")
 TEXT_BUCKET = 32  # captured steps pad the text to a multiple of this: few buckets, little waste
 RECOMPILE_LIMIT = 64  # compiled step shapes kept (batch buckets x text buckets)
 

@@ -15,7 +15,7 @@ from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import _EMBODIMENT_TO_DOMA
 
 from wamkit import embodiments
 from wamkit.config import ConfigError, _suggest
-from wamkit.models.cosmos3 import ATTENTION_MODES, RECIPE_EMBODIMENT
+from wamkit.models.cosmos3 import ATTENTION_MODES, RECIPE_EMBODIMENT, STEP_GRAPHS
 
 _RECIPE = embodiments.get(RECIPE_EMBODIMENT)
 
@@ -180,7 +180,7 @@ _CHOICES = {
     "reinit_action_heads": ("auto", True, False),
     "dtype": ("auto", "float32", "bfloat16"),
     "attention": ATTENTION_MODES,
-    "step_graph": ("auto", "none", "cuda_graph", "compile", "compile_layers"),
+    "step_graph": STEP_GRAPHS,
 }
 
 
