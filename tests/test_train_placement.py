@@ -19,7 +19,7 @@ pytest.importorskip("diffusers")
 from wamkit.config import ConfigError, ModelConfig, RunConfig, load_config  # noqa: E402
 from wamkit.models import build_model  # noqa: E402
 from wamkit.models.cosmos3.components import export_diffusers  # noqa: E402
-from wamkit.train import memory  # noqa: E402
+from wamkit.train import memory, plan_search  # noqa: E402
 from wamkit.train.metrics import read_losses  # noqa: E402
 
 from .test_cosmos3_model import IO  # noqa: E402
@@ -83,7 +83,7 @@ def test_a_plan_that_fits_nowhere_says_what_would(nano_sizes):
     small = _inp(device_bytes=24 * GIB, host_bytes=64 * GIB, offload="none")
     plan = memory.make_plan(small, nano_sizes)
     assert not plan.fits
-    msg = str(memory.refusal(plan))
+    msg = str(plan_search.refusal(plan, plan_search.Modes(nano_sizes)))
     assert "does not fit" in msg and "frozen weights" in msg and "GiB" in msg
     assert "processes" in msg  # more ranks shard the state
     assert memory.make_plan(_inp(world_size=8, procs_per_host=8, device_bytes=24 * GIB,
@@ -140,6 +140,7 @@ def test_training_is_refused_before_anything_is_allocated(tmp_path, libero_tiny)
     with pytest.raises(ConfigError, match="does not fit .nothing was built") as err:
         train(cfg)
     assert "activations (estimate)" in str(err.value) and "train.micro_batch=" in str(err.value)
+    assert "train.lora.rank=16 " in str(err.value)  # named, never applied: the config trains in full
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 

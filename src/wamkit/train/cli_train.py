@@ -4,7 +4,8 @@ One process by default; ``torchrun --nproc_per_node=N -m wamkit train ...`` runs
 ``--plan`` prints the memory plan (:mod:`wamkit.train.memory`) for ``--world-size`` processes with
 ``--device-memory`` each and exits, without building the model's weights (it is built on the meta
 device, or whole on the CPU if small) and without reading the data (the model's default inputs are
-used if ``data.root`` does not exist here).
+used if ``data.root`` does not exist here). Several device sizes print what fits each
+(:mod:`wamkit.train.plan_cli`).
 """
 
 from __future__ import annotations
@@ -34,9 +35,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--device-memory",
         default="",
-        help="--plan: memory of each device, e.g. 141GB, 80GiB (default: this one's)",
+        help="--plan: memory of each device, e.g. 141GB, 80GiB (default: this one's); several, comma-separated "
+        "(24GB,48GB,80GB,141GB): what fits each",
     )
-    parser.add_argument("--host-memory", default="", help="--plan: memory of each host (default: this one's)")
+    parser.add_argument(
+        "--host-memory",
+        default="",
+        help="--plan: memory of each host (default: this one's); one size, or one per --device-memory size",
+    )
     parser.add_argument(
         "--procs-per-host",
         type=int,
@@ -56,7 +62,7 @@ def load_train_config(args: argparse.Namespace):
 
 def main(args: argparse.Namespace) -> int:
     if args.plan:
-        from wamkit.train.placement import print_plan
+        from wamkit.train.plan_cli import print_plan
 
         print_plan(load_train_config(args), args.world_size, args.device_memory, args.host_memory,
                    args.procs_per_host)  # fmt: skip

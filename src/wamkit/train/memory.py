@@ -27,14 +27,15 @@ the weights gathered (resharding would copy and cast every block again in each m
 backward, where offloading costs once per optimizer step), with the first of none, ema, optimizer that
 fits, and reshards only when no offload makes that fit; on several processes it reshards, with the
 first offload that fits. On a CPU device the host is the device: ``auto`` offloads nothing.
+
+A plan that does not fit is refused with the settings that would (:mod:`wamkit.train.plan_search`).
 """
 
 from __future__ import annotations
 
 import logging
 import re
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, field
 
 import torch
 
@@ -270,10 +271,10 @@ def _reshard_options(inp: PlanInput) -> list[str]:
 
 def make_plan(inp: PlanInput, sizes: ModelSizes) -> Plan:
     """Resolve ``offload``, ``reshard`` and ``grad_sync``: the first placement that fits (or, if none
-    does, the last one tried, whose ``fits`` is False; :func:`refusal` words the error). Reducing the
-    gradients on every micro-batch (one reduce-scatter of the trained part per micro-batch, small beside
-    a micro-batch's compute) is preferred to offloading when the unsharded accumulation is what does not
-    fit."""
+    does, the last one tried, whose ``fits`` is False; :func:`wamkit.train.plan_search.refusal` words
+    the error). Reducing the gradients on every micro-batch (one reduce-scatter of the trained part per
+    micro-batch, small beside a micro-batch's compute) is preferred to offloading when the unsharded
+    accumulation is what does not fit."""
     if inp.offload not in ("auto", *OFFLOAD_MODES):
         raise ConfigError(f"train.offload: {inp.offload!r}; expected auto, {', '.join(OFFLOAD_MODES)}")
     if inp.offload == "auto" and inp.device_type != "cuda":
@@ -292,42 +293,6 @@ def make_plan(inp: PlanInput, sizes: ModelSizes) -> Plan:
                     return plan
     assert plan is not None
     return plan
-
-
-def _fits_with(inp: PlanInput, sizes: ModelSizes, **change: Any) -> bool:
-    return make_plan(replace(inp, **change), sizes).fits
-
-
-def alternatives(inp: PlanInput, sizes: ModelSizes) -> list[str]:
-    """Settings that would fit, each changed alone (or with offload=auto), as the user would type them."""
-    found = []
-    auto = {"offload": "auto", "reshard": "auto"}
-    if inp.offload != "auto" and _fits_with(inp, sizes, offload="auto"):
-        found.append("train.offload=auto")
-    if sizes.checkpointing is False and _fits_with(inp, sizes, checkpointing=True, **auto):
-        found.append("model.options.gradient_checkpointing=true")
-    for mb in sorted({m for m in (16, 8, 4, 2, 1) if m < inp.micro_batch}, reverse=True):
-        if _fits_with(inp, sizes, micro_batch=mb, **auto):
-            found.append(f"train.micro_batch={mb} (with the global batch kept by accumulation)")
-            break
-    for n in (2, 4, 8, 16, 32, 64):
-        if n > inp.world_size and _fits_with(
-            inp, sizes, world_size=n, procs_per_host=min(n, max(inp.procs_per_host, 8)), **auto
-        ):
-            found.append(f"{n} processes (torchrun --nproc_per_node / --nnodes)")
-            break
-    return found
-
-
-def refusal(plan: Plan) -> ConfigError:
-    """The error of a plan that fits nowhere: its numbers and what would fit."""
-    fixes = alternatives(plan.inp, plan.sizes)
-    tail = (
-        "settings that would fit: " + "; ".join(fixes)
-        if fixes
-        else "no single change of micro-batch, checkpointing, offload or process count fits"
-    )
-    return ConfigError("the training state does not fit (nothing was built):\n" + plan.table() + "\n" + tail)
 
 
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(gib|gb|mib|mb|tib|tb)?\s*$", re.IGNORECASE)

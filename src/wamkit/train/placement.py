@@ -22,7 +22,7 @@ import torch
 from wamkit.config import RunConfig
 from wamkit.device import proc_status, status_bytes
 from wamkit.models.base import ModelAdapter, ParamGroup
-from wamkit.train import memory
+from wamkit.train import memory, plan_search
 from wamkit.train.dist import DistInfo, shard_adapter
 from wamkit.train.lora import Lora
 
@@ -93,10 +93,16 @@ def plan_here(
     )
     plan = memory.make_plan(inp, sizes)
     if not plan.fits:
-        raise memory.refusal(plan)
+        raise plan_search.refusal(plan, search_modes(cfg, adapter, sizes))
     why = " (chosen by train.offload=auto)" if cfg.train.offload == "auto" and plan.offload != "none" else ""
     log.info("%s%s", plan.table(), why)
     return plan
+
+
+def search_modes(cfg: RunConfig, adapter: ModelAdapter, sizes: memory.ModelSizes) -> plan_search.Modes:
+    """What a refusal searches: ``sizes`` as the config trains, and LoRA's too when it trains in full."""
+    rank = cfg.train.lora.rank
+    return plan_search.Modes(sizes, rank, None if rank else plan_search.lora_sizes(adapter, sizes))
 
 
 @dataclass
@@ -148,79 +154,3 @@ def place(
             n / 1e9, load_s, rss_anon_bytes() / 1e9,
         )  # fmt: skip
     return Placed(root, groups, trained, plan, load_s)
-
-
-def _plan_io(cfg: RunConfig):
-    """The dataset's inputs if its folder is here, else None (the model's defaults), and a note."""
-    from pathlib import Path
-
-    from wamkit.train.data_setup import first_dataset_root, io_from_dataset
-
-    root = first_dataset_root(cfg)
-    info = Path(root) / "meta" / "info.json"
-    if not info.is_file():
-        return None, f"data.root {root} is not here: the model's default inputs are planned for"
-    import json
-
-    features = json.loads(info.read_text())["features"]
-    return io_from_dataset(cfg, features, str(info)), f"inputs of {root}"
-
-
-def print_plan(
-    cfg: RunConfig, world_size: int, device_memory: str, host_memory: str, procs_per_host: int
-) -> None:
-    """``wamkit train CONFIG --plan``: the plan for ``world_size`` processes, nothing built but on meta."""
-    from wamkit.config import ConfigError
-    from wamkit.device import resolve_device
-    from wamkit.models import build_model
-    from wamkit.models.registry import builds_on_meta
-    from wamkit.train.lora import apply as apply_lora
-
-    if world_size < 1:
-        raise ConfigError(f"--world-size: expected a positive number of processes, got {world_size}")
-    import dataclasses
-    from pathlib import Path
-
-    io, note = _plan_io(cfg)
-    model = cfg.model
-    if model.pretrained and not Path(model.pretrained).exists():  # the plan needs its shape only
-        note += (
-            f"; model.pretrained {model.pretrained} is not here: the preset '{model.preset}' gives the shape"
-        )
-        model = dataclasses.replace(model, pretrained="")
-    text_kv = str(model.options.get("text_kv_cache", "") or "")
-    if text_kv and not (Path(text_kv) / "manifest.json").is_file():  # planned as read from it
-        note += f"; model.options.text_kv_cache {text_kv} is not here: planned as a run reading it"
-        model = dataclasses.replace(
-            model, options={k: v for k, v in model.options.items() if k != "text_kv_cache"}
-        )
-    else:
-        text_kv = ""
-    meta = builds_on_meta(model.name)
-    adapter = build_model(model, io, device="meta") if meta else build_model(model, io)
-    if text_kv:
-        adapter.drop_understanding_tower(force=True)
-    lora = apply_lora(adapter, cfg.train.lora)
-    sizes = memory.model_sizes(adapter, lora.groups if lora is not None else None)
-    if device_memory:
-        device_bytes, device_type = memory.parse_size(device_memory, "--device-memory"), "cuda"
-    else:
-        here = resolve_device(cfg.train.device, "train.device", 0, 1)
-        device_type, device_bytes = here.type, memory.device_memory_bytes(here)
-    host_bytes = (
-        memory.parse_size(host_memory, "--host-memory") if host_memory else memory.host_memory_bytes()
-    )
-    inp = plan_input(
-        cfg,
-        sizes,
-        world_size=world_size,
-        device_type=device_type,
-        device_bytes=device_bytes,
-        host_bytes=host_bytes,
-        procs_per_host=procs_per_host or min(world_size, 8),
-    )
-    plan = memory.make_plan(inp, sizes)
-    print(f"{cfg.model.name}/{cfg.model.preset} ({note}), global batch {cfg.train.global_batch}")
-    if not plan.fits:
-        raise memory.refusal(plan)
-    print(plan.table())
