@@ -21,8 +21,7 @@ from wamkit.config import ConfigError
 from wamkit.constants import OBS_STATE, TASK, image_key
 from wamkit.eval import backends
 from wamkit.eval.backends import openpi
-from wamkit.eval.backends.base import BackendError, Target
-from wamkit.eval.remote import Patience
+from wamkit.eval.backends.base import BackendError, Patience, Target
 from wamkit.eval.runner import UNIDENTIFIED, run_eval
 from wamkit.eval.server_proc import start_server_process
 from wamkit.serve.codec import packb, unpackb

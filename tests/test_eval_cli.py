@@ -85,7 +85,7 @@ def test_eval_cli_errors_name_the_keys(serve_dir, tmp_path):
 def test_a_model_from_other_data_is_refused_before_any_episode():
     from wamkit.config import ConfigError
     from wamkit.envs import suite_info
-    from wamkit.eval.remote import check_spec_fits
+    from wamkit.eval.backends.wamkit import check_spec_fits
 
     mw = suite_info("metaworld")
     spec = {

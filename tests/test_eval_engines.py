@@ -29,9 +29,12 @@ from wamkit.data import compute_stats  # noqa: E402
 from wamkit.envs.suites import suite_info  # noqa: E402
 from wamkit.eval import backends  # noqa: E402
 from wamkit.eval.backends import sglang, vllm_omni  # noqa: E402
-from wamkit.eval.backends.base import BackendError, Target  # noqa: E402
+from wamkit.eval.backends.base import (  # noqa: E402
+    BackendError,
+    Patience,  # noqa: E402
+    Target,
+)
 from wamkit.eval.backends.cosmos3 import Cosmos3Client  # noqa: E402
-from wamkit.eval.remote import Patience  # noqa: E402
 from wamkit.eval.runner import run_eval  # noqa: E402
 from wamkit.files import MODEL_FILE, model_json  # noqa: E402
 from wamkit.models import ModelIO, build_model  # noqa: E402

@@ -21,9 +21,10 @@ from tests.eval_helpers import DELAY, eval_config, results
 from wamkit.config import ConfigError, load_config
 from wamkit.constants import OBS_STATE, TASK, image_key
 from wamkit.eval.autotune import choose_stages
+from wamkit.eval.backends.base import Patience
+from wamkit.eval.backends.wamkit import RemotePolicy
 from wamkit.eval.calibrate import Calibration, auto_candidates, independent_bound
 from wamkit.eval.journal import read_journal
-from wamkit.eval.remote import Patience, RemotePolicy
 from wamkit.eval.runner import run_eval
 from wamkit.eval.scheduler import Pipeline
 from wamkit.eval.server_proc import start_server_process

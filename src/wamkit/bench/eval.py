@@ -267,14 +267,14 @@ class FittedPolicy:
 
     @property
     def identity(self) -> dict[str, Any] | None:
-        from wamkit.eval.remote import served_identity
+        from wamkit.eval.backends.wamkit import served_identity
 
         return served_identity(self.client.metadata or {})
 
     def __call__(
         self, obs_list: list[dict[str, Any]], seeds: list[int] | None = None
     ) -> tuple[np.ndarray, float, int]:
-        from wamkit.eval.remote import reply_timing
+        from wamkit.eval.backends.wamkit import reply_timing
 
         req: dict[str, Any] = {}
         for i, key in enumerate(self.image_keys or self.cameras):

@@ -37,13 +37,12 @@ from wamkit.config import ConfigError, EnvConfig, EvalConfig, RunConfig, ServeCo
 from wamkit.constants import image_key
 from wamkit.envs.base import EpisodeSpec
 from wamkit.eval.backends import backend_module, connect
-from wamkit.eval.backends.base import Target
+from wamkit.eval.backends.base import Patience, Target
 from wamkit.eval.calibrate import Calibration, batch_sizes, calibrate, independent_bound, start_envs
 from wamkit.eval.episodes import plan_episodes, plan_record
 from wamkit.eval.executors import Executor, make_executor
 from wamkit.eval.journal import Journal, episode_key
 from wamkit.eval.memory import check_env_memory
-from wamkit.eval.remote import Patience
 from wamkit.eval.report import write_reports
 from wamkit.eval.scheduler import Pipeline, layout, server_idle
 from wamkit.eval.servers import ServerPool, same_model

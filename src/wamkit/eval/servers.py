@@ -8,7 +8,7 @@ naming the URL that differs.
 
 A server drops out when a request to it fails with a connection error (refused, closed) or gets no reply
 within ``eval.server_timeout_s``. While other servers are up, a stage's connection does not wait for
-a server to come back (:meth:`~wamkit.eval.remote.Patience.failover`): the server is dropped for the rest
+a server to come back (:meth:`~wamkit.eval.backends.base.Patience.failover`): the server is dropped for the rest
 of the run, each of its stages moves to the live server serving the fewest stages, and the request that
 was in flight is sent again, whole, to the stage's new server. Episodes are not restarted: a request
 changes no env state (its envs wait in their workers with the observations that were sent), so the
@@ -30,8 +30,8 @@ from typing import Any
 import numpy as np
 
 from wamkit.config import ConfigError
+from wamkit.eval.backends.base import Patience
 from wamkit.eval.journal import server_diff
-from wamkit.eval.remote import Patience
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ Errors: a reply that is wrong (a malformed body, actions of the wrong shape or w
 :class:`BackendError`, which names the backend, the URL and the field, and stops the run (sending it
 again would get the same answer). A server that cannot be reached, drops the connection or answers
 not within ``eval.server_timeout_s`` raises ``ConnectionError`` / ``TimeoutError`` after the
-:class:`~wamkit.eval.remote.Patience` retries: with several servers its stages move to another one,
+:class:`Patience` retries: with several servers its stages move to another one,
 with one the run stops; either way every episode already journaled stays.
 """
 
@@ -25,10 +25,36 @@ import json
 import threading
 import time
 import urllib.parse
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
+
+
+@dataclass(frozen=True)
+class Patience:
+    """How long one connection waits for its server before the request fails with ``ConnectionError``
+    (``TimeoutError`` when the server never replied).
+
+    ``retries``: a dropped connection is reopened this often (with backoff, for up to
+    ``connect_timeout_s``) and the request sent again; ``reply_timeout_s``: seconds a request may wait
+    for its reply (0: forever)."""
+
+    retries: int = 1
+    connect_timeout_s: float = 30.0
+    reply_timeout_s: float = 0.0
+
+    def client(self, url: str):
+        from wamkit.serve.client import PolicyClient
+
+        return PolicyClient(url, connect_timeout_s=self.connect_timeout_s, retries=self.retries)
+
+    def failover(self) -> Patience:
+        """The same reply timeout, no retry and a short connect: another server can take the request."""
+        return replace(self, retries=0, connect_timeout_s=min(self.connect_timeout_s, FAILOVER_CONNECT_S))
+
+
+FAILOVER_CONNECT_S = 5.0  # a server that refuses a new connection this long is dropped when others are up
 
 
 class BackendError(RuntimeError):

@@ -29,7 +29,7 @@ from wamkit.actions.cosmos3 import action_canvas, action_prompt, side_by_side
 from wamkit.actions.spec import PreprocessSpec, SpecError
 from wamkit.constants import TASK, image_key
 from wamkit.eval.backends.base import BackendError, check_actions
-from wamkit.eval.remote import check_spec_fits
+from wamkit.eval.backends.wamkit import check_spec_fits
 from wamkit.files import MODEL_FILE, SPEC_FILE
 
 # model.json options the clients read (a model saved by wamkit's cosmos3 adapter has them all)

@@ -29,7 +29,7 @@ import numpy as np
 from wamkit import embodiments
 from wamkit.constants import OBS_STATE, PROMPT, TASK, image_key
 from wamkit.eval.backends.base import BackendError, check_actions
-from wamkit.eval.remote import reply_timing, served_identity
+from wamkit.eval.backends.wamkit import reply_timing, served_identity
 
 NAME = "openpi"
 REPLY_KEYS = ("actions", "action")
