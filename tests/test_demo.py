@@ -143,13 +143,13 @@ def test_a_demonstration_replayed_on_its_own_seed_solves_it(first_run):
     from wamkit.constants import ACTION
     from wamkit.data import LeRobotDataset
     from wamkit.demo_report import _replays
-    from wamkit.envs.journal import Journal
+    from wamkit.envs.collect_journal import CollectJournal
 
     out, _ = first_run
     cfg = load_config(out / "config.yaml")
     ds = LeRobotDataset(out / "data")
     actions, episode = ds.numeric(ACTION), ds.numeric("episode_index").reshape(-1)
-    entry = next(e for e in Journal(out / "data").entries if e.get("kept"))
+    entry = next(e for e in CollectJournal(out / "data").entries if e.get("kept"))
     jobs = [(entry["task"], entry["trial"], entry["seed"], actions[episode == entry["episode_index"]])]
     assert _replays(replace(cfg.env, image_size=8), jobs) == [True]
 

@@ -12,7 +12,7 @@ from wamkit.config import EnvConfig
 from wamkit.constants import ACTION, OBS_STATE, TASK, image_key
 from wamkit.data import LeRobotDataset
 from wamkit.envs import EpisodeSpec, check_render_quality, make_env
-from wamkit.envs.journal import JOURNAL
+from wamkit.envs.collect_journal import JOURNAL
 
 ARGS = ["--suite", "metaworld", "--tasks", "reach-v3,push-v3", "--workers", "2", "--image-size", "32"]
 

@@ -14,7 +14,7 @@ import pytest
 from tests.conftest import REPO
 from tests.eval_helpers import DELAY, eval_config
 from wamkit.config import ConfigError
-from wamkit.eval.memory import available_bytes, sample
+from wamkit.eval.process_memory import available_bytes, sample
 from wamkit.eval.runner import run_eval
 from wamkit.eval.server_proc import start_server_process
 

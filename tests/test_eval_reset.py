@@ -12,7 +12,7 @@ import numpy as np
 
 from wamkit.config import load_config
 from wamkit.envs.base import EpisodeSpec
-from wamkit.eval.host import ChunkHost
+from wamkit.eval.chunk_host import ChunkHost
 
 
 def test_first_frame_and_chunk_do_not_depend_on_the_previous_episode():

@@ -17,7 +17,7 @@ from tests.eval_helpers import DELAY
 from tests.eval_helpers import eval_config as config
 from wamkit.config import ConfigError
 from wamkit.eval.calibrate import Calibration, independent_bound
-from wamkit.eval.host import ChunkHost
+from wamkit.eval.chunk_host import ChunkHost
 from wamkit.eval.journal import read_journal, server_diff
 from wamkit.eval.runner import run_eval
 from wamkit.eval.server_proc import start_server_process

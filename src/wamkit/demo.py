@@ -88,10 +88,10 @@ def run_demo(cfg: RunConfig, out: Path, fresh: bool = False) -> dict[str, Any]:
     save_config(cfg, out / "config.yaml")
 
     def _collect() -> dict[str, Any]:
-        from wamkit.envs.journal import Journal
+        from wamkit.envs.collect_journal import CollectJournal
 
         summary = collect(cfg)
-        kept = Journal(cfg.collect.out).kept()  # counts earlier, resumed runs too
+        kept = CollectJournal(cfg.collect.out).kept()  # counts earlier, resumed runs too
         short = {t: kept[t] for t in summary["tasks"] if kept[t] < cfg.collect.episodes}
         if short:
             # training on fewer demonstrations than configured would quietly weaken the demo
@@ -181,10 +181,10 @@ def run_demo(cfg: RunConfig, out: Path, fresh: bool = False) -> dict[str, Any]:
 
 def expert_rates(dataset_root: str | Path) -> dict[str, tuple[int, int]]:
     """Per task (successes, attempts) of the scripted expert, from the collect journal."""
-    from wamkit.envs.journal import Journal
+    from wamkit.envs.collect_journal import CollectJournal
 
     rates: dict[str, tuple[int, int]] = {}
-    for entry in Journal(dataset_root).entries:
+    for entry in CollectJournal(dataset_root).entries:
         ok, n = rates.get(entry["task"], (0, 0))
         rates[entry["task"]] = (ok + bool(entry.get("success")), n + 1)
     return rates

@@ -238,13 +238,13 @@ def scene_agnostic_replay(cfg: RunConfig, trials: int) -> dict[str, Any]:
     from wamkit.constants import ACTION
     from wamkit.data import LeRobotDataset
     from wamkit.envs import expand_tasks
-    from wamkit.envs.journal import Journal
-    from wamkit.eval.metrics import wilson_interval
+    from wamkit.envs.collect_journal import CollectJournal
+    from wamkit.eval.success import wilson_interval
 
     ds = LeRobotDataset(cfg.data.root)
     actions, episode = ds.numeric(ACTION), ds.numeric("episode_index").reshape(-1)
     kept: dict[str, list[tuple[int, int]]] = {}
-    for entry in Journal(cfg.data.root).entries:
+    for entry in CollectJournal(cfg.data.root).entries:
         if entry.get("kept") and entry.get("episode_index") is not None:
             kept.setdefault(entry["task"], []).append((int(entry["trial"]), int(entry["episode_index"])))
     # by trial, not by episode_index: parallel collect workers write episodes in the order they finish

@@ -3,7 +3,7 @@ the evaluator, every env worker and the server, over one run of many MetaWorld e
 
 One run of the real evaluator (``run_eval``: journal, pipeline, websocket server, reports) over
 ``--episodes`` episodes; a sampler thread reads every process from ``/proc`` every ``--interval``
-seconds (:mod:`wamkit.eval.memory`) beside the number of episodes the journal holds. The warm-up ends
+seconds (:mod:`wamkit.eval.process_memory`) beside the number of episodes the journal holds. The warm-up ends
 when a tenth of the episodes are done (envs built, caches filled, the journal's first records
 written); growth is measured from there to the last sample taken while episodes still ran, and printed
 per process with the samples at each quarter of the run between. The env memory the evaluator measured
@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from wamkit.config import ConfigError, ServeConfig, load_config
-from wamkit.eval.memory import sample
+from wamkit.eval.process_memory import sample
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

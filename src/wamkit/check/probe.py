@@ -18,7 +18,7 @@ import numpy as np
 from wamkit.config import EnvConfig
 from wamkit.constants import ACTION, EPISODE_INDEX, OBS_STATE, TASK, image_key
 from wamkit.envs.base import EpisodeSpec
-from wamkit.envs.journal import JOURNAL
+from wamkit.envs.collect_journal import JOURNAL
 
 IMAGE_PREFIX = "observation.images."
 

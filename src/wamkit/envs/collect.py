@@ -21,8 +21,8 @@ from typing import Any
 from wamkit.config import ConfigError, RunConfig
 from wamkit.constants import ACTION, OBS_STATE, TASK, image_key
 from wamkit.envs.base import EpisodeSpec, check_env_config, render_info
+from wamkit.envs.collect_journal import CollectJournal
 from wamkit.envs.expert import ExpertHost
-from wamkit.envs.journal import Journal
 from wamkit.envs.suites import expand_tasks, suite_info
 from wamkit.envs.workers import EnvWorker, WorkerDied
 from wamkit.log import progress_bar
@@ -63,7 +63,7 @@ def _check_collect(cfg: RunConfig) -> None:
     check_env_config(cfg.env)
 
 
-def _open_writer(cfg: RunConfig, root: Path, journal: Journal):
+def _open_writer(cfg: RunConfig, root: Path, journal: CollectJournal):
     """Create the dataset, or re-open it to resume after checking it was made with the same settings
     and reconciling the journal with the episodes the writer really committed."""
     from wamkit.data import LeRobotDatasetWriter  # the data stage: imported only when writing
@@ -128,7 +128,7 @@ def collect(cfg: RunConfig, progress: bool = True) -> dict[str, Any]:
     env_cfg = replace(cfg.env, tasks=tasks)
     c = cfg.collect
     root = Path(c.out)
-    journal = Journal(root)
+    journal = CollectJournal(root)
     writer = _open_writer(cfg, root, journal)
     done = journal.attempted()
     kept, attempts = journal.kept(), Counter(e["task"] for e in journal.entries)

@@ -2,7 +2,7 @@
 
 - :func:`wamkit.eval.runner.run_eval` runs an evaluation (what ``wamkit eval`` calls);
 - :mod:`~wamkit.eval.journal` keeps one fsynced JSON line per finished episode (``--resume``);
-- :mod:`~wamkit.eval.metrics` has the success rates with Wilson 95% intervals;
+- :mod:`~wamkit.eval.success` has the success rates with Wilson 95% intervals;
 - :mod:`~wamkit.eval.scheduler` is the pipeline, :mod:`~wamkit.eval.executors` the workers;
 - :mod:`~wamkit.eval.report` writes summary.json, results.md and the plots.
 

@@ -45,8 +45,8 @@ from typing import Any
 import numpy as np
 
 from wamkit.envs.base import EpisodeSpec
+from wamkit.eval.chunk_host import ERROR
 from wamkit.eval.executors import Executor
-from wamkit.eval.host import ERROR
 from wamkit.eval.scheduler import layout
 
 log = logging.getLogger(__name__)

@@ -88,7 +88,7 @@ class Executor:
         self.watchdog_s = watchdog_s
         self.max_restarts = max_restarts if max_restarts is not None else 3 * num_workers + 3
         self.restarts = 0
-        # what one env took, measured by the first run on these workers (wamkit.eval.memory)
+        # what one env took, measured by the first run on these workers (wamkit.eval.process_memory)
         self.env_memory: Any = None
         self.busy_s = [0.0] * num_workers
         self._make = make_worker
@@ -223,7 +223,7 @@ def local_executor(
     """Spawned processes, each hosting ``host_factory(env_cfg, K)`` (default :class:`ChunkHost`; a
     replacement must be importable by the child, e.g. a module-level class)."""
     from wamkit.envs.workers import EnvWorker
-    from wamkit.eval.host import ChunkHost
+    from wamkit.eval.chunk_host import ChunkHost
 
     factory = host_factory or ChunkHost
 
@@ -254,7 +254,7 @@ class _HostActor:
 
     def __init__(self, env_cfg: dict, num_envs: int):
         from wamkit.config import from_dict
-        from wamkit.eval.host import ChunkHost
+        from wamkit.eval.chunk_host import ChunkHost
 
         self.host = ChunkHost(from_dict(EnvConfig, env_cfg), num_envs)
 

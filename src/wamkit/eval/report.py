@@ -20,7 +20,7 @@ from typing import Any
 
 from wamkit.envs.base import stack_versions
 from wamkit.envs.suites import task_categories
-from wamkit.eval.metrics import env_error_episodes, failure_reasons, summarize
+from wamkit.eval.success import env_error_episodes, failure_reasons, summarize
 from wamkit.files import atomic_write_json, atomic_write_text
 
 SUMMARY = "summary.json"

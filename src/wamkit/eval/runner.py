@@ -42,7 +42,7 @@ from wamkit.eval.calibrate import Calibration, batch_sizes, calibrate, independe
 from wamkit.eval.episodes import plan_episodes, plan_record
 from wamkit.eval.executors import Executor, make_executor
 from wamkit.eval.journal import Journal, episode_key
-from wamkit.eval.memory import check_env_memory
+from wamkit.eval.process_memory import check_env_memory
 from wamkit.eval.report import write_reports
 from wamkit.eval.scheduler import Pipeline, layout, server_idle
 from wamkit.eval.servers import ServerPool, same_model

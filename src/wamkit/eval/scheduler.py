@@ -32,9 +32,9 @@ from typing import Any
 import numpy as np
 
 from wamkit.envs.base import EpisodeSpec
+from wamkit.eval.chunk_host import ERROR
 from wamkit.eval.episodes import request_seed
 from wamkit.eval.executors import Executor, WorkerLost
-from wamkit.eval.host import ERROR
 
 # (obs list, one noise seed per observation) -> (actions [B, H, D], server seconds, observations in
 # the model call that served them, index of the server that answered)

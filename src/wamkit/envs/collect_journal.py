@@ -16,7 +16,7 @@ from wamkit.files import append_jsonl_path, read_jsonl, rewrite_jsonl
 JOURNAL = "meta/wamkit_collect.jsonl"
 
 
-class Journal:
+class CollectJournal:
     def __init__(self, root: str | Path) -> None:
         self.path = Path(root) / JOURNAL
         # a line torn by a crash mid-write is dropped (that attempt is redone); see wamkit.files

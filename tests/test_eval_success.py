@@ -9,8 +9,8 @@ from scipy.stats import binomtest
 
 from wamkit.config import ConfigError
 from wamkit.eval.journal import Journal, read_journal, record_key
-from wamkit.eval.metrics import summarize, wilson_interval
 from wamkit.eval.report import markdown_table, throughput, throughput_line, write_reports
+from wamkit.eval.success import summarize, wilson_interval
 
 
 @pytest.mark.parametrize("k,n", [(0, 1), (0, 10), (3, 10), (7, 20), (10, 10), (481, 500), (250, 500)])
