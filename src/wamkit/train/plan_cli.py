@@ -111,7 +111,9 @@ def _size_report(budget: Budget, placement: plan_search.Placement | None, plan: 
     """One device size: its picked plan's table (the config's where nothing fits) and what it picks."""
     head = f"== {budget.label} =="
     if placement is None:
-        return f"{head}\n{plan.table()}\n  nothing fits: {plan_search.what_fits(plan.inp, modes)}"
+        n = plan.inp.world_size
+        why = plan_search.what_fits(plan.inp, modes)
+        return f"{head}\n{plan.table()}\n  nothing searched fits {n} process(es) of this size; {why}"
     pick = f"  picks: {placement.summary()}"
     if placement.changed:
         pick += f"\n  with: {placement.settings}{placement.why()}"
@@ -122,7 +124,7 @@ def _size_report(budget: Budget, placement: plan_search.Placement | None, plan: 
 
 def _summary_line(budget: Budget, placement: plan_search.Placement | None) -> str:
     if placement is None:
-        return f"  {budget.label}: nothing fits"
+        return f"  {budget.label}: nothing fits (its section says what would)"
     with_ = f" [{placement.settings}]" if placement.changed else " [the config as it is]"
     return f"  {budget.label}: {placement.summary()}{with_}"
 
