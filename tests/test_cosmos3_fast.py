@@ -19,8 +19,8 @@ pytest.importorskip("diffusers", reason="cosmos3 needs the wamkit[cosmos3] extra
 from wamkit.config import ConfigError, ModelConfig  # noqa: E402
 from wamkit.constants import OBS_STATE, TASK, image_key  # noqa: E402
 from wamkit.models import ModelIO, build_model  # noqa: E402
-from wamkit.models.cosmos3.fast import build_context, gen_step  # noqa: E402
 from wamkit.models.cosmos3.fast_policy import TextKVCache, batch_bucket  # noqa: E402
+from wamkit.models.cosmos3.kv_step import build_context, gen_step  # noqa: E402
 
 IO = ModelIO(("image", "wrist_image"), 64, 8, 10, 16, "libero_rot6d")
 # stock (packed requests, text recomputed) against fast (cached text keys/values, a batch axis): each

@@ -7,7 +7,7 @@ batch size every path predicts the very same batch with the same seed:
 
 - ``stock``: diffusers' ``Cosmos3OmniTransformer.forward`` over the packed requests (text and
   generation tokens every step; packed attention by ``--stock-attention``);
-- ``fast``: cached text keys/values, requests on a batch axis (``models/cosmos3/fast.py``), eager;
+- ``fast``: cached text keys/values, requests on a batch axis (``models/cosmos3/kv_step.py``), eager;
 - ``fast+cuda_graph`` / ``fast+compile``: the fast step captured per batch bucket (CUDA only);
   ``fast+compile`` masks each request's text padding inside a flex-attention kernel (grouped-query),
   ``fast+compile_sdpa`` compiles the SDPA step instead (text keys/values expanded to every head).

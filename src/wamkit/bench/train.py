@@ -226,7 +226,7 @@ def _bench_text_cache(cfg, folder, precision: str):
     g = torch.Generator().manual_seed(0)
 
     def encode(caption: str):
-        from wamkit.models.cosmos3.fast import TextKV
+        from wamkit.models.cosmos3.kv_step import TextKV
 
         u = int(adapter._text_segment(caption, hw)["input_ids"].numel())
         kv = [torch.randn(shape[0], shape[1], u, shape[2], generator=g).to(dtype) for _ in range(2)]

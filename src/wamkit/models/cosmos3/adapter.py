@@ -23,7 +23,7 @@ The robot SFT example, as cosmos-framework builds it (docs/cosmos3.md cites each
 The state is not a model input in the recipe (Cosmos3 has none); with ``options.state_token`` it is
 one held token in front of the action chunk, through the domain's action input head. ``predict`` lives in
 :class:`wamkit.models.cosmos3.inference.Cosmos3Inference`; policy mode takes the fast path of
-:mod:`wamkit.models.cosmos3.fast` unless ``options.fast_inference`` is false.
+:mod:`wamkit.models.cosmos3.kv_step` unless ``options.fast_inference`` is false.
 
 With ``options.latent_cache`` (a folder written by ``wamkit cache-latents``) the batch carries the clip
 latents (:data:`latents.LATENTS`) and ``sft_loss`` skips the VAE; the cache's fingerprint is checked
@@ -58,9 +58,9 @@ from wamkit.models.base import (
 )
 from wamkit.models.cosmos3 import latents
 from wamkit.models.cosmos3.encoding import Canvas, ClipEncoder
-from wamkit.models.cosmos3.fast import TextKV, _gen_layer, build_context, encode_text, gen_step
 from wamkit.models.cosmos3.fast_policy import TEXT_BUCKET, FastPolicy
 from wamkit.models.cosmos3.inference import Cosmos3Inference
+from wamkit.models.cosmos3.kv_step import TextKV, _gen_layer, build_context, encode_text, gen_step
 from wamkit.models.cosmos3.latents import LATENTS, LatentCache
 from wamkit.models.cosmos3.packing import PackedLayout, RequestSegments, install_processor, pack
 from wamkit.models.cosmos3.presets import domain_id
@@ -144,7 +144,7 @@ class Cosmos3Adapter(Cosmos3Inference):
         self._text_fingerprint = self.text_fingerprint()
         self.text_kv.check(self._text_fingerprint)
         self.drop_understanding_tower()
-        # each decoder layer's forward becomes its generation half (fast._gen_layer): the trainer calls
+        # each decoder layer's forward becomes its generation half (kv_step._gen_layer): the trainer calls
         # the layer itself, so FSDP2's per-layer hooks gather its shards as for the stock forward, and
         # gradient checkpointing recomputes that half alone
         for layer in self.module.layers:
@@ -601,7 +601,7 @@ class Cosmos3Adapter(Cosmos3Inference):
 
     def _run_cached(self, texts: list[str], hw, latent_shape, action_cond, x_v, x_a, t):
         """``_run``'s velocities with the text keys/values read from ``text_kv`` and only the
-        generation tower run (fast.gen_step, one timestep per request)."""
+        generation tower run (kv_step.gen_step, one timestep per request)."""
         dev, dt = x_v.device, self.dtype
         if self._text_kv_dtype_checked != dt:
             dtype = {"dtype": str(dt).removeprefix("torch.")}  # the compute dtype, inside mixed precision

@@ -1,12 +1,12 @@
 """The fast policy path's state: the text keys/values cache and, on CUDA, one captured step per bucket.
 
-- :class:`TextKVCache`: a bounded LRU of :class:`~wamkit.models.cosmos3.fast.TextKV` keyed by prompt and
+- :class:`TextKVCache`: a bounded LRU of :class:`~wamkit.models.cosmos3.kv_step.TextKV` keyed by prompt and
   canvas (the caption text and the (height, width) it was written for). It is emptied when the
   understanding weights change (a new storage or an in-place write: ``load_state_dict``), so a cached
   prompt never outlives the weights it was computed with. A write through ``p.data`` bypasses
   PyTorch's version counter: call :meth:`FastPolicy.clear` after one.
 - :class:`FastPolicy.velocity` gives the velocity function of one batch for the sampler.
-  ``step_graph="none"`` (and always on CPU): :func:`~wamkit.models.cosmos3.fast.gen_step` runs eagerly
+  ``step_graph="none"`` (and always on CPU): :func:`~wamkit.models.cosmos3.kv_step.gen_step` runs eagerly
   at the batch's own size. ``"cuda_graph"``: the batch is padded to a bucket (the next power of two,
   by repeating its last request; the text to a multiple of ``TEXT_BUCKET`` tokens) and the step of that
   bucket is captured once as a CUDA graph on static buffers; each call copies the latents in, replays,
@@ -31,7 +31,14 @@ from torch.distributed.tensor import DTensor
 
 from wamkit.device import to_device
 from wamkit.models.cosmos3 import STEP_GRAPHS
-from wamkit.models.cosmos3.fast import StepContext, TextKV, _gen_layer, build_context, encode_text, gen_step
+from wamkit.models.cosmos3.kv_step import (
+    StepContext,
+    TextKV,
+    _gen_layer,
+    build_context,
+    encode_text,
+    gen_step,
+)
 from wamkit.models.cosmos3.packing import RequestSegments
 from wamkit.models.cosmos3.towers import param_role
 

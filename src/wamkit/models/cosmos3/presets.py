@@ -150,7 +150,7 @@ OPTIONS: dict[str, Any] = {
     # stock path. models/cosmos3/packing.py
     "attention": "auto",
     # policy inference (serve, infer, eval): true = the fast path (text keys/values cached per prompt,
-    # requests on a batch axis; models/cosmos3/fast.py), false = diffusers' forward over packed requests.
+    # requests on a batch axis; models/cosmos3/kv_step.py), false = diffusers' forward over packed requests.
     # The other modes always take diffusers' forward.
     "fast_inference": True,
     # prompts whose per-layer text keys/values the fast path keeps (LRU; Nano bf16: ~19 MB per prompt)

@@ -1,7 +1,7 @@
 """The text keys/values of a run's captions on disk: the understanding tower run once per caption.
 
 Cosmos3's generation tokens read the caption only through each layer's text keys and values, and
-those depend on the caption's token ids alone (:mod:`wamkit.models.cosmos3.fast` says why, with
+those depend on the caption's token ids alone (:mod:`wamkit.models.cosmos3.kv_step` says why, with
 diffusers' lines). A training run has few distinct captions (every task instruction with each
 ``idle_frame`` value its data can give, and the dropped caption ``""``), so ``wamkit cache-text``
 encodes each once, and a run with ``model.options.text_kv_cache=<folder>`` reads them instead of running
@@ -38,7 +38,7 @@ from safetensors.torch import save_file
 
 from wamkit.config import ConfigError
 from wamkit.files import atomic_write_json, atomic_write_with, read_json
-from wamkit.models.cosmos3.fast import TextKV
+from wamkit.models.cosmos3.kv_step import TextKV
 
 log = logging.getLogger(__name__)
 
