@@ -20,6 +20,7 @@ from wamkit.config import EnvConfig  # noqa: E402
 from wamkit.constants import OBS_STATE, TASK, image_key  # noqa: E402
 from wamkit.envs import EpisodeSpec, make_env  # noqa: E402
 from wamkit.envs import libero_pro_env as pro  # noqa: E402
+from wamkit.envs.suites import resolve_env_config  # noqa: E402
 
 SIZE = 64
 NOOP = np.array([0, 0, 0, 0, 0, 0, -1], dtype=np.float64)
@@ -138,7 +139,9 @@ def check(root: str) -> dict:
             feats[OBS_STATE] = {"dtype": "float32", "shape": [8], "names": None}
             feats[ACTION] = {"dtype": "float32", "shape": [7], "names": None}
             path = os.path.join(root, name)
-            w = LeRobotDatasetWriter.create(path, 20, feats, robot_type="panda", extra_info=render_info(cfg))
+            w = LeRobotDatasetWriter.create(
+                path, 20, feats, robot_type="panda", extra_info=render_info(resolve_env_config(cfg))
+            )
             for frames in eps:
                 for o, a in frames:
                     a = a.astype(np.float32).copy()

@@ -16,6 +16,7 @@ from wamkit.cli import main as cli_main
 from wamkit.config import EnvConfig
 from wamkit.constants import ACTION, OBS_STATE, TASK, image_key
 from wamkit.envs import EpisodeSpec, make_env, render_info
+from wamkit.envs.suites import resolve_env_config
 
 needs_libero = pytest.mark.skipif(
     importlib.util.find_spec("libero") is None, reason="LIBERO extra not installed: run `make setup-libero`"
@@ -50,7 +51,9 @@ def _write(root, eps, cfg: EnvConfig, mistake: str = "") -> None:
     feats = {image_key(c): {"dtype": "video", "shape": [SIZE, SIZE, 3], "names": None} for c in CAMS}
     feats[OBS_STATE] = {"dtype": "float32", "shape": [8], "names": None}
     feats[ACTION] = {"dtype": "float32", "shape": [7], "names": None}
-    w = LeRobotDatasetWriter.create(root, 20, feats, robot_type="panda", extra_info=render_info(cfg))
+    w = LeRobotDatasetWriter.create(
+        root, 20, feats, robot_type="panda", extra_info=render_info(resolve_env_config(cfg))
+    )
     for frames in eps:
         for f in frames:
             state, action = f["obs"][OBS_STATE].copy(), f["action"].astype(np.float32)

@@ -13,6 +13,7 @@ from wamkit.constants import ACTION, OBS_STATE, TASK, image_key
 from wamkit.data import LeRobotDataset
 from wamkit.envs import EpisodeSpec, check_render_quality, make_env
 from wamkit.envs.collect_journal import JOURNAL
+from wamkit.envs.suites import resolve_env_config
 
 ARGS = ["--suite", "metaworld", "--tasks", "reach-v3,push-v3", "--workers", "2", "--image-size", "32"]
 
@@ -35,9 +36,9 @@ def test_collect_writes_a_readable_dataset_and_resumes(tmp_path, capsys):
         "cameras": ["corner"],
         "gripper": "env",
     }
-    check_render_quality(info, EnvConfig(render_quality="fast"))
+    check_render_quality(info, resolve_env_config(EnvConfig(render_quality="fast")))
     with pytest.raises(ValueError, match="render quality mismatch"):
-        check_render_quality(info, EnvConfig(render_quality="default"))
+        check_render_quality(info, resolve_env_config(EnvConfig(render_quality="default")))
     tasks = {ds[i][TASK] for i in range(len(ds))}
     assert tasks == {"reach the goal", "push the puck to the goal"}
 

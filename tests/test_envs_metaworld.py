@@ -9,6 +9,7 @@ import pytest
 from wamkit.config import ConfigError, EnvConfig
 from wamkit.constants import OBS_STATE, TASK, image_key
 from wamkit.envs import EpisodeSpec, check_render_quality, expand_tasks, make_env, render_info, suite_info
+from wamkit.envs.suites import resolve_env_config
 
 
 @pytest.fixture
@@ -130,13 +131,15 @@ def test_fast_render_differs_from_default_and_is_checked():
             env.close()
     assert np.abs(imgs["default"].astype(int) - imgs["fast"].astype(int)).mean() > 1.0
 
-    fast = EnvConfig(render_quality="fast")
+    fast = resolve_env_config(EnvConfig(render_quality="fast"))
     info = {"fps": 80, "wamkit": render_info(fast)}
     check_render_quality(info, fast)
     check_render_quality(render_info(fast), fast)
-    check_render_quality({"fps": 10}, EnvConfig(render_quality="default"))  # not recorded: passes
+    check_render_quality(
+        {"fps": 10}, resolve_env_config(EnvConfig(render_quality="default"))
+    )  # not recorded: passes
     with pytest.raises(ValueError, match="render_quality='fast'.*'default'"):
-        check_render_quality(info, EnvConfig(render_quality="default"))
+        check_render_quality(info, resolve_env_config(EnvConfig(render_quality="default")))
 
 
 def test_a_proprioceptive_state_is_the_robots_own_and_the_expert_still_sees_everything():

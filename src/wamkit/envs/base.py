@@ -34,6 +34,28 @@ Obs = dict[str, Any]
 StepResult = tuple[Obs, float, bool, bool, dict[str, Any]]
 
 
+@dataclass
+class ResolvedEnv(EnvConfig):
+    """An env config with its ``auto`` settings resolved by the suite's protocol: what
+    :func:`wamkit.envs.suites.resolve_env_config` returns, once, where a run starts (evaluation,
+    collection, ``wamkit check``), and what the stages below it take (they resolve nothing again)."""
+
+    def __post_init__(self) -> None:
+        left = [f"env.{k}" for k in ("render_quality", "seed_rule") if getattr(self, k) == "auto"]
+        if left:
+            raise ConfigError(f"{', '.join(left)} still 'auto' in a resolved env config")
+
+
+def resolved(cfg: EnvConfig, where: str) -> ResolvedEnv:
+    """``cfg`` if it is resolved; else a ``TypeError`` that says who should have resolved it."""
+    if not isinstance(cfg, ResolvedEnv):
+        raise TypeError(
+            f"{where} takes an env config resolved where the run starts "
+            "(wamkit.envs.suites.resolve_env_config), not a plain EnvConfig"
+        )
+    return cfg
+
+
 @dataclass(frozen=True)
 class EpisodeSpec:
     """The name of one episode. ``trial`` indexes a stored initial state where the suite has them;
@@ -182,16 +204,14 @@ def use_headless_gl() -> None:
         os.environ.setdefault(key, value)
 
 
-def render_info(cfg: EnvConfig) -> dict[str, Any]:
-    """What a dataset records about how its images were made (``extra_info`` of the writer); ``auto``
-    values are recorded as what they resolve to."""
-    from wamkit.envs.suites import resolve_env_config
-
-    cfg = resolve_env_config(cfg)
+def render_info(cfg: ResolvedEnv) -> dict[str, Any]:
+    """What a dataset records about how its images were made (``extra_info`` of the writer), from a
+    resolved config (``auto`` values are recorded as what they resolved to)."""
+    cfg = resolved(cfg, "render_info")
     return {"suite": cfg.suite, "render_quality": cfg.render_quality, "cameras": list(cfg.cameras)}
 
 
-def check_render_quality(dataset_info: dict[str, Any], env_cfg: EnvConfig) -> None:
+def check_render_quality(dataset_info: dict[str, Any], env_cfg: ResolvedEnv) -> None:
     """Refuse to evaluate on images that look different from the training images.
 
     ``dataset_info`` is the dataset's ``meta/info.json`` (the writer keeps ``extra_info`` under
@@ -205,9 +225,7 @@ def check_render_quality(dataset_info: dict[str, Any], env_cfg: EnvConfig) -> No
     recorded = extra.get("render_quality", dataset_info.get("render_quality"))
     if recorded is None:
         return
-    from wamkit.envs.suites import resolve_env_config
-
-    env_cfg = resolve_env_config(env_cfg)
+    env_cfg = resolved(env_cfg, "check_render_quality")
     if recorded != env_cfg.render_quality:
         raise ValueError(
             f"render quality mismatch: the dataset was rendered with render_quality={recorded!r} but "

@@ -23,7 +23,7 @@ from wamkit.constants import ACTION, OBS_STATE, TASK, image_key
 from wamkit.envs.base import EpisodeSpec, check_env_config, render_info
 from wamkit.envs.collect_journal import CollectJournal
 from wamkit.envs.expert import ExpertHost
-from wamkit.envs.suites import expand_tasks, suite_info
+from wamkit.envs.suites import expand_tasks, resolve_env_config, suite_info
 from wamkit.envs.workers import EnvWorker, WorkerDied
 from wamkit.log import progress_bar
 
@@ -125,7 +125,9 @@ def collect(cfg: RunConfig, progress: bool = True) -> dict[str, Any]:
     """
     _check_collect(cfg)
     tasks = expand_tasks(cfg.env.suite, cfg.env.tasks)
-    env_cfg = replace(cfg.env, tasks=tasks)
+    # the env's "auto" settings resolved once, here: the dataset's record and the workers get them so
+    env_cfg = resolve_env_config(replace(cfg.env, tasks=tasks))
+    cfg = replace(cfg, env=env_cfg)
     c = cfg.collect
     root = Path(c.out)
     journal = CollectJournal(root)

@@ -4,12 +4,13 @@ its env backend. Backends are imported only when used, so a user of one simulato
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from dataclasses import replace
 
 from wamkit import embodiments
 from wamkit.config import ConfigError, EnvConfig, _suggest
-from wamkit.envs.base import Env, SuiteInfo, SuiteProtocol, check_env_config
+from wamkit.envs.base import Env, ResolvedEnv, SuiteInfo, SuiteProtocol, check_env_config
 
 
 def suites() -> list[str]:
@@ -74,11 +75,12 @@ def require_resolved(env_cfg: EnvConfig, where: str) -> None:
         )
 
 
-def resolve_env_config(env_cfg: EnvConfig) -> EnvConfig:
-    """``env_cfg`` with ``auto`` values replaced by the suite's protocol (a copy; ``env_cfg`` itself
-    when none is left, so a run resolves its config once, at its start, and what it passes down comes
-    back as it is); a seed rule the suite cannot honour raises :class:`ConfigError` naming
-    ``env.seed_rule``."""
+def resolve_env_config(env_cfg: EnvConfig) -> ResolvedEnv:
+    """``env_cfg`` with ``auto`` values replaced by the suite's protocol, as a :class:`ResolvedEnv` (a
+    copy; a config already resolved comes back as it is, so a run resolves its config once, at its
+    start); a seed rule the suite cannot honour raises :class:`ConfigError` naming ``env.seed_rule``."""
+    if isinstance(env_cfg, ResolvedEnv):
+        return env_cfg
     check_env_config(env_cfg)
     proto = protocol(env_cfg.suite)
     quality = proto.render_quality if env_cfg.render_quality == "auto" else env_cfg.render_quality
@@ -88,9 +90,8 @@ def resolve_env_config(env_cfg: EnvConfig) -> EnvConfig:
             f"env.seed_rule: {rule} seeds a task once and relies on stored initial states; "
             f"{env_cfg.suite} draws each episode's placement from its seed: use per_trial"
         )
-    if not unresolved(env_cfg):
-        return env_cfg
-    return replace(env_cfg, render_quality=quality, seed_rule=rule)
+    fields = {f.name: getattr(env_cfg, f.name) for f in dataclasses.fields(env_cfg)}
+    return ResolvedEnv(**{**fields, "render_quality": quality, "seed_rule": rule})
 
 
 def make_env(env_cfg: EnvConfig) -> Env:

@@ -19,7 +19,7 @@ import zlib
 from typing import Any
 
 from wamkit.config import ConfigError, EnvConfig, EvalConfig
-from wamkit.envs.base import EpisodeSpec, episode_seed, stack_versions
+from wamkit.envs.base import EpisodeSpec, ResolvedEnv, episode_seed, resolved, stack_versions
 
 
 def suite_tasks(env_cfg: EnvConfig) -> list[str]:
@@ -50,10 +50,8 @@ def request_seed(spec: EpisodeSpec, k: int) -> int:
     return zlib.crc32(name.encode()) & 0x7FFFFFFF
 
 
-def plan_episodes(env_cfg: EnvConfig, eval_cfg: EvalConfig) -> list[EpisodeSpec]:
-    from wamkit.envs.suites import resolve_env_config
-
-    rule = resolve_env_config(env_cfg).seed_rule
+def plan_episodes(env_cfg: ResolvedEnv, eval_cfg: EvalConfig) -> list[EpisodeSpec]:
+    rule = resolved(env_cfg, "plan_episodes").seed_rule
     tasks = suite_tasks(env_cfg)
     if len(set(tasks)) != len(tasks):
         raise ConfigError(f"env.tasks: a task is listed twice in {tasks}")
@@ -64,16 +62,14 @@ def plan_episodes(env_cfg: EnvConfig, eval_cfg: EvalConfig) -> list[EpisodeSpec]
     ]
 
 
-def plan_record(env_cfg: EnvConfig, eval_cfg: EvalConfig, server: dict[str, Any]) -> dict[str, Any]:
+def plan_record(env_cfg: ResolvedEnv, eval_cfg: EvalConfig, server: dict[str, Any]) -> dict[str, Any]:
     """What makes the episodes' results what they are; ``--resume`` refuses a different one.
 
     Throughput settings (num_envs, stages, workers, executor) are left out on purpose: they change how
-    fast episodes run, never their results. ``auto`` settings are recorded as what they resolve to, and
+    fast episodes run, never their results. ``auto`` settings are recorded as what they resolved to, and
     ``stack`` holds the simulator stack's versions (a different stack may render other pixels).
     """
-    from wamkit.envs.suites import resolve_env_config
-
-    env_cfg = resolve_env_config(env_cfg)
+    env_cfg = resolved(env_cfg, "plan_record")
     return {
         "suite": env_cfg.suite,
         "tasks": suite_tasks(env_cfg),
