@@ -131,6 +131,10 @@ RESHARD_CHOICES: tuple[str, ...] = get_args(Reshard)
 Offload = Literal["auto", "none", "ema", "optimizer"]
 
 
+# train.lora.base: the formats of the adapted layers' frozen weights
+LORA_BASES = ("bf16", "int8")
+
+
 @dataclass
 class LoraConfig:
     """``train.lora``: low-rank adapters (peft's LoRA) in place of training the model's linear layers in
@@ -144,8 +148,22 @@ class LoraConfig:
     # "mlp_moe_gen.up_proj" is that layer of every block); empty: the model's own list (cosmos3: every
     # linear layer of the generation tower's blocks)
     target_modules: list[str] = field(default_factory=list)
+    # the adapted layers' frozen weights: "bf16", as every frozen weight, in the compute dtype (bf16 in
+    # a bf16 run); "int8", torchao's weight-only int8 (one byte a weight and a scale per output row:
+    # half of bf16's memory; wamkit.train.lora.quantize_base, the wamkit[lora-int8] extra)
+    base: str = "bf16"
 
     def __post_init__(self) -> None:
+        if self.base not in LORA_BASES:
+            raise ConfigError(
+                f"train.lora.base: expected one of {', '.join(LORA_BASES)}, got {self.base!r} (a 4-bit base "
+                "is not offered: peft's LoRA over torchao takes int8 weights only; see docs/cosmos3.md, LoRA)"
+            )
+        if self.rank == 0 and self.base != "bf16":
+            raise ConfigError(
+                f"train.lora.base={self.base} is set but train.lora.rank=0 (LoRA off: full SFT trains the "
+                "weights, which cannot be quantized): set a rank, e.g. train.lora.rank=16, or drop the base"
+            )
         if self.rank < 0:
             raise ConfigError(f"train.lora.rank: expected >= 0 (0: LoRA off), got {self.rank}")
         if self.alpha < 0:

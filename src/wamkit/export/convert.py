@@ -6,7 +6,8 @@
   The DCP is read by one process with no process group (DCP reshards on load), so a checkpoint of N
   GPUs converts on a laptop. ``ema=True`` takes the EMA of the trained weights instead of the weights.
   A LoRA checkpoint (``train.lora``) has its adapters merged into the base's layers (peft's
-  ``merge_and_unload``, :mod:`wamkit.train.lora`): the serving directory holds a plain model.
+  ``merge_and_unload``, :mod:`wamkit.train.lora`): the serving directory holds a plain model. Over an
+  int8 base (``train.lora.base``) the merge is into the int8 weights dequantized, in the base's dtype.
 - :func:`serving_to_dcp`: a serving directory -> a model-only DCP directory (the warm-start direction,
   for models too large to load whole on every rank).
 - :func:`serving_to_extra`: a serving directory -> the adapter's own format through its optional
@@ -96,7 +97,7 @@ def load_checkpoint_weights(ckpt_dir: str | os.PathLike, ema: bool = False) -> M
     if not (ckpt / MARKER).is_file():
         raise ConversionError(f"{ckpt}: incomplete checkpoint (no {MARKER}): an interrupted save")
     from wamkit.train.checkpoint import read_meta
-    from wamkit.train.lora import LoraSpec, inject
+    from wamkit.train.lora import LoraSpec, inject, round_base
 
     meta = read_meta(ckpt)
     base = meta.get("base")
@@ -126,6 +127,7 @@ def load_checkpoint_weights(ckpt_dir: str | os.PathLike, ema: bool = False) -> M
             state["model"][n] = v.to(state["model"][n].dtype)
     adapter.module.load_state_dict({**whole, **state["model"]}, strict=True)
     if lora is not None:
+        round_base(adapter.module, lora.spec)  # an int8 base as the run saw it: what the adapters fit
         lora.merge()
     return adapter
 

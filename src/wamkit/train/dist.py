@@ -106,6 +106,7 @@ def apply_fsdp(
     device: torch.device,
     precision: str,
     reshard: str = "auto",
+    ignored: set[torch.nn.Parameter] | None = None,
 ) -> torch.nn.Module:
     """``fully_shard`` each block, then the root, over all ranks.
 
@@ -113,7 +114,8 @@ def apply_fsdp(
     shards them, so a model larger than one device is never whole on it. bf16 keeps fp32 master weights
     and optimizer state, computes in bf16 and reduces gradients in fp32 (GPU only). Blocks compiled
     before (:func:`wamkit.models.base.compile_blocks`) keep FSDP's hooks outside their graph.
-    ``reshard``: ``train.reshard_after_forward``.
+    ``reshard``: ``train.reshard_after_forward``. ``ignored``: parameters FSDP2 leaves as they are (a
+    quantized frozen base, :func:`wamkit.train.lora.quantize_base`): neither sharded, cast nor moved.
     """
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -134,8 +136,10 @@ def apply_fsdp(
         # would all-gather it again immediately. With one rank nothing is resharded: the "all-gather"
         # is a copy and a bf16 cast of every weight, which backward would otherwise pay a second time.
         last = reshard == "auto" and i == len(blocks) - 1
-        fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=several and not last)
-    fully_shard(module, mesh=mesh, mp_policy=mp, reshard_after_forward=several)
+        fully_shard(
+            block, mesh=mesh, mp_policy=mp, reshard_after_forward=several and not last, ignored_params=ignored
+        )
+    fully_shard(module, mesh=mesh, mp_policy=mp, reshard_after_forward=several, ignored_params=ignored)
     return module
 
 
@@ -146,9 +150,10 @@ def shard_adapter(
     compile_blocks: bool = False,
     reshard: str = "auto",
     groups: list[ParamGroup] | None = None,
+    ignored: set[torch.nn.Parameter] | None = None,
 ) -> tuple[LossModule, list[ParamGroup], dict[str, torch.nn.Parameter]]:
     """Freeze what ``groups`` (by default ``param_groups()``; LoRA gives its own) leaves out, shard, and
-    return ``(root, groups, trained)``.
+    return ``(root, groups, trained)``. ``ignored``: frozen parameters FSDP2 leaves alone (:func:`apply_fsdp`).
 
     ``fully_shard`` replaces parameters with DTensor ones, so groups are rebuilt by parameter name
     afterwards; ``trained`` maps name -> sharded parameter (what the optimizer and the EMA see).
@@ -175,6 +180,7 @@ def shard_adapter(
         device,
         precision,
         reshard,
+        ignored,
     )
     params = dict(module.named_parameters())
     groups = [ParamGroup(g.name, [params[n] for n in names], g.lr_mult, g.weight_decay) for g, names in named]

@@ -22,8 +22,17 @@ layer computes ``L(x) + (alpha / r) * B(A(dropout(x)))``.
   layers' weights too (``base_reference(whole=True)``). A resume under other LoRA settings is refused,
   naming the key; a model without a named base (a random preset but ``tiny``) keeps its frozen weights
   in its checkpoints, as in full SFT.
+- **A quantized base** (``train.lora.base=int8``): the adapted layers' frozen weights in torchao's
+  weight-only int8 (:func:`quantize_base`), for a base that must fit a small card. The weights exist
+  only once the model is filled (a meta-built one is filled after peft put its layers in), so each
+  adapted layer's ``base_layer`` is quantized under peft's layer, which calls it as any module (peft's
+  own torchao layer differs only in merge/unmerge, which a run never calls). One process only: FSDP2
+  leaves the quantized weights alone (its ``ignored_params``). ``meta.json``'s ``lora.base`` records the
+  format; a resume in another is refused.
 - **Export.** :meth:`Lora.merge` folds each adapter into its layer's weight (peft's ``merge_and_unload``,
-  ``W + (alpha / r) B A``): ``wamkit convert`` writes a plain model, served with no peft code.
+  ``W + (alpha / r) B A``): ``wamkit convert`` writes a plain model, served with no peft code. Over an
+  int8 base, ``W`` is the int8 weight dequantized (:func:`round_base`): the served model is the one the
+  run trained, in the base's dtype; the adapters learnt to correct the int8 base, not the original one.
 """
 
 from __future__ import annotations
@@ -55,6 +64,16 @@ def _peft():
     return peft
 
 
+def _torchao_int8():
+    try:
+        from torchao.quantization import Int8WeightOnlyConfig, quantize_
+    except ImportError:
+        raise UserError(
+            "train.lora.base=int8 needs torchao: pip install 'wamkit[lora-int8]' (or pip install torchao)"
+        ) from None
+    return Int8WeightOnlyConfig, quantize_
+
+
 @dataclass(frozen=True)
 class LoraSpec:
     """``train.lora`` resolved against a model: ``targets`` are whole module names, ``alpha`` a number."""
@@ -64,6 +83,7 @@ class LoraSpec:
     dropout: float
     targets: tuple[str, ...]
     full_groups: tuple[str, ...] = ()
+    base: str = "bf16"  # train.lora.base: the adapted layers' frozen weights' format
 
     def to_meta(self) -> dict[str, Any]:
         """What a checkpoint records (``meta.json``'s ``lora``): export rebuilds the layers from it."""
@@ -73,6 +93,7 @@ class LoraSpec:
             "dropout": self.dropout,
             "targets": list(self.targets),
             "full_groups": list(self.full_groups),
+            "base": self.base,
         }
 
     @classmethod
@@ -83,6 +104,7 @@ class LoraSpec:
             float(d["dropout"]),
             tuple(d["targets"]),
             tuple(d["full_groups"]),
+            d.get("base", "bf16"),  # checkpoints from before train.lora.base: a base in the compute dtype
         )
 
 
@@ -136,7 +158,8 @@ def resolve(cfg: LoraConfig, adapter) -> LoraSpec | None:
                 f"train.lora.target_modules: {entry!r} {why}; the layers it may name end in: {_short(allowed)}"
             )
         targets.update(hits)
-    return LoraSpec(cfg.rank, cfg.alpha or float(cfg.rank), cfg.dropout, tuple(sorted(targets)), tuple(full))
+    alpha = cfg.alpha or float(cfg.rank)
+    return LoraSpec(cfg.rank, alpha, cfg.dropout, tuple(sorted(targets)), tuple(full), cfg.base)
 
 
 def initial_value(name: str, shape: tuple[int, ...], seed: int) -> torch.Tensor:
@@ -282,7 +305,13 @@ def check_same(saved: dict[str, Any] | None, current: LoraSpec | None, what: str
             f"train.lora.alpha={saved['alpha']:g}); resume it with the same train.lora"
         )
     now = current.to_meta()
-    for key, cfg_key in (("rank", "rank"), ("alpha", "alpha"), ("targets", "target_modules")):
+    saved = {"base": "bf16", **saved}
+    for key, cfg_key in (
+        ("rank", "rank"),
+        ("alpha", "alpha"),
+        ("targets", "target_modules"),
+        ("base", "base"),
+    ):
         if saved[key] != now[key]:
             mine, theirs = now[key], saved[key]
             if key == "targets":
@@ -292,3 +321,46 @@ def check_same(saved: dict[str, Any] | None, current: LoraSpec | None, what: str
                 f"{what}: train.lora.{cfg_key} is {mine} in this run but {theirs} in the checkpoint; "
                 "resume it with the same train.lora"
             )
+
+
+def _base_layers(module: torch.nn.Module, spec: LoraSpec) -> dict[str, torch.nn.Module]:
+    return {t: module.get_submodule(t).get_base_layer() for t in spec.targets}
+
+
+@torch.no_grad()
+def quantize_base(module: torch.nn.Module, spec: LoraSpec) -> list[torch.nn.Parameter]:
+    """The adapted layers' frozen weights (filled, on their device) in ``spec.base``'s format, in place;
+    returns the quantized weights (none for ``bf16``). ``int8``: torchao's weight-only int8, per output
+    row ``q = round(W / s)``, clamped to [-128, 127], with ``s = max|W_row| / 127.5`` (symmetric: its
+    zero point is 0), ``s`` in the weight's dtype; the forward computes ``(x q^T) s``: each weight moves
+    by at most ``s / 2``, 1/255 of its row's largest."""
+    if spec.base == "bf16":
+        return []
+    config, quantize = _torchao_int8()
+    layers = _base_layers(module, spec)
+    mine = {id(m) for m in layers.values()}
+    quantize(module, config(), filter_fn=lambda m, _fqn: id(m) in mine)
+    weights = [m.weight for m in layers.values()]
+    log.info(
+        "the adapted layers' base in int8 (torchao, weight-only): %.2f GB in %d layers",
+        sum(stored_bytes(w) for w in weights) / 1e9, len(weights),
+    )  # fmt: skip
+    return weights
+
+
+@torch.no_grad()
+def round_base(module: torch.nn.Module, spec: LoraSpec) -> None:
+    """The adapted layers' weights as a run over ``spec.base`` saw them, in their own dtype (int8:
+    quantized, then dequantized), so that a merge gives the model the run trained; in place."""
+    if not quantize_base(module, spec):
+        return
+    for layer in _base_layers(module, spec).values():
+        layer.weight = torch.nn.Parameter(layer.weight.dequantize(), requires_grad=False)
+
+
+def stored_bytes(t: torch.Tensor) -> int:
+    """Bytes a tensor holds, a torchao quantized one's parts (its int8 values, scales, zero points) too."""
+    flatten = getattr(t, "__tensor_flatten__", None)  # a tensor subclass's inner tensors
+    if flatten is None:
+        return t.numel() * t.element_size()
+    return sum(stored_bytes(getattr(t, name)) for name in flatten()[0])

@@ -19,12 +19,12 @@ from dataclasses import dataclass
 
 import torch
 
-from wamkit.config import RunConfig
+from wamkit.config import ConfigError, RunConfig
 from wamkit.device import proc_status, status_bytes
 from wamkit.models.base import ModelAdapter, ParamGroup
 from wamkit.train import memory, plan_search
 from wamkit.train.dist import DistInfo, shard_adapter
-from wamkit.train.lora import Lora
+from wamkit.train.lora import Lora, quantize_base
 
 log = logging.getLogger(__name__)
 
@@ -136,21 +136,49 @@ def place(
     if t.precision == "bf16":
         cast_frozen(adapter, torch.bfloat16, groups)
     meta = on_meta(adapter)
+    quantized: set[torch.nn.Parameter] = set()
+    load_s = 0.0
+    if lora is not None and lora.spec.base != "bf16":
+        if info.world_size > 1:
+            raise ConfigError(
+                f"train.lora.base={lora.spec.base} runs on one process (FSDP2 does not shard a quantized "
+                f"base), got {info.world_size}: use train.lora.base=bf16 to shard the base over them"
+            )
+        if meta:  # the weights first: the quantization reads them
+            module = adapter.module
+            name_of = {id(p): n for n, p in module.named_parameters()}
+            load_s = _fill(adapter, module, info.device, lora)
+            params = dict(module.named_parameters())  # to_empty made new parameters: the groups by name
+            groups = [
+                ParamGroup(g.name, [params[name_of[id(p)]] for p in g.params], g.lr_mult, g.weight_decay)
+                for g in groups
+            ]
+            meta = False
+        for name in lora.spec.targets:  # FSDP2 moves what it shards, not what it leaves alone
+            adapter.module.get_submodule(name).get_base_layer().to(info.device)
+        quantized = set(quantize_base(adapter.module, lora.spec))
     # several processes with auto: FSDP2's own auto (reshard every block but the last, whose weights the
     # backward needs at once), which the plan counted as resharding
     reshard = "auto" if t.reshard_after_forward == "auto" and info.world_size > 1 else plan.reshard
-    root, groups, trained = shard_adapter(adapter, info.device, t.precision, t.compile, reshard, groups)
-    load_s = 0.0
+    root, groups, trained = shard_adapter(
+        adapter, info.device, t.precision, t.compile, reshard, groups, quantized or None
+    )
     if meta:
-        load = getattr(adapter, "load_weights", None)
-        if load is None:
-            raise RuntimeError(f"{adapter.name}: built on the meta device but has no load_weights(device)")
-        t0 = time.perf_counter()
-        root.to_empty(device=info.device)
-        n = load(info.device) if lora is None else load(info.device, wrap=lora.wrap)
-        load_s = time.perf_counter() - t0
-        log.info(
-            "weights streamed into this process's shards: %.2f GB read in %.1f s; host RssAnon %.2f GB",
-            n / 1e9, load_s, rss_anon_bytes() / 1e9,
-        )  # fmt: skip
+        load_s = _fill(adapter, root, info.device, lora)
     return Placed(root, groups, trained, plan, load_s)
+
+
+def _fill(adapter: ModelAdapter, root: torch.nn.Module, device: torch.device, lora: Lora | None) -> float:
+    """Fill a meta-built model (its shards, once sharded) from its weights' source; returns the seconds."""
+    load = getattr(adapter, "load_weights", None)
+    if load is None:
+        raise RuntimeError(f"{adapter.name}: built on the meta device but has no load_weights(device)")
+    t0 = time.perf_counter()
+    root.to_empty(device=device)
+    n = load(device) if lora is None else load(device, wrap=lora.wrap)
+    load_s = time.perf_counter() - t0
+    log.info(
+        "weights streamed into this process's shards: %.2f GB read in %.1f s; host RssAnon %.2f GB",
+        n / 1e9, load_s, rss_anon_bytes() / 1e9,
+    )  # fmt: skip
+    return load_s
