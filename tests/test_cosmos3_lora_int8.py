@@ -109,6 +109,9 @@ def test_bad_base_is_refused_naming_the_key(data, tmp_path):
         _cfg(data, tmp_path / "x", "train.lora.base=int4")
     with pytest.raises(ConfigError, match=r"train.lora.base=int8 is set but train.lora.rank=0"):
         load_config(CONFIG, [INT8])
+    # a random preset but tiny keeps its frozen weights in its checkpoints: they would hold the int8 ones
+    with pytest.raises(ConfigError, match=r"train.lora.base=int8: cosmos3 preset 'mini' names no base"):
+        train(_cfg(data, tmp_path / "mini", "model.preset=mini", INT8))
 
 
 def test_an_int8_run_trains_saves_adapters_refuses_another_base_and_converts_what_it_trained(data, tmp_path):

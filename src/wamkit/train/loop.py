@@ -131,6 +131,12 @@ class _Loop:
         module = self.adapter.module
         # the base is named (and hashed) before LoRA renames the layers it adapts: their weights are the base's
         self.base = self._base()
+        if t.lora.base != "bf16" and self.base is None:
+            raise ConfigError(
+                f"train.lora.base={t.lora.base}: {self.adapter.name} preset '{cfg.model.preset}' names no base "
+                "that checkpoints could leave out (a random preset other than tiny), so they would hold the "
+                "quantized weights; use model.pretrained, the tiny preset, or train.lora.base=bf16"
+            )
         self.lora = lora_.apply(self.adapter, t.lora, t.seed)  # None: full SFT
         groups = self.lora.groups if self.lora is not None else None
         self.plan = plan_here(cfg, info, self.adapter, groups=groups)  # refused before anything is allocated
