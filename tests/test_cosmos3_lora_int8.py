@@ -50,8 +50,8 @@ def data(tmp_path_factory) -> Path:
 
 
 def test_int8_base_holds_a_byte_a_weight_within_half_a_step_and_the_adapters_learn_through_it():
-    """In process, on a fixed batch: each adapted layer's base is int8 values plus a scale (fp32 here,
-    the weight's dtype) and an int8 zero point per output row, within s / 2 of the fp32 weight; the
+    """In process, on a fixed batch: each adapted layer's base is int8 values plus an fp32 scale and
+    an int8 zero point per output row, within s / 2 of the fp32 weight; the
     model's loss moves, a little; backward reaches the adapters through the int8 base, the loss falls,
     and the int8 weights do not change."""
     torch.set_num_threads(2)
@@ -70,7 +70,7 @@ def test_int8_base_holds_a_byte_a_weight_within_half_a_step_and_the_adapters_lea
         w = adapter.module.get_submodule(t).get_base_layer().weight
         out, inp = w.shape
         assert w.qdata.dtype == torch.int8 and not w.requires_grad
-        # the format's bytes: a byte a weight, per row a scale in the weight's dtype and an int8 zero point
+        # the format's bytes: a byte a weight, per row an fp32 scale and an int8 zero point
         assert lora.stored_bytes(w) == out * inp + out * (4 + 1), t
         assert lora.stored_bytes(plain[f"{t}.weight"]) == 4 * out * inp
         assert not w.zero_point.any()  # symmetric

@@ -332,7 +332,7 @@ def quantize_base(module: torch.nn.Module, spec: LoraSpec) -> list[torch.nn.Para
     """The adapted layers' frozen weights (filled, on their device) in ``spec.base``'s format, in place;
     returns the quantized weights (none for ``bf16``). ``int8``: torchao's weight-only int8, per output
     row ``q = round(W / s)``, clamped to [-128, 127], with ``s = max|W_row| / 127.5`` (symmetric: its
-    zero point is 0), ``s`` in the weight's dtype; the forward computes ``(x q^T) s``: each weight moves
+    zero point is 0), ``s`` in fp32 (in a bf16 run too); the forward computes ``(x q^T) s``: each weight moves
     by at most ``s / 2``, 1/255 of its row's largest."""
     if spec.base == "bf16":
         return []
