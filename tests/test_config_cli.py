@@ -123,3 +123,14 @@ def test_log_records_go_to_the_stderr_of_the_moment(monkeypatch, capsys):
     logging.getLogger("wamkit.test").warning("after the stream changed")
     err = capsys.readouterr().err
     assert "after the stream changed" in err and "Logging error" not in err
+
+
+def test_a_cosmos3_command_prints_no_import_chatter_of_optional_libraries():
+    """With torchao installed (the LoRA int8 base), importing diffusers logs what torchao cannot load on
+    this torch and diffusers' note on torchao tensors; a command shows them only at --log-level debug."""
+    pytest.importorskip("torchao")
+    cmd = [sys.executable, "-m", "wamkit", "train", "libero_10_cosmos3", "--plan", "--world-size", "1",
+           "--device-memory", "141GB", "--host-memory", "128GB"]  # fmt: skip
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "torchao" not in run.stderr and "_pytree" not in run.stderr, run.stderr[:2000]

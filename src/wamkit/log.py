@@ -23,10 +23,20 @@ class _Stderr(logging.StreamHandler):
         pass
 
 
+# what optional libraries say while they are imported, about parts of themselves wamkit does not use:
+# torchao (the LoRA int8 base) on a torch newer than its compiled extensions logs each one it cannot
+# load, that it finds no Triton on a CPU machine, and torch's pytree deprecations its import triggers;
+# diffusers then warns that torchao's tensor types (for loading torchao-serialized checkpoints) are
+# missing. Shown with --log-level debug.
+IMPORT_CHATTER = ("torchao", "torch.utils._pytree", "diffusers.quantizers.torchao.torchao_quantizer")
+
+
 def setup_logging(level: str = "info", file: str | None = None) -> None:
     """Configure the root logger once: a terse stream handler, plus a file handler if given."""
     root = logging.getLogger()
     root.setLevel(level.upper())
+    for name in IMPORT_CHATTER:
+        logging.getLogger(name).setLevel(logging.DEBUG if level.lower() == "debug" else logging.ERROR)
     fmt = logging.Formatter("%(asctime)s %(levelname).1s %(name)s: %(message)s", "%H:%M:%S")
     if not any(getattr(h, "_wamkit", False) for h in root.handlers):
         handler = _Stderr()
