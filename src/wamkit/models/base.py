@@ -313,3 +313,38 @@ class CachesLatents(Protocol):
         """``dataset`` (built without future frames) with each sample's cached targets from ``folder``;
         refuses a cache built with other settings or from other data, naming what differs."""
         ...
+
+
+@dataclass(frozen=True)
+class ServingFootprint:
+    """What serving a model keeps, in bytes (:class:`PlacesTextTower`; the serving memory plan,
+    :mod:`wamkit.serve.plan`, places each part): ``weights`` everything but the text tower (on the
+    device), ``text_tower`` its weights and ``text_layer`` its largest layer's (two such copies sit on
+    the device while it streams), ``vae`` the image encoder, ``text_prompt`` one prompt in the text
+    key/value cache, which holds ``text_cache_size`` prompts, ``batch`` one model call at the largest
+    batch (its context and working set, an estimate)."""
+
+    weights: int
+    text_tower: int
+    text_layer: int
+    vae: int
+    text_prompt: int
+    text_cache_size: int
+    batch: int
+
+
+@runtime_checkable
+class PlacesTextTower(Protocol):
+    """Optional, for a model whose text conditioning is computed once per prompt by a tower of its own
+    (Cosmos3's understanding tower): ``serve.text_tower=host`` keeps that tower in host memory and the
+    rest on the device."""
+
+    def serving_footprint(self, max_batch: int, device_type: str) -> ServingFootprint:
+        """Bytes per part when served at ``max_batch`` on a ``device_type`` device (from shapes: a model
+        on the meta device will do)."""
+        ...
+
+    def place_text_tower(self, device: torch.device) -> None:
+        """Everything but the text tower onto ``device``; the tower stays in host memory and computes a
+        new prompt's conditioning from there (called on a model built in host memory)."""
+        ...

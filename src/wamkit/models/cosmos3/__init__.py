@@ -55,13 +55,19 @@ def check_config(cfg: ModelConfig) -> None:
         raise ConfigError(f"model.preset: unknown cosmos3 preset {cfg.preset!r} (have: {', '.join(PRESETS)})")
 
 
-def build(cfg: ModelConfig, io: ModelIO | None = None, device: Any = None, **_: Any):
+def build(
+    cfg: ModelConfig, io: ModelIO | None = None, device: Any = None, weights_device: Any = None, **_: Any
+):
     """Build the adapter from a preset (random weights) or ``cfg.pretrained`` (a diffusers folder).
 
     ``device``: where the model is created (default: CPU); a Nano-sized preset is materialised there
     directly, in ``options.dtype``. ``meta``: the transformer is left on the meta device, unfilled, with
     the VAE and tokenizer on the CPU; ``adapter.weight_source(device)`` then gives what the trainer
     streams into each process's shard (:mod:`wamkit.models.weights`), read from disk only then.
+    ``weights_device``: build on ``device`` the model a build on ``weights_device`` gives (its dtype,
+    its random weights drawn there: CUDA's generator draws other numbers than the CPU's), so that a
+    model built in host memory to be served with its text tower there (``serve.text_tower=host``) is
+    the very model the default server builds on the GPU.
     """
     from wamkit.models.cosmos3.adapter import Cosmos3Adapter, resolve_dtype
     from wamkit.models.cosmos3.components import (
@@ -87,7 +93,8 @@ def build(cfg: ModelConfig, io: ModelIO | None = None, device: Any = None, **_: 
             f"{io.action_dim} inputs (env.state=proprio keeps the robot's own state)"
         )
     dev = torch.device(device if device is not None else "cpu")
-    dtype = resolve_dtype(opts["dtype"], dev)
+    draw_on = torch.device(weights_device) if weights_device is not None else None
+    dtype = resolve_dtype(opts["dtype"], draw_on or dev)
     root, source = None, None
     if cfg.pretrained:
         root, _ = pipeline_root(cfg.pretrained)
@@ -104,9 +111,9 @@ def build(cfg: ModelConfig, io: ModelIO | None = None, device: Any = None, **_: 
         opts["base"] = str(root.resolve())  # a rebuilt (saved) model takes its architecture and VAE here
     elif opts["base"]:
         root, _ = pipeline_root(opts["base"])
-        transformer, vae, source = build_from_base(root, io.action_dim, dev, dtype)
+        transformer, vae, source = build_from_base(root, io.action_dim, dev, dtype, draw_on)
     else:
-        transformer, vae, source = build_random(cfg.preset, io.action_dim, dev, dtype)
+        transformer, vae, source = build_random(cfg.preset, io.action_dim, dev, dtype, draw_on)
     adapter = Cosmos3Adapter(
         io,
         cfg.preset,

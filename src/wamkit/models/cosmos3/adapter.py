@@ -54,6 +54,7 @@ from wamkit.models.base import (
     LoraTargets,
     ModelIO,
     ParamGroup,
+    ServingFootprint,
     weights_sha256,
 )
 from wamkit.models.cosmos3 import latents
@@ -224,6 +225,70 @@ class Cosmos3Adapter(Cosmos3Inference):
         self.fast.clear()  # captured steps hold the old weights
         return n
 
+    def place_text_tower(self, device: torch.device) -> None:
+        """``serve.text_tower=host``: everything but the understanding tower onto ``device`` (the
+        generation tower, heads, projections, rotary tables, VAE); the tower stays in host memory, its
+        decoder layers pinned, and a new prompt's keys/values stream it layer by layer
+        (:mod:`wamkit.models.cosmos3.host_tower`). Call it on a model built in host memory."""
+        from wamkit.models.cosmos3.host_tower import StreamedTextTower, tower_parameter_names
+
+        if not self.options["fast_inference"]:
+            raise ConfigError(
+                "serve.text_tower=host reads the text through cached keys/values, which "
+                "model.options.fast_inference=false turns off: set it true, or serve.text_tower=device"
+            )
+        device = torch.device(device)
+        host = tower_parameter_names(self.module)
+        with torch.no_grad():
+            for name, p in self.module.named_parameters():
+                if name not in host:
+                    p.data = p.data.to(device)
+            self.module.rotary_emb.to(device)
+        self.vae.to(device)
+        self.fast.text_tower = StreamedTextTower(self.module, device)
+        self.fast.clear()
+
+    def serving_footprint(self, max_batch: int, device_type: str) -> ServingFootprint:
+        """What serving this model at ``max_batch`` keeps, in bytes, on a ``device_type`` device (the
+        dtype :func:`resolve_dtype` gives there): read from the parameters' shapes (a model on the meta
+        device will do) and the nominal request (:meth:`_nominal_request`). The batch figures are
+        estimates, as :mod:`wamkit.serve.plan` says."""
+        from wamkit.models.cosmos3.fast_policy import batch_bucket
+        from wamkit.models.cosmos3.host_tower import tower_parameter_names
+
+        e = torch.empty(
+            (), dtype=resolve_dtype(self.options["dtype"], torch.device(device_type))
+        ).element_size()
+        tower = tower_parameter_names(self.module)
+        params = dict(self.module.named_parameters())
+        und = sum(p.numel() for n, p in params.items() if n in tower)
+        layer = max(
+            sum(p.numel() for n, p in params.items() if n in tower and n.startswith(f"layers.{i}."))
+            for i in range(len(self.module.layers))
+        )
+        c = self.module.config
+        und_len, gen_len = self.token_counts()
+        kv_token = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * e  # keys + values
+        u_pad = -(-und_len // TEXT_BUCKET) * TEXT_BUCKET
+        nb = batch_bucket(max_batch)
+        # a batch's text keys/values: the call's own context, plus the captured step of each bucket up
+        # to nb keeping its copy (1 + 2 + ... + nb < 2 nb): 3 nb requests' worth at most
+        context = 3 * nb * u_pad * kv_token
+        # one layer's working set at the largest bucket: hidden-wide tensors (input, q, attention
+        # output, residual) and the MLP's gate, up and product; the captured steps' pools keep about
+        # one each, the buckets below nb together about as much again
+        tokens = nb * gen_len
+        work = 2 * tokens * (4 * c.hidden_size + 3 * c.intermediate_size) * e
+        return ServingFootprint(
+            weights=sum(p.numel() for n, p in params.items() if n not in tower) * e,
+            text_tower=und * e,
+            text_layer=layer * e,
+            vae=sum(p.numel() for p in self.vae.parameters()) * e,
+            text_prompt=und_len * kv_token,
+            text_cache_size=int(self.options["text_cache_size"]),
+            batch=context + work,
+        )
+
     def compile_fields(self) -> dict[str, Any] | None:
         """The model's part of the compile cache's key (wamkit.models.compile_cache), or None when
         nothing is compiled: the transformer's architecture, dtype and the step's settings."""
@@ -363,7 +428,9 @@ class Cosmos3Adapter(Cosmos3Inference):
 
     @property
     def device(self) -> torch.device:
-        return next(self.module.parameters()).device
+        """Where the model computes (its input projection's device: with ``serve.text_tower=host`` the
+        understanding tower's weights rest in host memory, :meth:`place_text_tower`)."""
+        return self.module.proj_in.weight.device
 
     @property
     def dtype(self) -> torch.dtype:

@@ -145,8 +145,9 @@ class RandomWeights:
         return t if t.ndim == 0 else t[start:stop]
 
 
-def _random_init_(tr: Cosmos3OmniTransformer) -> None:
-    device = next(tr.parameters()).device
+def _random_init_(tr: Cosmos3OmniTransformer, draw_on: torch.device | None = None) -> None:
+    """Random weights drawn on ``draw_on`` (default: where the module is) and copied into it."""
+    device = draw_on or next(tr.parameters()).device
     src = RandomWeights(tr, device)
     with torch.no_grad():
         for name, p in tr.named_parameters():
@@ -175,11 +176,15 @@ def _random_vae(vcfg: dict[str, Any], device: torch.device, dtype: torch.dtype) 
 
 
 def build_random(
-    preset: str, action_dim: int, device: torch.device, dtype: torch.dtype
+    preset: str,
+    action_dim: int,
+    device: torch.device,
+    dtype: torch.dtype,
+    draw_on: torch.device | None = None,
 ) -> tuple[Cosmos3OmniTransformer, AutoencoderKLWan, Any]:
     """A preset's transformer and VAE with random weights, on ``device`` in ``dtype``, and the source of
     the transformer's weights (for a ``meta`` device: the trainer fills its shards from it; the VAE is
-    then built on the CPU)."""
+    then built on the CPU). ``draw_on``: where the weights are drawn (default ``device``)."""
     if preset not in PRESETS:
         raise ConfigError(f"model.preset: '{preset}' is not a cosmos3 preset (have: {', '.join(PRESETS)})")
     tcfg, vcfg = PRESETS[preset]
@@ -200,22 +205,26 @@ def build_random(
     tr = _on_meta(config, device, dtype)
     if meta:
         return tr, _random_vae(vcfg, torch.device("cpu"), torch.float32), functools.partial(RandomWeights, tr)
-    _random_init_(tr)
+    _random_init_(tr, draw_on)
     return tr, _random_vae(vcfg, device, dtype), None
 
 
 def build_from_base(
-    path: str | Path, action_dim: int, device: torch.device, dtype: torch.dtype
+    path: str | Path,
+    action_dim: int,
+    device: torch.device,
+    dtype: torch.dtype,
+    draw_on: torch.device | None = None,
 ) -> tuple[Cosmos3OmniTransformer, AutoencoderKLWan, Any]:
-    """The architecture of a diffusers folder with random transformer weights, and its VAE (on the CPU
-    for a ``meta`` device, with the weights' source)."""
+    """The architecture of a diffusers folder with random transformer weights (drawn on ``draw_on``,
+    default ``device``), and its VAE (on the CPU for a ``meta`` device, with the weights' source)."""
     root, tdir = pipeline_root(path)
     config = dict(Cosmos3OmniTransformer.load_config(str(tdir)))
     check_transformer_config(config, str(tdir / "config.json"))
     tr = _on_meta({**config, "action_gen": True, "action_dim": action_dim}, device, dtype)
     if torch.device(device).type == "meta":
         return tr, _load_vae(root, torch.device("cpu"), torch.float32), functools.partial(RandomWeights, tr)
-    _random_init_(tr)
+    _random_init_(tr, draw_on)
     return tr, _load_vae(root, device, dtype), None
 
 

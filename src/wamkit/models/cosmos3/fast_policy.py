@@ -31,6 +31,7 @@ from torch.distributed.tensor import DTensor
 
 from wamkit.device import to_device
 from wamkit.models.cosmos3 import STEP_GRAPHS
+from wamkit.models.cosmos3.host_tower import StreamedTextTower
 from wamkit.models.cosmos3.kv_step import (
     StepContext,
     TextKV,
@@ -192,6 +193,9 @@ class FastPolicy:
         # auto: compiled steps mask the text padding inside a flex-attention kernel (grouped-query, no
         # expanded text copies), the others use SDPA; "sdpa" / "flex" force one (benchmarks, CPU checks)
         self.attention = "auto"
+        # serve.text_tower=host: the understanding tower rests in host memory and a new prompt's
+        # keys/values are computed by streaming its layers (models/cosmos3/host_tower.py)
+        self.text_tower: StreamedTextTower | None = None
 
     def mode(self) -> str:
         """The step this policy runs on its module's device: ``auto`` is ``compile_layers`` on CUDA (as
@@ -221,13 +225,14 @@ class FastPolicy:
         """The text keys/values of one prompt; ``stamp``: :meth:`stamp`, taken once per batch."""
         dev = self.module.proj_in.weight.device
         text = segment.text
-        return self.cache.get(
-            key,
-            self.stamp() if stamp is None else stamp,
-            lambda: encode_text(
-                self.module, to_device(text["input_ids"], dev), to_device(text["text_mrope_ids"], dev)
-            ),
-        )
+
+        def compute() -> TextKV:
+            ids, pos = text["input_ids"], text["text_mrope_ids"]
+            if self.text_tower is not None:  # the tower in host memory, streamed layer by layer
+                return self.text_tower.encode(ids, pos)
+            return encode_text(self.module, to_device(ids, dev), to_device(pos, dev))
+
+        return self.cache.get(key, self.stamp() if stamp is None else stamp, compute)
 
     def velocity(
         self,

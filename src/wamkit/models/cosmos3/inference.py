@@ -130,6 +130,12 @@ class Cosmos3Inference:
         if mode == "policy" and self.options["fast_inference"] and self.fast.usable():
             keys = [(text, hw) for text in texts]
             velocity = self._fast_velocity(keys, reqs, shape, vision_cond, action_cond)
+        elif self.fast.text_tower is not None:
+            raise ValueError(
+                f"mode {mode!r}: the understanding tower is served from host memory (serve.text_tower=host), "
+                "which reads the text through cached keys/values, in policy mode only; serve with "
+                "serve.text_tower=device for the other modes"
+            )
         else:
             velocity = self._stock_velocity(pack(reqs, self.device))
         return Prepared(x0, vision_cond, act_init, action_cond, velocity)

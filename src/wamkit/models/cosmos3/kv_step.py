@@ -29,6 +29,7 @@ returns fresh tensors (no buffer of one call is handed out by the next).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, fields
 
 import torch
@@ -74,27 +75,49 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
 def encode_text(module: torch.nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor) -> TextKV:
     """The understanding stream of one prompt (ids [U], mRoPE positions [3, U]) through every layer,
     mirroring ``Cosmos3AttnProcessor`` and the decoder layer's text half; returns the keys/values."""
-    x = module.embed_tokens(input_ids)  # [U, hidden]
+    return encode_layers(module, module.embed_tokens(input_ids), position_ids, module.layers)
+
+
+@torch.no_grad()
+def encode_layers(
+    module: torch.nn.Module, x: torch.Tensor, position_ids: torch.Tensor, layers: Iterable[torch.nn.Module]
+) -> TextKV:
+    """:func:`encode_text` from the token embeddings ``x`` [U, hidden] on, through ``layers``: the
+    module's own decoder layers, or anything with their understanding half's attribute paths, one per
+    layer in order (a streamed tower's device copies, :mod:`wamkit.models.cosmos3.host_tower`). The
+    rotary tables come from ``module``."""
     cos, sin = (c.unsqueeze(1) for c in rotary(module, position_ids, x.dtype))  # [U, 1, d]
     keys, values, last = [], [], len(module.layers) - 1
-    for i, layer in enumerate(module.layers):
-        attn = layer.self_attn
-        hk, d = attn.num_key_value_heads, attn.head_dim
-        h = layer.input_layernorm(x)
-        k = attn.norm_k(attn.to_k(h).view(-1, hk, d))
-        v = attn.to_v(h).view(-1, hk, d)
-        k_for_gen = attn.k_norm_und_for_gen(k) if attn.k_norm_und_for_gen is not None else k
-        keys.append(_rope(k_for_gen, cos, sin).transpose(0, 1).contiguous())
-        values.append(v.transpose(0, 1).contiguous())
-        if i == last:  # the last layer's text output is read by nothing
+    for i, layer in enumerate(layers):
+        k, v, x = text_layer(layer, x, cos, sin, last=i == last)
+        keys.append(k)
+        values.append(v)
+        if i == last:
             break
-        q = _rope(attn.norm_q(attn.to_q(h).view(-1, attn.num_attention_heads, d)), cos, sin)
-        out = dispatch_attention_fn(
-            q.unsqueeze(0), _rope(k, cos, sin).unsqueeze(0), v.unsqueeze(0), is_causal=True, enable_gqa=True
-        )
-        x = x + attn.to_out(out.squeeze(0).flatten(-2, -1))
-        x = x + layer.mlp(layer.post_attention_layernorm(x))
     return TextKV(torch.stack(keys), torch.stack(values))
+
+
+def text_layer(layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, last: bool = False):
+    """One decoder layer's text half: ``(keys, values, x)``, the keys/values [KV heads, U, d] as the
+    generation tokens read them and ``x`` the layer's text output (the input itself at the ``last``
+    layer, whose text output is read by nothing)."""
+    attn = layer.self_attn
+    hk, d = attn.num_key_value_heads, attn.head_dim
+    h = layer.input_layernorm(x)
+    k = attn.norm_k(attn.to_k(h).view(-1, hk, d))
+    v = attn.to_v(h).view(-1, hk, d)
+    k_for_gen = attn.k_norm_und_for_gen(k) if attn.k_norm_und_for_gen is not None else k
+    keys = _rope(k_for_gen, cos, sin).transpose(0, 1).contiguous()
+    values = v.transpose(0, 1).contiguous()
+    if last:
+        return keys, values, x
+    q = _rope(attn.norm_q(attn.to_q(h).view(-1, attn.num_attention_heads, d)), cos, sin)
+    out = dispatch_attention_fn(
+        q.unsqueeze(0), _rope(k, cos, sin).unsqueeze(0), v.unsqueeze(0), is_causal=True, enable_gqa=True
+    )
+    x = x + attn.to_out(out.squeeze(0).flatten(-2, -1))
+    x = x + layer.mlp(layer.post_attention_layernorm(x))
+    return keys, values, x
 
 
 @dataclass
