@@ -237,6 +237,8 @@ ServePrecision = Literal["auto", "fp32", "bf16", "fp8"]
 ServeWarm = Literal["auto", "all", "none"]
 SERVE_WARM: tuple[str, ...] = get_args(ServeWarm)
 SERVE_PRECISIONS: tuple[str, ...] = get_args(ServePrecision)
+ServeTextTower = Literal["auto", "device", "host"]
+SERVE_TEXT_TOWERS: tuple[str, ...] = get_args(ServeTextTower)
 
 
 @dataclass
@@ -259,8 +261,17 @@ class ServeConfig:
     warm: ServeWarm = "auto"
     # where compiled steps are kept between starts (wamkit.models.compile_cache); "" = not kept
     compile_cache: str = "~/.cache/wamkit/compile"
+    # where a model's text tower (Cosmos3's understanding tower, which computes a prompt's keys/values
+    # once) keeps its weights: device; host (pinned host memory, streamed to the device layer by layer
+    # for a new prompt: the generation tower and the text cache alone on the device); auto = the
+    # serving memory plan's pick for this device (host where device does not fit; wamkit.serve.plan)
+    text_tower: ServeTextTower = "auto"
 
     def __post_init__(self) -> None:
+        if self.text_tower not in SERVE_TEXT_TOWERS:
+            raise ConfigError(
+                f"serve.text_tower: expected one of {', '.join(SERVE_TEXT_TOWERS)}, got {self.text_tower!r}"
+            )
         if self.precision in ("bf16", "fp8") and self.device == "cpu":
             raise ConfigError(
                 f"serve.precision={self.precision} needs a CUDA device; use auto or fp32 on the CPU"

@@ -18,9 +18,12 @@ import dataclasses
 import logging
 import time
 
+import torch
+
 from wamkit import embodiments
 from wamkit.config import (
     SERVE_PRECISIONS,
+    SERVE_TEXT_TOWERS,
     SERVE_WARM,
     ConfigError,
     EnvConfig,
@@ -30,7 +33,8 @@ from wamkit.config import (
 )
 from wamkit.models import ModelIO
 from wamkit.serve.lifetime import exit_with_parent
-from wamkit.serve.loading import load_served, random_init
+from wamkit.serve.loading import load_served, random_init, resolve_device
+from wamkit.serve.plan import print_plan, resolve_text_tower, served_model
 from wamkit.serve.policy import ServedPolicy
 from wamkit.serve.server import run_server, warm_buckets
 
@@ -47,6 +51,7 @@ FLAGS = {
     "precision": "precision",
     "warm": "warm",
     "compile_cache": "compile_cache",
+    "text_tower": "text_tower",
 }
 
 
@@ -113,6 +118,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-message-mb", type=float, help="largest request (default: serve.max_message_mb)"
     )
     parser.add_argument(
+        "--text-tower",
+        choices=SERVE_TEXT_TOWERS,
+        help="where the text (understanding) tower's weights rest: device, host (streamed to the device "
+        "per new prompt), auto = the serving plan's pick for this device (default: serve.text_tower)",
+    )
+    parser.add_argument(
+        "--plan",
+        action="store_true",
+        help="print the serving memory plan for each --device-memory size and exit (nothing is built)",
+    )
+    parser.add_argument(
+        "--device-memory",
+        default="",
+        metavar="SIZE[,SIZE...]",
+        help="with --plan: device sizes to plan for, e.g. 24GB,48GB,80GB,141GB",
+    )
+    parser.add_argument(
         "--empty-metadata",
         action="store_true",
         help="send {} on connect, as openpi's own servers do (to check a client that must do without)",
@@ -139,25 +161,31 @@ def resolve_config(args: argparse.Namespace) -> RunConfig:
     return dataclasses.replace(cfg, model=model)
 
 
-def build_policy(args: argparse.Namespace, cfg: RunConfig) -> ServedPolicy:
+def check_source(args: argparse.Namespace) -> None:
+    """Exactly one thing to serve: a serving directory or ``--random-init``."""
     if args.export_dir and args.random_init:
         raise ConfigError("give either EXPORT_DIR or --random-init, not both")
-    if args.export_dir:
-        if args.model or args.preset or args.option:
-            raise ConfigError(
-                "--model, --preset and --option apply to --random-init; a serving directory has its own"
-            )
-        return load_served(args.export_dir, cfg.serve.device, cfg.serve.raw_actions, cfg.serve.precision)
-    if not args.random_init:
+    if args.export_dir and (args.model or args.preset or args.option):
+        raise ConfigError(
+            "--model, --preset and --option apply to --random-init; a serving directory has its own"
+        )
+    if not args.export_dir and not args.random_init:
         raise ConfigError("nothing to serve: give a serving directory (EXPORT_DIR) or --random-init")
+
+
+def build_policy(args: argparse.Namespace, cfg: RunConfig) -> ServedPolicy:
+    """The served policy, its text tower placed as ``serve.text_tower`` resolves on this device (the
+    serving plan, before anything is built: :func:`wamkit.serve.plan.resolve_text_tower`)."""
+    check_source(args)
+    s = cfg.serve
+    io = suite_io(args.suite, cfg.env) if args.suite else None
+    dev = torch.device(resolve_device(s.device))
+    tower = resolve_text_tower(s.text_tower, *served_model(args.export_dir, cfg.model, io), dev, s.max_batch)
+    if args.export_dir:
+        return load_served(args.export_dir, s.device, s.raw_actions, s.precision, tower)
+    m = cfg.model
     return random_init(
-        cfg.model.name,
-        cfg.model.preset,
-        cfg.model.options,
-        cfg.serve.device,
-        cfg.serve.raw_actions,
-        cfg.serve.precision,
-        io=suite_io(args.suite, cfg.env) if args.suite else None,
+        m.name, m.preset, m.options, s.device, s.raw_actions, s.precision, io=io, text_tower=tower
     )
 
 
@@ -172,6 +200,12 @@ def suite_io(suite: str, env: EnvConfig) -> ModelIO:
 def main(args: argparse.Namespace) -> int:
     exit_with_parent()  # a server an evaluation started ends with it, however it ends
     cfg = resolve_config(args)
+    if getattr(args, "plan", False):  # nothing is built: the model's shapes on the meta device
+        check_source(args)
+        io = suite_io(args.suite, cfg.env) if args.suite else None
+        print_plan(*served_model(args.export_dir, cfg.model, io), cfg.serve.text_tower, cfg.serve.max_batch,
+                   args.device_memory)  # fmt: skip
+        return 0
     t0 = time.perf_counter()
     policy = build_policy(args, cfg)
     t1 = time.perf_counter()

@@ -24,6 +24,7 @@ from wamkit.config import ConfigError, ModelConfig
 from wamkit.device import resolve_device as _resolve
 from wamkit.files import MODEL_FILE, SPEC_FILE, STATS_FILE, WEIGHTS_FILE
 from wamkit.models import ModelIO, build_model
+from wamkit.models.base import PlacesTextTower
 from wamkit.serve.policy import ServedPolicy
 
 log = logging.getLogger(__name__)
@@ -48,10 +49,15 @@ def identity_spec(io: ModelIO) -> PreprocessSpec:
 
 
 def load_served(
-    export_dir: str | Path, device: str = "auto", raw_actions: bool = False, precision: str = "auto"
+    export_dir: str | Path,
+    device: str = "auto",
+    raw_actions: bool = False,
+    precision: str = "auto",
+    text_tower: str = "device",
 ) -> ServedPolicy:
     """Load a serving directory onto ``device``; a missing file is an error naming it. ``precision``:
-    ``serve.precision`` (:class:`ServedPolicy`)."""
+    ``serve.precision`` (:class:`ServedPolicy`); ``text_tower``: ``serve.text_tower`` resolved
+    (device | host: :func:`place`)."""
     root = Path(export_dir)
     if not root.is_dir():
         raise ConfigError(f"serving directory {root} does not exist")
@@ -71,7 +77,8 @@ def load_served(
     from wamkit.models.pretrained import load_pretrained
 
     dev = resolve_device(device)
-    adapter = load_pretrained(root, device=dev)
+    adapter = load_pretrained(root, device="cpu" if text_tower == "host" else dev)
+    place(adapter, dev, text_tower)
     try:
         spec = PreprocessSpec.load(root / SPEC_FILE)
         policy = ServedPolicy(adapter, spec, raw_actions=raw_actions, source=str(root), precision=precision)
@@ -79,6 +86,21 @@ def load_served(
         raise ConfigError(str(err)) from None
     log.info("loaded %s from %s on %s", adapter.name, root, dev)
     return policy
+
+
+def place(adapter: Any, device: torch.device | str, text_tower: str) -> None:
+    """``serve.text_tower=host``: the model, built in host memory, keeps its text tower there and puts
+    the rest on ``device`` (:class:`~wamkit.models.base.PlacesTextTower`); ``device``: nothing to do."""
+    if text_tower == "device":
+        return
+    if not isinstance(adapter, PlacesTextTower):
+        raise ConfigError(
+            f"serve.text_tower=host: model {adapter.name!r} has no separate text tower; use device or auto"
+        )
+    adapter.place_text_tower(torch.device(device))
+    log.info(
+        "serve.text_tower=host: the text tower rests in host memory, streamed to %s per new prompt", device
+    )
 
 
 def random_init(
@@ -89,14 +111,22 @@ def random_init(
     raw_actions: bool = False,
     precision: str = "auto",
     io: ModelIO | None = None,
+    text_tower: str = "device",
 ) -> ServedPolicy:
     """An untrained model of ``io`` (default: the preset's inputs), with identity stats (for benchmarks
     and smoke runs). The weights are drawn from a fixed seed, so servers started alike serve the same
-    model (the same weights hash: one evaluation may spread its stages over them)."""
+    model (the same weights hash: one evaluation may spread its stages over them), whatever their
+    ``text_tower`` (resolved: device | host, :func:`place`)."""
     dev = resolve_device(device)
     torch.manual_seed(0)
-    adapter = build_model(ModelConfig(name=name, preset=preset, options=dict(options or {})), io, device=dev)
-    adapter.module.to(dev)
+    cfg = ModelConfig(name=name, preset=preset, options=dict(options or {}))
+    if text_tower == "host":  # built in host memory as it would be on dev (its dtype, its draws)
+        draws = {"weights_device": dev} if torch.device(dev).type != "cpu" else {}
+        adapter = build_model(cfg, io, device="cpu", **draws)
+    else:
+        adapter = build_model(cfg, io, device=dev)
+        adapter.module.to(dev)
+    place(adapter, dev, text_tower)
     adapter.module.eval()
     return ServedPolicy(
         adapter,

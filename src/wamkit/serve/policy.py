@@ -110,6 +110,12 @@ def _numeric(value: Any, key: str) -> np.ndarray:
     return arr
 
 
+def compute_device(module: torch.nn.Module) -> torch.device:
+    """The device a model computes on: that of its first parameter outside host memory, else the CPU
+    (a text tower served from host memory, ``serve.text_tower=host``, does not make it a CPU model)."""
+    return next((p.device for p in module.parameters() if p.device.type != "cpu"), torch.device("cpu"))
+
+
 def _autocast(adapter: Any, precision: str) -> tuple[torch.dtype | None, str]:
     """``(dtype, device type)`` of the autocast of ``adapter``'s model calls under ``serve.precision``
     (dtype None: no autocast)."""
@@ -121,11 +127,11 @@ def _autocast(adapter: Any, precision: str) -> tuple[torch.dtype | None, str]:
     params = next(module.parameters(), None) if isinstance(module, torch.nn.Module) else None
     if params is None:
         return None, "cpu"
-    device = params.device.type
+    device = compute_device(module).type
     if precision == "fp8":
         from wamkit.models.fp8 import unsupported
 
-        why = unsupported(params.device)
+        why = unsupported(compute_device(module))
         if not why and not hasattr(adapter, "use_fp8"):
             why = f"model {adapter.name!r} has no FP8 path (cosmos3 has)"
         if why:
@@ -450,7 +456,7 @@ class ServedPolicy:
         fields = getattr(self.adapter, "compile_fields", lambda: None)()
         if not fields or not cache_dir:
             return None
-        device = next(self.adapter.module.parameters()).device
+        device = compute_device(self.adapter.module)
         return CompileCache(cache_dir, self.adapter.name, {**fields, **environment(device)})
 
     def warm_request(self, n: int) -> dict[str, Any]:
