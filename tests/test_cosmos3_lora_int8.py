@@ -202,3 +202,26 @@ def test_sigkill_at_a_random_step_then_resume_auto_gives_identical_losses_over_a
         assert a.keys() == b.keys() and any(".lora_B." in k for k in a), part
         for k in a:
             assert torch.equal(a[k], b[k]), f"killed at step {kill_at}: {part}.{k} differs"
+
+
+def test_the_memory_plan_counts_an_int8_base_as_it_is_stored():
+    """The plan's frozen bytes for an int8 base are the bytes quantize_base stores (counted on the
+    model before it is quantized, as a run plans before it fills its weights)."""
+    from wamkit.train import memory
+
+    adapter = _tiny()
+    applied = lora.inject(adapter, lora.resolve(LoraConfig(rank=4, base="int8"), adapter), seed=0)
+    bf16 = memory.model_sizes(adapter, applied.groups)
+    planned = memory.model_sizes(adapter, applied.groups, applied.int8_weights(adapter.module))
+    stored = lora.quantize_base(adapter.module, applied.spec)
+    assert planned.int8_frozen == sum(w.numel() for w in stored) > 0
+    assert planned.int8_bytes == sum(lora.stored_bytes(w) for w in stored)
+    assert (planned.frozen, planned.trained) == (bf16.frozen, bf16.trained)
+    inp = memory.PlanInput(
+        world_size=1, device_bytes=80 << 30, host_bytes=128 << 30, procs_per_host=1, device_type="cuda",
+        precision="bf16", micro_batch=2, checkpointing=True, ema=False, offload="none", reshard="never",
+    )  # fmt: skip
+    rows = {r[0]: r[1] for r in memory.plan_for(inp, planned, "none", "never").rows}
+    rows_bf16 = {r[0]: r[1] for r in memory.plan_for(inp, bf16, "none", "never").rows}
+    saved = rows_bf16["frozen weights"] - rows["frozen weights"]
+    assert saved == 2 * planned.int8_frozen - planned.int8_bytes

@@ -139,7 +139,9 @@ class _Loop:
             )
         self.lora = lora_.apply(self.adapter, t.lora, t.seed)  # None: full SFT
         groups = self.lora.groups if self.lora is not None else None
-        self.plan = plan_here(cfg, info, self.adapter, groups=groups)  # refused before anything is allocated
+        int8 = self.lora.int8_weights(module) if self.lora is not None else []
+        # refused before anything is allocated
+        self.plan = plan_here(cfg, info, self.adapter, groups=groups, int8=int8)
         placed = place(self.adapter, info, cfg, self.plan, self.lora)
         self.root, groups, trained = placed.root, placed.groups, placed.trained
         self.trainable = list(trained.values())

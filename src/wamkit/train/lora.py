@@ -228,6 +228,13 @@ class Lora:
         """Fold the adapters into their layers' weights and put the plain layers back (in place)."""
         self.tuner.merge_and_unload()
 
+    def int8_weights(self, module: torch.nn.Module) -> list[torch.nn.Parameter]:
+        """The frozen weights :func:`quantize_base` will store in int8 (none for a bf16 base), for the
+        memory plan; on any device (meta too)."""
+        if self.spec.base != "int8":
+            return []
+        return [layer.weight for layer in _base_layers(module, self.spec).values()]
+
 
 def inject(adapter, spec: LoraSpec, seed: int = 0) -> Lora:
     """peft's LoRA layers into ``adapter.module`` in place (before it is sharded); the fully trained

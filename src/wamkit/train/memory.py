@@ -78,15 +78,21 @@ class ModelSizes:
     root: int  # parameters outside the blocks (gathered by the root module)
     activations: ActivationShape | None = None
     checkpointing: bool | None = None  # the model's gradient checkpointing; None: it has no such option
+    # frozen weights stored in int8 (a LoRA base, train.lora.base=int8): how many of ``frozen``, and
+    # their bytes (one a weight, plus an fp32 scale and an int8 zero point per row); FSDP2 leaves them
+    # alone: never sharded nor gathered
+    int8_frozen: int = 0
+    int8_bytes: int = 0
 
     @property
     def total(self) -> int:
         return self.frozen + self.trained
 
 
-def model_sizes(adapter, groups: list | None = None) -> ModelSizes:
+def model_sizes(adapter, groups: list | None = None, int8: list | tuple = ()) -> ModelSizes:
     """Count an adapter's parameters by role (trained = ``groups``, by default its ``param_groups()``;
-    LoRA gives its own), on any device (meta too)."""
+    LoRA gives its own), on any device (meta too); ``int8``: the frozen weights that will be stored in
+    int8 (:meth:`wamkit.train.lora.Lora.int8_weights`)."""
     groups = adapter.param_groups() if groups is None else groups
     trained_ids = {id(p) for g in groups for p in g.params}
     frozen = trained = 0
@@ -101,7 +107,10 @@ def model_sizes(adapter, groups: list | None = None) -> ModelSizes:
     root = sum(p.numel() for p in adapter.module.parameters() if id(p) not in in_blocks)
     shape_fn = getattr(adapter, "activation_shape", None)
     ckpt = getattr(adapter, "gradient_checkpointing", None)
-    return ModelSizes(frozen, trained, largest, root, shape_fn() if shape_fn else None, ckpt)
+    int8_frozen = sum(p.numel() for p in int8)
+    int8_bytes = sum(p.numel() + 5 * p.shape[0] for p in int8)
+    activations = shape_fn() if shape_fn else None
+    return ModelSizes(frozen, trained, largest, root, activations, ckpt, int8_frozen, int8_bytes)
 
 
 def activation_bytes(
@@ -227,11 +236,11 @@ def _rows(
     moments_at = on_host if offload == "optimizer" else "device"
     ema_at = on_host if offload in ("ema", "optimizer") else "device"
     if reshard == "never":
-        gathered = s.total * compute
+        gathered = (s.total - s.int8_frozen) * compute
     else:
         gathered = (2 * s.largest_block + s.root) * compute
     rows = [
-        ("frozen weights", s.frozen * compute // w, "device"),
+        ("frozen weights", (s.frozen - s.int8_frozen) * compute // w + s.int8_bytes, "device"),
         ("trained master (fp32)", s.trained * 4 // w, "device"),
         # reduced only on the last micro-batch, FSDP2 accumulates the others unsharded (in fp32, its
         # reduce dtype): the whole trained part's gradients on every process

@@ -76,10 +76,12 @@ def plan_here(
     adapter: ModelAdapter,
     micro_batch: int | None = None,
     groups: list[ParamGroup] | None = None,
+    int8: list | tuple = (),
 ) -> memory.Plan:
     """The plan for this run's processes and devices; refused (ConfigError) if it fits nowhere.
-    ``groups``: what trains (by default the adapter's ``param_groups()``; LoRA gives its own)."""
-    sizes = memory.model_sizes(adapter, groups)
+    ``groups``: what trains (by default the adapter's ``param_groups()``; LoRA gives its own);
+    ``int8``: the frozen weights a LoRA base stores in int8."""
+    sizes = memory.model_sizes(adapter, groups, int8)
     local = int(os.environ.get("LOCAL_WORLD_SIZE", info.world_size))
     inp = plan_input(
         cfg,

@@ -138,7 +138,10 @@ def print_plan(
         raise ConfigError(f"--world-size: expected a positive number of processes, got {world_size}")
     asked = budgets(cfg, device_memory, host_memory)
     adapter, lora, note = _plan_model(cfg)
-    sizes = memory.model_sizes(adapter, lora.groups if lora is not None else None)
+    if lora is None:
+        sizes = memory.model_sizes(adapter)
+    else:
+        sizes = memory.model_sizes(adapter, lora.groups, lora.int8_weights(adapter.module))
     modes = search_modes(cfg, adapter, sizes)
 
     def inp_for(b: Budget) -> memory.PlanInput:
