@@ -244,12 +244,19 @@ def test_sigkill_at_a_random_step_then_resume_auto_gives_identical_losses(data, 
     last checkpoint (adapters, heads, their moments and EMA; the base rebuilt and checked by hash), logs
     the uninterrupted run's losses and ends with its adapters, heads and EMA, bit for bit."""
     # with dropout in the adapters: its draws come from the RNG state the checkpoint restores
-    args = ("train.max_steps=8", "train.save_interval=3", "train.lora.dropout=0.1")
+    resume_after_sigkill(data, tmp_path, 8, ("train.lora.dropout=0.1",), "LoRA rank 4")
+
+
+def resume_after_sigkill(data, tmp_path, steps: int, args: tuple[str, ...], logged: str) -> None:
+    """A LoRA run of ``steps`` steps (a checkpoint every 3) killed with SIGKILL at a random step after
+    the first checkpoint and resumed with ``--resume auto`` (its log saying ``logged``) against the same
+    run uninterrupted: the same losses, adapters, heads and EMA, bit for bit."""
+    args = (f"train.max_steps={steps}", "train.save_interval=3", *args)
     full, cut = tmp_path / "full", tmp_path / "cut"
     ref = subprocess.Popen(
         _train_cmd(data, full, *args), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     )
-    kill_at = random.randint(4, 7)  # after the first checkpoint (step 3), before the end
+    kill_at = random.randint(4, steps - 1)  # after the first checkpoint (step 3), before the end
     proc = subprocess.Popen(
         _train_cmd(data, cut, *args), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     )
@@ -260,15 +267,15 @@ def test_sigkill_at_a_random_step_then_resume_auto_gives_identical_losses(data, 
         timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "resumed from" in done.stderr and "LoRA rank 4" in done.stderr, done.stderr[-3000:]
+    assert "resumed from" in done.stderr and logged in done.stderr, done.stderr[-3000:]
 
     want, got = read_losses(full), read_losses(cut)
-    assert [r["step"] for r in got] == [r["step"] for r in want] == list(range(1, 9)), f"killed at {kill_at}"
+    assert [r["step"] for r in got] == [r["step"] for r in want] == list(range(1, steps + 1)), kill_at
     for a, b in zip(want, got):
         assert a == b, f"killed at step {kill_at}: step {a['step']} differs: {a} != {b}"
     final = {}
     for name, r in (("full", full), ("cut", cut)):
-        dcp_to_torch_save(r / "checkpoints" / "step_000008", tmp_path / f"{name}.pt")
+        dcp_to_torch_save(r / "checkpoints" / f"step_{steps:06d}", tmp_path / f"{name}.pt")
         final[name] = torch.load(tmp_path / f"{name}.pt", weights_only=False)
     for part in ("model", "ema"):
         a, b = final["full"][part], final["cut"][part]

@@ -12,8 +12,6 @@ dequantized weight ``q s`` is within ``s / 2`` of ``W``: at most 1/255 of the ro
 from __future__ import annotations
 
 import json
-import random
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -37,9 +35,16 @@ from wamkit.train import lora  # noqa: E402
 from wamkit.train.loop import train  # noqa: E402
 from wamkit.train.metrics import read_losses  # noqa: E402
 
-from .test_cosmos3_lora import CHAIN, CONFIG, _cfg, _env, _keys, _loss, _tiny, _train_cmd  # noqa: E402
+from .test_cosmos3_lora import (  # noqa: E402
+    CHAIN,
+    CONFIG,
+    _cfg,
+    _keys,
+    _loss,
+    _tiny,
+    resume_after_sigkill,
+)
 from .test_cosmos3_train import fixture_batch  # noqa: E402
-from .test_train_support import kill_at_step  # noqa: E402
 
 INT8 = "train.lora.base=int8"
 
@@ -172,36 +177,7 @@ def test_an_int8_run_trains_saves_adapters_refuses_another_base_and_converts_wha
 def test_sigkill_at_a_random_step_then_resume_auto_gives_identical_losses_over_an_int8_base(data, tmp_path):
     """The LoRA resume test (test_cosmos3_lora.py) over an int8 base: the base is quantized again, the
     same way, at the resume, so the killed run resumed logs the uninterrupted run's losses, bit for bit."""
-    args = ("train.max_steps=7", "train.save_interval=3", "train.lora.dropout=0.1", INT8)
-    full, cut = tmp_path / "full", tmp_path / "cut"
-    ref = subprocess.Popen(
-        _train_cmd(data, full, *args), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-    )
-    kill_at = random.randint(4, 6)  # after the first checkpoint (step 3), before the end
-    proc = subprocess.Popen(
-        _train_cmd(data, cut, *args), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-    )
-    kill_at_step(proc, cut, kill_at, 300)
-    assert ref.wait(timeout=300) == 0, ref.stderr.read().decode()[-3000:]
-    done = subprocess.run(
-        [*_train_cmd(data, cut, *args), "--resume", "auto"], env=_env(), capture_output=True, text=True,
-        timeout=300,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "resumed from" in done.stderr and "base in int8" in done.stderr, done.stderr[-3000:]
-    want, got = read_losses(full), read_losses(cut)
-    assert [r["step"] for r in got] == [r["step"] for r in want] == list(range(1, 8)), f"killed at {kill_at}"
-    for a, b in zip(want, got):
-        assert a == b, f"killed at step {kill_at}: step {a['step']} differs: {a} != {b}"
-    final = {}
-    for name, r in (("full", full), ("cut", cut)):
-        dcp_to_torch_save(r / "checkpoints" / "step_000007", tmp_path / f"{name}.pt")
-        final[name] = torch.load(tmp_path / f"{name}.pt", weights_only=False)
-    for part in ("model", "ema"):
-        a, b = final["full"][part], final["cut"][part]
-        assert a.keys() == b.keys() and any(".lora_B." in k for k in a), part
-        for k in a:
-            assert torch.equal(a[k], b[k]), f"killed at step {kill_at}: {part}.{k} differs"
+    resume_after_sigkill(data, tmp_path, 7, ("train.lora.dropout=0.1", INT8), "base in int8")
 
 
 def test_the_memory_plan_counts_an_int8_base_as_it_is_stored():
