@@ -29,6 +29,8 @@ OPTS = {"num_inference_steps": 4, "dtype": "float32"}
 # the command of docs/serve.md ("Serving in 24 GB") and docs/cosmos3.md, as written there
 PLAN = ["serve", "--random-init", "--model", "cosmos3", "--preset", "nano", "--plan",
         "--device-memory", "24GB,48GB,80GB,141GB"]  # fmt: skip
+PLAN_24 = ["serve", "--random-init", "--model", "cosmos3", "--preset", "nano", "--plan", "--device-memory", "24GB",
+           "--max-batch", "8", "--option", "text_cache_size=32"]  # fmt: skip
 # Cosmos3-Nano's parameters (docs/cosmos3.md, REFERENCE): the understanding tower with the embeddings
 # and LM head 8.191B, the generation tower with projections, time embedder and heads 6.968B
 NANO_FROZEN, NANO_GEN = 8.191e9, 6.968e9
@@ -122,6 +124,9 @@ def test_plan_nano(capsys):
     )
     again = plan.pick(plan.planning_adapter(model, None), "host", batch, 24 * 10**9, "cuda")
     assert again.fits and again.plan.text_tower == "host"
+    # the settings of the GPU commands of docs/serve.md: auto picks host on 24 GB
+    assert wamkit(PLAN_24) == 0
+    assert "  24GB: serve.text_tower=host (" in capsys.readouterr().out
 
 
 def test_a_size_where_nothing_fits_is_refused_naming_it():

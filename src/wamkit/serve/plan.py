@@ -186,7 +186,9 @@ def device_budget(device: torch.device) -> int:
     """A CUDA device's memory as this process may use it (its total times
     ``torch.cuda.set_per_process_memory_fraction``'s fraction)."""
     props = torch.cuda.get_device_properties(device)
-    return int(props.total_memory * torch.cuda.get_per_process_memory_fraction(device))
+    # torch >= 2.8 says the fraction; before, the cap is not readable and the total is planned for
+    fraction = getattr(torch.cuda, "get_per_process_memory_fraction", lambda _d: 1.0)(device)
+    return int(props.total_memory * fraction)
 
 
 def planning_adapter(model: ModelConfig, io: ModelIO | None) -> Any:
