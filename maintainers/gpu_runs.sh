@@ -55,6 +55,11 @@
 #   bash maintainers/gpu_runs.sh serve32-fp8-served  # core: Nano served in FP8 against in-process FP8, batch 2, 8
 #   bash maintainers/gpu_runs.sh serve32-default  # core: the default step's server start (cold, warm) to 32,
 #                                          then Nano served against in-process at batch 8 and 32
+#   bash maintainers/gpu_runs.sh serve24       # core: Cosmos3-Nano served in 24 GB (1 GPU, maintainers/gpu_serve24.py):
+#                                          the default server uncapped, then serve.text_tower=host in a process
+#                                          capped at 24 GB: obs/s at 1 and 8, a new prompt's first answer, the
+#                                          driver's peak, the two servers' actions compared (SERVE24_PRESET=tiny:
+#                                          a one-minute check that it runs)
 #
 # LIBERO-10 (maintainers/README.md, "LIBERO on the GPU machine"): three carries to one warm machine, then
 # the runs (each group one call; LIBERO_CONFIG_PATH and PYTHONPATH as in the libero section below):
@@ -273,6 +278,17 @@ case "$group" in
     cp /tmp/serve_start_default/*.log "$OUT/" 2>/dev/null
     run serve_cosmos3 330 $W bench serve --model cosmos3 --preset nano --device cuda \
       --batch 8,32 --concurrency 8,32 --max-batch 32 --seconds 20 --json "$OUT/serve_cosmos3.json"
+    ;;
+  serve24)
+    # issue 52 item 5: the default server's model uncapped (it does not fit 24 GB), then the understanding
+    # tower in host memory in a process capped at 24 GB (set_per_process_memory_fraction); one JSON line
+    # each, then the ratios (target: obs/s >= 0.9x at 1 and 8, a new prompt's first answer <= 2 s, the
+    # driver's peak <= 24 GB) and max |da| between the two (bit-equal expected)
+    rm -rf /tmp/serve24 && mkdir -p /tmp/serve24
+    SERVE24_DIR=/tmp/serve24 run serve24_device 270 python3 maintainers/gpu_serve24.py measure device
+    SERVE24_DIR=/tmp/serve24 run serve24_host 290 python3 maintainers/gpu_serve24.py measure host 24
+    run serve24_compare 20 python3 maintainers/gpu_serve24.py compare /tmp/serve24
+    cp /tmp/serve24/runs.jsonl "$OUT/serve24.jsonl" 2>/dev/null
     ;;
   serve32-table)
     # one run: stock, the default step in bf16, and FP8 (wamkit's scaled_mm layers, then torchao's
