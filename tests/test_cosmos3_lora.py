@@ -214,11 +214,7 @@ def test_a_lora_run_saves_adapters_and_heads_converts_merged_and_serves(data, tm
     assert not result.unexpected_keys and not set(result.missing_keys) & model
     unmerged.module.eval()
     io = served.io
-    rng = np.random.default_rng(0)
-    obs = {image_key(c): rng.integers(0, 255, (2, io.image_size, io.image_size, 3), dtype=np.uint8)
-           for c in io.cameras}  # fmt: skip
-    obs[OBS_STATE] = rng.standard_normal((2, io.state_dim)).astype(np.float32)
-    obs[TASK] = ["pick up the cube", "open the drawer"]
+    obs = two_observations(io)
     want = unmerged.predict(obs, seed=0)["actions"]
     have = served.predict(obs, seed=0)["actions"]
     base = _tiny()
@@ -330,3 +326,13 @@ def test_lora_plans_nano_sft_on_one_80gb_gpu_without_offload(capsys):
     assert "trained master (fp32)           0.17  device" in out
     device = float(out.split("device total ")[1].split(" GiB")[0])
     assert device <= 74.5  # GiB of 80 GB
+
+
+def two_observations(io) -> dict:
+    """Two random observations of ``io``'s cameras and state, with two task prompts."""
+    rng = np.random.default_rng(0)
+    obs = {image_key(c): rng.integers(0, 255, (2, io.image_size, io.image_size, 3), dtype=np.uint8)
+           for c in io.cameras}  # fmt: skip
+    obs[OBS_STATE] = rng.standard_normal((2, io.state_dim)).astype(np.float32)
+    obs[TASK] = ["pick up the cube", "open the drawer"]
+    return obs

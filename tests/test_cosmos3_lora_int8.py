@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
@@ -27,7 +26,6 @@ pytest.importorskip("torchao", reason="train.lora.base=int8 needs torchao (the w
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save  # noqa: E402
 
 from wamkit.config import ConfigError, LoraConfig, load_config  # noqa: E402
-from wamkit.constants import OBS_STATE, TASK, image_key  # noqa: E402
 from wamkit.data.synthetic import write_pattern_dataset  # noqa: E402
 from wamkit.models.cosmos3.latents import LATENTS  # noqa: E402
 from wamkit.models.cosmos3.towers import param_role  # noqa: E402
@@ -43,6 +41,7 @@ from .test_cosmos3_lora import (  # noqa: E402
     _loss,
     _tiny,
     resume_after_sigkill,
+    two_observations,
 )
 from .test_cosmos3_train import fixture_batch  # noqa: E402
 
@@ -161,11 +160,7 @@ def test_an_int8_run_trains_saves_adapters_refuses_another_base_and_converts_wha
         assert_rounding_close(got_w[f"{t}.weight"], want_w, length=spec.rank + 1)
     unmerged.module.eval()
     io = served.io
-    rng = np.random.default_rng(0)
-    obs = {image_key(c): rng.integers(0, 255, (2, io.image_size, io.image_size, 3), dtype=np.uint8)
-           for c in io.cameras}  # fmt: skip
-    obs[OBS_STATE] = rng.standard_normal((2, io.state_dim)).astype(np.float32)
-    obs[TASK] = ["pick up the cube", "open the drawer"]
+    obs = two_observations(io)
     have = served.predict(obs, seed=0)["actions"]
     want_a = unmerged.predict(obs, seed=0)["actions"]
     steps = int(served.options["num_inference_steps"])
