@@ -129,7 +129,15 @@ def test_plan_nano(capsys):
     assert "  24GB: serve.text_tower=host (" in capsys.readouterr().out
 
 
-def test_a_size_where_nothing_fits_is_refused_naming_it():
+def test_a_size_where_nothing_fits_is_refused_naming_it(capsys):
+    """A server would be refused on 24 GB at the defaults (max_batch 32, 128 cached prompts), naming the
+    host placement's batch and cache that fit; on 16 GB nothing fits; both before anything is built."""
+    assert wamkit(PLAN[:-1] + ["24GB"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        "config error: serving plan: 25.40 GiB needed on a 22.4 GiB device with serve.text_tower=host" in err
+    )
+    assert "serve.text_tower=host serve.max_batch=16 model.options.text_cache_size=64 fits" in err
     ad = plan.planning_adapter(ModelConfig(name="cosmos3", preset="nano"), None)
     p = plan.pick(ad, "auto", 32, 16 * 10**9, "cuda")
     assert not p.fits and p.instead is None

@@ -245,7 +245,8 @@ def print_plan(
     model: ModelConfig, io: ModelIO | None, setting: str, max_batch: int, device_memory: str
 ) -> None:
     """``wamkit serve ... --plan``: per ``--device-memory`` size (comma-separated), the table of the
-    placement picked and a line saying what it is; then one summary line per size."""
+    placement picked and a line saying what it is; then one summary line per size. One size whose plan
+    does not fit is refused (ConfigError), as a server would be there."""
     sizes = [
         (parse_size(s.strip(), "--device-memory"), s.strip()) for s in device_memory.split(",") if s.strip()
     ]
@@ -257,6 +258,10 @@ def print_plan(
             f"--plan: model {model.name!r} has no serving memory plan (it has no separate text tower)"
         )
     print(f"{model.name}/{model.preset}: serve.text_tower={setting}, serve.max_batch={max_batch}")
+    if len(sizes) == 1:  # one device: its plan, or the refusal a server would meet there
+        p = pick(adapter, setting, max_batch, sizes[0][0], "cuda")
+        if not p.fits:
+            raise refusal(p)
     lines = []
     for nbytes, label in sizes:
         p = pick(adapter, setting, max_batch, nbytes, "cuda")
