@@ -1,6 +1,7 @@
 """The understanding tower served from host memory, streamed to the device one layer at a time.
 
-``serve.text_tower=host`` (docs/serve.md, "Serving in 24 GB"): the generation tower, the action heads
+``serve.text_tower=host`` (docs/serve.md, "Where the text tower lives"; docs/cosmos3.md, "Serving in
+24 GB"): the generation tower, the action heads
 and the text key/value cache stay on the device; the understanding tower's decoder-layer weights rest
 in pinned host memory (:class:`~wamkit.device.PinnedArena`: no power-of-two rounding), and the token
 embeddings, final norm and LM head in ordinary host memory. They stay parameters of the module, so the
@@ -9,23 +10,31 @@ the very tensors the device-resident model has. A new prompt's keys/values are c
 :func:`kv_step.encode_layers` over two device-resident copies of one layer's understanding half
 ("slots"): layer i runs in slot i % 2 while layer i + 1 is copied into the other on a side stream.
 
-**Why streamed, not computed on the CPU** (Cosmos3-Nano, a ~130-token LIBERO caption, bf16):
+**Why streamed, not computed on the CPU** (Cosmos3-Nano, a LIBERO caption of 141 tokens, bf16):
 
 - the tower's decoder layers hold 36 x 193.0M = 6.95B parameters = 13.9 GB (the other 1.24B of its
   8.19B are the embedding table, gathered row by row on the host, and the LM head, never run);
 - streamed over PCIe at ~25 GB/s (Gen4 x16 from pinned memory; Gen5 about twice that) they take
-  13.9 / 25 = 0.56 s, while the device computes each layer in ~0.1 ms (2 x 193M x 130 tokens = 50
-  GFLOP per layer) behind the copy: a new prompt costs ~0.6 s (0.3 s on Gen5) whatever its length;
-- on the CPU the same prompt is 2 x 6.95B x 130 = 1.8 TFLOP: a 16-core host's fp32 GEMM gives
-  ~1 TFLOP/s at best (bf16 without AMX is slower, not faster), so 2 s or more, growing with the
-  prompt, on the cores the server's preprocessing and batching also need;
-- so with the denoising of the first batch (0.29 s at batch 1 on the H200) the streamed path answers a
-  new prompt in about 0.9 s, inside the 2 s target with room; the CPU path does not.
+  13.9 / 25 = 0.56 s, while the GPU computes each layer (2 x 193M x 141 = 54 GFLOP, 386 MB of weights
+  read: ~0.1 ms) behind its copy: a new prompt costs ~0.6 s (~0.3 s on Gen5), whatever its length and
+  whatever the host's CPU;
+- on the CPU the same prompt is 2 x 6.95B x 141 = 1.96 TFLOP. The GPU machine's host has 16 cores:
+  fp32 GEMM there peaks near 16 x 2.5 GHz x 64 FLOP/cycle = 2.6 TFLOP/s (AVX-512, two FMA units),
+  ~1.5 sustained, so 1.3 s and more, growing with the prompt; bf16 is faster only on CPUs with AMX,
+  and slower without. Those cores are also the server's: its preprocessing, its batching, and the
+  thread that launches the GPU's kernels (the served step is launch-bound at batch 1), which a
+  concurrent CPU encode would slow for every request in flight;
+- and the CPU's kernels round differently from the GPU's, where the streamed layers run the very
+  kernels of the default server (bit-equal keys/values, below);
+- so with the denoising of the first batch (0.29 s at batch 1 on the H200) the streamed path should
+  answer a new prompt in about 0.9 s, inside the 2 s target with room (``maintainers/gpu_serve24.py``
+  measures it); the CPU path would be at or past the target, and host-dependent.
 
 Exactness: the slots run the same kernels on tensors of the same shapes, dtypes and layout, in the
 same order, as the device-resident tower (the embedding gather on the host is a copy of rows), so the
-keys/values, and hence the actions, are bit-equal to the default server's (tests/test_serve_plan.py
-checks it on the CPU, where the "device" is the host and the copies are plain copies).
+keys/values, and hence the actions, are bit-equal to the default server's: tests/test_serve_text_tower.py
+checks it on the CPU, where the "device" is the host and the copies are plain copies; on a GPU it is
+expected for the same reason (``maintainers/gpu_serve24.py`` compares the two servers' actions).
 
 Only policy mode's fast path reads the text through keys/values; the stock path (the other modes, or
 ``fast_inference=false``) runs the whole module on one device and is refused by the adapter.
