@@ -119,7 +119,9 @@ def measure(where: str, cap_gb: float, out_dir: Path) -> dict:
     peaks = Peaks()
     peaks.start()
     model = ModelConfig(name="cosmos3", preset=PRESET, options=dict(OPTIONS))
-    resolved = plan.resolve_text_tower(where, model, None, dev, MAX_BATCH)  # refused here if it does not fit
+    resolved = plan.resolve_text_tower(
+        where, model, None, None, dev, MAX_BATCH
+    )  # refused here if it does not fit
     ad = plan.planning_adapter(model, None)
     planned = plan.plan_for(
         ad.serving_footprint(MAX_BATCH, "cuda"), resolved, MAX_BATCH, plan.device_budget(dev)

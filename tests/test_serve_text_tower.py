@@ -9,6 +9,7 @@ not merely close: an inexact copy or a slot holding the wrong layer's weights br
 
 from __future__ import annotations
 
+import json
 import re
 
 import numpy as np
@@ -86,7 +87,7 @@ def test_the_setting_is_checked_by_name():
         random_init("tiny", "small", device="cpu", text_tower="host")
     with pytest.raises(ConfigError, match=r"serve\.text_tower=host: model 'tiny' has no separate text tower"):
         plan.resolve_text_tower(
-            "host", ModelConfig(name="tiny", preset="small"), None, torch.device("cpu"), 8
+            "host", ModelConfig(name="tiny", preset="small"), None, None, torch.device("cpu"), 8
         )
 
 
@@ -147,3 +148,26 @@ def test_a_size_where_nothing_fits_is_refused_naming_it(capsys):
     assert str(plan.refusal(p)).startswith("serving plan: ") and "serve.text_tower=host" in str(
         plan.refusal(p)
     )
+
+
+def test_a_serving_directory_is_planned_in_the_dtype_it_loads_in(tmp_path, capsys):
+    """A serving directory is built on the CPU then moved: under dtype auto its weights are fp32, four
+    bytes a parameter, and Nano's then fits 24 GB nowhere; with dtype bfloat16 it plans as the random
+    preset does. Only model.json is read (no weights here)."""
+    from wamkit.files import MODEL_FILE, model_json
+
+    ad = plan.planning_adapter(ModelConfig(name="cosmos3", preset="nano"), None)
+    for dtype, gen_bytes in (("auto", 4), ("bfloat16", 2)):
+        folder = tmp_path / dtype
+        folder.mkdir()
+        config = ad.config_dict()
+        config["options"] = {**config["options"], "dtype": dtype}
+        (folder / MODEL_FILE).write_text(json.dumps(model_json(config)))
+        assert wamkit(["serve", str(folder), "--plan", "--device-memory", "24GB,141GB"]) == 0
+        out = capsys.readouterr().out
+        weights = "float32" if gen_bytes == 4 else "bfloat16"
+        assert f"{weights} weights" in out
+        gen = _rows(_sections(out)["141GB"])["generation tower and heads"][0]
+        assert gen == pytest.approx(NANO_GEN * gen_bytes / GiB, abs=0.01)
+        fits_24 = "  24GB: nothing fits" not in out
+        assert fits_24 == (gen_bytes == 2), out.split("what fits:")[1]

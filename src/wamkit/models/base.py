@@ -322,7 +322,7 @@ class ServingFootprint:
     device), ``text_tower`` its weights and ``text_layer`` its largest layer's (two such copies sit on
     the device while it streams), ``vae`` the image encoder, ``text_prompt`` one prompt in the text
     key/value cache, which holds ``text_cache_size`` prompts, ``batch`` one model call at the largest
-    batch (its context and working set, an estimate)."""
+    batch (its context and working set, an estimate); ``dtype`` the weights' (e.g. "bfloat16")."""
 
     weights: int
     text_tower: int
@@ -331,6 +331,7 @@ class ServingFootprint:
     text_prompt: int
     text_cache_size: int
     batch: int
+    dtype: str
 
 
 @runtime_checkable
@@ -340,8 +341,9 @@ class PlacesTextTower(Protocol):
     rest on the device."""
 
     def serving_footprint(self, max_batch: int, device_type: str) -> ServingFootprint:
-        """Bytes per part when served at ``max_batch`` on a ``device_type`` device (from shapes: a model
-        on the meta device will do)."""
+        """Bytes per part when served at ``max_batch``, the weights built on a ``device_type`` device
+        (their dtype may follow it) and computed on a GPU (from shapes: a model on the meta device will
+        do)."""
         ...
 
     def place_text_tower(self, device: torch.device) -> None:

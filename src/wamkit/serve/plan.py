@@ -45,6 +45,7 @@ class ServePlan:
     text_tower: str
     max_batch: int
     cache_size: int  # prompts the text K/V cache holds
+    dtype: str  # the weights'
     device_bytes: int
     device_type: str
     rows: list[tuple[str, int, str]]  # (category, bytes, "device" | "host")
@@ -65,7 +66,7 @@ class ServePlan:
         unit, size = ("GiB", GiB) if self.device_total >= GiB else ("MiB", MiB)
         lines = [
             f"serving plan: serve.text_tower={self.text_tower}, serve.max_batch={self.max_batch}, "
-            f"text cache of {self.cache_size} prompts, {self.device_bytes / GiB:.1f} GiB device",
+            f"text cache of {self.cache_size} prompts, {self.dtype} weights, {self.device_bytes / GiB:.1f} GiB device",
             f"  {'category':<32} {unit:>8}  where",
         ]
         lines += [f"  {cat:<32} {b / size:>8.2f}  {where}" for cat, b, where in self.rows]
@@ -105,7 +106,7 @@ def plan_for(
     ]
     if device_type == "cuda":
         rows.append(("reserve", int(RESERVE_FIXED + RESERVE_FRACTION * device_bytes), "device"))
-    return ServePlan(text_tower, max_batch, cache_size, device_bytes, device_type, rows)
+    return ServePlan(text_tower, max_batch, cache_size, fp.dtype, device_bytes, device_type, rows)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,17 +149,27 @@ def _smaller(n: int, steps: tuple[int, ...] = ()) -> list[int]:
     return [n, *below]
 
 
-def pick(adapter: PlacesTextTower, setting: str, max_batch: int, device_bytes: int, device_type: str) -> Pick:
+def pick(
+    adapter: PlacesTextTower,
+    setting: str,
+    max_batch: int,
+    device_bytes: int,
+    device_type: str,
+    built_on: str | None = None,
+) -> Pick:
     """The placement for ``serve.text_tower=setting`` (auto: device where it fits, else host); where
-    none fits, the host placement with the largest batch, then the largest text cache, that does."""
-    fp = adapter.serving_footprint(max_batch, device_type)
+    none fits, the host placement with the largest batch, then the largest text cache, that does.
+    ``built_on``: the device type the weights are built on (default ``device_type``; a serving
+    directory: the CPU, :func:`served_model`)."""
+    built_on = built_on or device_type
+    fp = adapter.serving_footprint(max_batch, built_on)
     tries = PLACEMENTS if setting == "auto" else (setting,)
     plans = [plan_for(fp, t, max_batch, device_bytes, device_type) for t in tries]
     for plan in plans:
         if plan.fits:
             return Pick(plan, True)
     for batch in _smaller(max_batch):
-        fp_b = adapter.serving_footprint(batch, device_type)
+        fp_b = adapter.serving_footprint(batch, built_on)
         for cache in _smaller(fp.text_cache_size, (64, 32, 16)):
             q = plan_for(fp_b, "host", batch, device_bytes, device_type, cache)
             if q.fits:
@@ -204,20 +215,26 @@ def planning_adapter(model: ModelConfig, io: ModelIO | None) -> Any:
 
 def served_model(
     export_dir: str | None, model: ModelConfig, io: ModelIO | None
-) -> tuple[ModelConfig, ModelIO | None]:
-    """The model a server would serve: a serving directory's (its ``model.json``), else ``model``."""
+) -> tuple[ModelConfig, ModelIO | None, str | None]:
+    """The model a server would serve and the device type its weights are built on: a serving
+    directory's (its ``model.json``; loaded on the CPU, then moved: ``"cpu"``), else ``model`` (built
+    on the serving device: None)."""
     if not export_dir:
-        return model, io
+        return model, io, None
     from wamkit.models.pretrained import read_model_json
 
     meta = read_model_json(Path(export_dir))
-    return ModelConfig(name=meta["name"], preset=meta["preset"], options=meta["options"]), ModelIO.from_dict(
-        meta["io"]
-    )
+    cfg = ModelConfig(name=meta["name"], preset=meta["preset"], options=meta["options"])
+    return cfg, ModelIO.from_dict(meta["io"]), "cpu"
 
 
 def resolve_text_tower(
-    setting: str, model: ModelConfig, io: ModelIO | None, device: torch.device, max_batch: int
+    setting: str,
+    model: ModelConfig,
+    io: ModelIO | None,
+    built_on: str | None,
+    device: torch.device,
+    max_batch: int,
 ) -> str:
     """``serve.text_tower`` resolved for this device, before the model is built: ``device`` or
     ``host``; a placement that does not fit is refused (:func:`refusal`). On a CPU the host is the
@@ -234,7 +251,7 @@ def resolve_text_tower(
         return "device"
     if device.type != "cuda":
         return setting
-    p = pick(adapter, setting, max_batch, device_budget(device), "cuda")
+    p = pick(adapter, setting, max_batch, device_budget(device), "cuda", built_on)
     if not p.fits:
         raise refusal(p)
     log.info("serving plan: %s\n%s", p.summary(), p.plan.table())
@@ -242,7 +259,12 @@ def resolve_text_tower(
 
 
 def print_plan(
-    model: ModelConfig, io: ModelIO | None, setting: str, max_batch: int, device_memory: str
+    model: ModelConfig,
+    io: ModelIO | None,
+    built_on: str | None,
+    setting: str,
+    max_batch: int,
+    device_memory: str,
 ) -> None:
     """``wamkit serve ... --plan``: per ``--device-memory`` size (comma-separated), the table of the
     placement picked and a line saying what it is; then one summary line per size. One size whose plan
@@ -259,12 +281,12 @@ def print_plan(
         )
     print(f"{model.name}/{model.preset}: serve.text_tower={setting}, serve.max_batch={max_batch}")
     if len(sizes) == 1:  # one device: its plan, or the refusal a server would meet there
-        p = pick(adapter, setting, max_batch, sizes[0][0], "cuda")
+        p = pick(adapter, setting, max_batch, sizes[0][0], "cuda", built_on)
         if not p.fits:
             raise refusal(p)
     lines = []
     for nbytes, label in sizes:
-        p = pick(adapter, setting, max_batch, nbytes, "cuda")
+        p = pick(adapter, setting, max_batch, nbytes, "cuda", built_on)
         shown = p.plan.table() + (f"\n{p.instead.table()}" if p.instead is not None else "")
         print(f"== {label} device ==\n{shown}\n  picks: {p.summary()}\n")
         lines.append(f"  {label}: {p.summary()}")

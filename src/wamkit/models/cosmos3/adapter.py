@@ -249,16 +249,16 @@ class Cosmos3Adapter(Cosmos3Inference):
         self.fast.clear()
 
     def serving_footprint(self, max_batch: int, device_type: str) -> ServingFootprint:
-        """What serving this model at ``max_batch`` keeps, in bytes, on a ``device_type`` device (the
-        dtype :func:`resolve_dtype` gives there): read from the parameters' shapes (a model on the meta
+        """What serving this model at ``max_batch`` keeps, in bytes, its weights built on a
+        ``device_type`` device (in the dtype :func:`resolve_dtype` gives there: a serving directory is
+        built on the CPU, so fp32 under ``dtype: auto``): read from the parameters' shapes (a model on the meta
         device will do) and the nominal request (:meth:`_nominal_request`). The batch figures are
         estimates, as :mod:`wamkit.serve.plan` says."""
         from wamkit.models.cosmos3.fast_policy import batch_bucket
         from wamkit.models.cosmos3.host_tower import tower_parameter_names
 
-        e = torch.empty(
-            (), dtype=resolve_dtype(self.options["dtype"], torch.device(device_type))
-        ).element_size()
+        dtype = resolve_dtype(self.options["dtype"], torch.device(device_type))
+        e = torch.empty((), dtype=dtype).element_size()
         tower = tower_parameter_names(self.module)
         params = dict(self.module.named_parameters())
         und = sum(p.numel() for n, p in params.items() if n in tower)
@@ -287,6 +287,7 @@ class Cosmos3Adapter(Cosmos3Inference):
             text_prompt=und_len * kv_token,
             text_cache_size=int(self.options["text_cache_size"]),
             batch=context + work,
+            dtype=str(dtype).removeprefix("torch."),
         )
 
     def compile_fields(self) -> dict[str, Any] | None:
