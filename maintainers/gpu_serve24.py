@@ -20,7 +20,9 @@ call (:meth:`ServedPolicy.infer`, no socket):
 ``compare DIR``: the two runs' ratios (host / device obs/s at 1 and 8, the target ≥ 0.9), the first
 answers (target ≤ 2 s), the driver peak against the cap, and max |Δa| between the two servers' actions
 (bit-equal expected: the same kernels on the same shapes). Without arguments: both measures, each in
-its own process, then the comparison; one JSON line each.
+its own process, then the comparison; one JSON line each. ``SERVE24_DEVICE=cpu SERVE24_PRESET=tiny``:
+a dry run of the whole script on a CPU (no cap, no memory figures; its timings mean nothing), to find
+a broken script before GPU time is spent on it.
 """
 
 from __future__ import annotations
@@ -43,6 +45,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 PRESET = os.environ.get("SERVE24_PRESET", "nano")  # tiny: a one-minute check that the script runs
+# cpu (with SERVE24_PRESET=tiny): a dry run of the script where no GPU is (no cap, no memory figures)
+DEVICE = torch.device(os.environ.get("SERVE24_DEVICE", "cuda"))
+CUDA = DEVICE.type == "cuda"
 REPEATS = 5
 MAX_BATCH = 8
 OPTIONS = {"text_cache_size": 32}
@@ -99,10 +104,12 @@ def obs(policy, tasks: list[str], seed: int = 0) -> dict:
 
 
 def timed(fn) -> float:
-    torch.cuda.synchronize()
+    if CUDA:
+        torch.cuda.synchronize()
     t0 = time.perf_counter()
     fn()
-    torch.cuda.synchronize()
+    if CUDA:
+        torch.cuda.synchronize()
     return time.perf_counter() - t0
 
 
@@ -111,25 +118,25 @@ def measure(where: str, cap_gb: float, out_dir: Path) -> dict:
     from wamkit.serve import plan
     from wamkit.serve.loading import random_init
 
-    dev = torch.device("cuda", 0)
-    if cap_gb:
+    dev = torch.device("cuda", 0) if CUDA else DEVICE
+    if cap_gb and CUDA:
         torch.cuda.set_per_process_memory_fraction(
             cap_gb * 1e9 / torch.cuda.get_device_properties(dev).total_memory, dev
         )
     peaks = Peaks()
-    peaks.start()
+    if CUDA:
+        peaks.start()
     model = ModelConfig(name="cosmos3", preset=PRESET, options=dict(OPTIONS))
     resolved = plan.resolve_text_tower(
         where, model, None, None, dev, MAX_BATCH
     )  # refused here if it does not fit
     ad = plan.planning_adapter(model, None)
-    planned = plan.plan_for(
-        ad.serving_footprint(MAX_BATCH, "cuda"), resolved, MAX_BATCH, plan.device_budget(dev)
-    )
+    budget = plan.device_budget(dev) if CUDA else 0
+    planned = plan.plan_for(ad.serving_footprint(MAX_BATCH, dev.type), resolved, MAX_BATCH, budget, dev.type)
     t0 = time.perf_counter()
-    policy = random_init("cosmos3", PRESET, OPTIONS, device="cuda", text_tower=resolved)
+    policy = random_init("cosmos3", PRESET, OPTIONS, device=str(dev), text_tower=resolved)
     built = time.perf_counter() - t0
-    weights_gib = torch.cuda.memory_allocated(dev) / 2**30
+    weights_gib = torch.cuda.memory_allocated(dev) / 2**30 if CUDA else 0.0
     ident = policy.identity()["weights_sha256"]
     t0 = time.perf_counter()
     policy.warm(policy.warm_sizes(MAX_BATCH, "all"))
@@ -154,6 +161,8 @@ def measure(where: str, cap_gb: float, out_dir: Path) -> dict:
     result["encode_s"] = round(timed(lambda: ad.fast.text_kv(("encode",), seg)), 3)
     actions = policy.infer(obs(policy, TASKS, seed=1))["actions"]
     np.save(out_dir / f"actions_{resolved}.npy", actions)
+    if not CUDA:
+        return result
     peaks.stop.set()
     peaks.join()
     result.update(
@@ -173,8 +182,8 @@ def compare(out_dir: Path) -> dict:
         "b1_ratio": round(d["b1_s"] / h["b1_s"], 3),
         "b8_ratio": round(h[f"b{MAX_BATCH}_obs_s"] / d[f"b{MAX_BATCH}_obs_s"], 3),
         "new_prompt_s_max": max(h["new_prompt_s"]),
-        "driver_peak_gb": h["driver_peak_gb"],
-        "device_used_peak_gb": h["device_used_peak_gb"],
+        "driver_peak_gb": h.get("driver_peak_gb"),
+        "device_used_peak_gb": h.get("device_used_peak_gb"),
         "cap_gb": h["cap_gb"],
         "same_weights": d["weights_sha256"] == h["weights_sha256"],
         "max_abs_action_diff": float(np.abs(a - b).max()),
