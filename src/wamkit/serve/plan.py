@@ -203,14 +203,13 @@ def device_budget(device: torch.device) -> int:
 
 
 def planning_adapter(model: ModelConfig, io: ModelIO | None) -> Any:
-    """The model built for planning only: on the meta device where its builder allows, else whole on
-    the CPU (a small model)."""
+    """The model built on the meta device for planning (nothing read or allocated), or None for a model
+    whose builder does not build there: a model that keeps its text tower on the host is planned from
+    shapes, so it builds on meta; any other is served whole on the device."""
     from wamkit.models import build_model
     from wamkit.models.registry import builds_on_meta
 
-    if builds_on_meta(model.name):
-        return build_model(model, io, device="meta")
-    return build_model(model, io)
+    return build_model(model, io, device="meta") if builds_on_meta(model.name) else None
 
 
 def served_model(
