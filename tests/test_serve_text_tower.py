@@ -171,3 +171,23 @@ def test_a_serving_directory_is_planned_in_the_dtype_it_loads_in(tmp_path, capsy
         assert gen == pytest.approx(NANO_GEN * gen_bytes / GiB, abs=0.01)
         fits_24 = "  24GB: nothing fits" not in out
         assert fits_24 == (gen_bytes == 2), out.split("what fits:")[1]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_a_gpu_the_streamed_tower_gives_the_default_servers_actions():
+    """The CUDA path: the tower pinned, its layers copied on a side stream behind events, the
+    compiled-and-captured step (the default on CUDA) reading the text from the cache. Same kernels on
+    the same shapes: bit-equal actions expected; the tower's weights off the GPU."""
+    dev = random_init(
+        "cosmos3", "tiny", {"num_inference_steps": 4}, device="cuda", io=IO, text_tower="device"
+    )
+    host = random_init("cosmos3", "tiny", {"num_inference_steps": 4}, device="cuda", io=IO, text_tower="host")
+    tower = host.adapter.fast.text_tower
+    assert all(p.is_pinned() for half in tower.layers for p in half.parameters())
+    assert host.adapter.module.embed_tokens.weight.device.type == "cpu"
+    assert host.adapter.module.proj_in.weight.device.type == "cuda"
+    for tasks in (TASKS[:1], TASKS, TASKS[::-1]):
+        want = dev.adapter.predict(make_batch(tasks), seed=7)["actions"]
+        got = host.adapter.predict(make_batch(tasks), seed=7)["actions"]
+        assert np.array_equal(want, got), f"{tasks}: max difference {np.abs(want - got).max()}"
