@@ -36,6 +36,10 @@
 #   bash maintainers/gpu_runs.sh cosmos3-loss  # core: nano_l8 from random weights, the recipe's settings, 60 steps:
 #                                          the loss curve of docs/cosmos3.md (1 GPU)
 #   bash maintainers/gpu_runs.sh sft-text-kv   # core: Nano's trainer step with and without a text cache (1 GPU)
+#   bash maintainers/gpu_runs.sh sft80         # core: Nano's trainer step at the recipe's 64 micro-batches of 32 (EMA) reading a
+#                                          text cache, capped at 80 GB (--device-memory; the stock step does not
+#                                          fit there): samples/s, MFU, driver-reported peak, host peak RSS (1 GPU)
+#   bash maintainers/gpu_runs.sh sft80-uncapped  # core: the same uncapped (the stock step beside it), the next call
 #   bash maintainers/gpu_runs.sh sft-full      # core: full-size Cosmos3-Nano SFT placed by its memory plan on one
 #                                          GPU (the plan printed, the transformer step beside the trainer
 #                                          step with accumulation, EMA and offload), and the nano_l8 rows (1 GPU)
@@ -406,6 +410,13 @@ for k in ('time/step', 'time/save_s', 'time/save_write_s', 'time/save_wait_s'):
     # the model): docs/benchmarks.md "Text cache" (1 GPU)
     run sft_text_kv 560 $W bench train --model cosmos3 --preset nano --precision bf16 --micro-batch 32 --latents \
       --option gradient_checkpointing=true --compile --accumulation 4 --steps 1 --warmup 1 --text-kv
+    ;;
+  sft80 | sft80-uncapped)
+    cap=$([ "$group" = sft80 ] && echo "--device-memory 80GB")
+    # shellcheck disable=SC2086
+    run "$group" 560 $W bench train --model cosmos3 --preset nano --precision bf16 --micro-batch 32 --latents \
+      --option gradient_checkpointing=true --compile --accumulation 64 --ema --steps 1 --warmup 1 --text-kv $cap
+    tail -n 12 "$OUT/$group.log" | tee -a "$OUT/index.txt"
     ;;
   cosmos3-loss)
     # nano_l8 from random weights with the recipe's settings, warm-up of 500 included (its first 60 steps

@@ -241,3 +241,32 @@ def test_bench_train_text_kv_adds_the_cached_row(capsys):
     out = capsys.readouterr().out
     assert "trainer step (FSDP2+clip+AdamW)" in out and "trainer step, text cache" in out
     assert "text cache / stock trainer samples/s:" in out
+
+
+def test_bench_train_prints_a_row_its_memory_plan_refuses_and_goes_on(capsys, monkeypatch):
+    """On a capped device (`--device-memory`) the stock trainer step of a large model does not fit: its
+    row says so and the cached row is still measured. Here the plan refuses the first trainer row."""
+    import wamkit.train.placement as placement
+    from wamkit.cli import main
+    from wamkit.config import ConfigError
+
+    real, asked = placement.plan_here, []
+
+    def refuse_the_first(*args, **kwargs):
+        asked.append(1)
+        if len(asked) == 1:
+            raise ConfigError("the training state does not fit (nothing was built): a test's refusal")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(placement, "plan_here", refuse_the_first)
+    argv = ["bench", "train", "--model", "cosmos3", "--preset", "tiny", "--micro-batch", "2", "--steps", "1",
+            "--warmup", "1", "--device", "cpu", "--text-kv"]  # fmt: skip
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    stock = next(line for line in out.splitlines() if line.startswith("trainer step (FSDP2+clip+AdamW)"))
+    assert "does not fit" in stock
+    cached = next(line for line in out.splitlines() if line.startswith("trainer step, text cache"))
+    assert "does not fit" not in cached and float(cached.split()[-4]) > 0  # its s/step
+    assert "text cache / stock trainer samples/s: n/a (the stock step does not fit)" in out
+    with pytest.raises(SystemExit, match="--device-memory caps a CUDA device"):
+        main([*argv, "--device-memory", "1GB"])

@@ -98,3 +98,13 @@ class PinnedArena:
         self._used += -(-n // _ALIGN) * _ALIGN
         out = part.view(dtype)[: torch.Size(shape).numel()].view(shape)
         return out.zero_()
+
+
+def device_budget(device: torch.device) -> int:
+    """A CUDA device's memory as this process may use it: its total times the fraction
+    ``torch.cuda.set_per_process_memory_fraction`` set (``wamkit bench train --device-memory``, or a
+    user's own cap)."""
+    props = torch.cuda.get_device_properties(device)
+    # torch >= 2.8 says the fraction; before, the cap is not readable and the total is planned for
+    fraction = getattr(torch.cuda, "get_per_process_memory_fraction", lambda _d: 1.0)(device)
+    return int(props.total_memory * fraction)

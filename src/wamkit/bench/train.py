@@ -24,11 +24,14 @@ process only.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import logging
 import os
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +42,8 @@ from wamkit.bench.procs import kill_tree
 from wamkit.bench.timing import profile_table, timed
 from wamkit.models.base import compile_blocks
 from wamkit.models.synthetic import synthetic_batch
+
+log = logging.getLogger(__name__)
 
 H200_BF16_PEAK = 989e12
 
@@ -101,6 +106,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="models that encode a video target (cosmos3): train from latents encoded once, as a "
         "latent cache gives them (wamkit cache-latents), not through the VAE at every step",
+    )
+    parser.add_argument(
+        "--device-memory",
+        default="",
+        metavar="SIZE",
+        help="cap this process's CUDA memory at SIZE (e.g. 80GB; torch.cuda.set_per_process_memory_fraction) "
+        "and plan for it, as on a card of that size; a row whose plan does not fit says so; each trainer "
+        "row also prints the driver-reported peak (the device's memory in use, CUDA context included)",
     )
     parser.add_argument(
         "--text-kv",
@@ -168,6 +181,14 @@ def _measure_bare(cfg, device: torch.device, bf16: bool, args: argparse.Namespac
     return t, bare.flops_per_sample(), n_params  # the model goes with this frame
 
 
+def _counts(cfg) -> tuple[float, int]:
+    """FLOPs per sample and parameters of ``cfg``'s model, built on the meta device (nothing allocated)."""
+    from wamkit.models import build_model
+
+    meta = build_model(cfg, None, device="meta")
+    return meta.flops_per_sample(), sum(p.numel() for p in meta.module.parameters())
+
+
 def _profile(step, device: torch.device, rows: int) -> None:
     """One step under torch.profiler: the ``rows`` costliest ops by device time (CPU time on a CPU)."""
     print(profile_table(step, device, rows))
@@ -207,8 +228,6 @@ def _bench_text_cache(cfg, folder, precision: str):
     """A text cache for the synthetic batch's captions, of the shapes the model's tower would give:
     the keys/values are random (a speed benchmark reads them as it reads real ones), the fingerprint
     the model's own. Returns the model config that reads it."""
-    import dataclasses
-
     from wamkit.models import build_model
     from wamkit.models.cosmos3 import text_kv
     from wamkit.models.registry import builds_on_meta
@@ -304,33 +323,40 @@ def main(args: argparse.Namespace) -> int:
     cfg, mb = _model_config(args), args.micro_batch[0]
     info = init_distributed(args.device)
     device, bf16 = info.device, args.precision == "bf16"
+    cap = _cap_device_memory(args.device_memory, device)
     try:
-        t_bare, flops, n_params = _measure_bare(cfg, device, bf16, args, mb)
+        try:
+            t_bare, flops, n_params = _measure_bare(cfg, device, bf16, args, mb)
+        except torch.OutOfMemoryError as err:  # the whole model on a capped device
+            log.warning("bare forward+backward: out of memory (%s)", str(err).splitlines()[0])
+            t_bare, flops, n_params = None, *_counts(cfg)
         if device.type == "cuda":
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(device)
-        trainer_step, _, _, plan = _trainer_step(cfg, device, args, mb)
-        t_train = timed(trainer_step, device, args.steps, args.warmup) / args.accumulation
+        with DriverPeak(device) as driver:
+            trainer = _trainer_row(cfg, device, args, mb)
+        t_train, plan = trainer.seconds, trainer.plan
         mem = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
         host = _host_memory()
-        if args.profile:
-            _profile(trainer_step, device, args.profile)
+        if args.profile and trainer.step is not None:
+            _profile(trainer.step, device, args.profile)
         rows = [("bare forward+backward", t_bare), ("trainer step (FSDP2+clip+AdamW)", t_train)]
+        drivers = [driver.peak_gib]
         if args.text_kv:
-            del trainer_step
+            trainer.step = None
             if device.type == "cuda":
                 torch.cuda.empty_cache()
                 torch.cuda.reset_peak_memory_stats(device)
-            with tempfile.TemporaryDirectory(prefix="wamkit-text-kv-") as folder:
+            with (
+                tempfile.TemporaryDirectory(prefix="wamkit-text-kv-") as folder,
+                DriverPeak(device) as driver,
+            ):
                 cached = _bench_text_cache(cfg, folder, args.precision)
-                text_step, _, _, _ = _trainer_step(cached, device, args, mb)
-                rows.append(
-                    (
-                        "trainer step, text cache",
-                        timed(text_step, device, args.steps, args.warmup) / args.accumulation,
-                    )
-                )
-                del text_step
+                text = _trainer_row(cached, device, args, mb)
+                text.step = None
+            rows.append(("trainer step, text cache", text.seconds))
+            drivers.append(driver.peak_gib)
+            plan = plan or text.plan
             mem_text = (
                 torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
             )
@@ -342,20 +368,103 @@ def main(args: argparse.Namespace) -> int:
     print(f"model {args.model}/{args.preset}: {n_params / 1e6:.1f}M parameters, {flops / 1e9:.2f} GFLOP/sample "
           f"(fwd+bwd), micro-batch {mb}, {args.precision} on {name}"
           + (", blocks compiled" if args.compile else ""))  # fmt: skip
+    if cap:
+        print(f"device memory capped at {cap / 2**30:.1f} GiB (--device-memory {args.device_memory}); "
+              "rows planned for it")  # fmt: skip
     print(f"{'variant':<34} {'s/step':>9} {'samples/s':>10} {'TFLOP/s':>8} {'MFU':>7}")
     for label, t in rows:
+        if t is None:
+            print(f"{label:<34} {'does not fit (the log says why)':>36}")
+            continue
         sps = mb / t
         achieved = flops * sps
         mfu = f"{100 * achieved / peak:6.1f}%" if peak else "    n/a"
         print(f"{label:<34} {t:>9.4f} {sps:>10.1f} {achieved / 1e12:>8.2f} {mfu}")
-    print(f"trainer / bare samples/s: {t_bare / t_train:.2f}   peak device memory (trainer): {mem:.1f} GiB   "
-          f"host: peak RSS {host['peak_rss_gb']:.1f} GB, RssAnon now {host['rss_anon_gb']:.1f} GB")  # fmt: skip
-    if args.text_kv:
-        print(f"text cache / stock trainer samples/s: {t_train / rows[-1][1]:.2f}   peak device memory (text cache): "
-              f"{mem_text:.1f} GiB")  # fmt: skip
-    print(f"trainer step: {args.accumulation} micro-batch(es) per optimizer step; memory plan: offload={plan.offload}, "
-          f"reshard_after_forward={plan.reshard}, planned device total {plan.device_total / 2**30:.1f} GiB")  # fmt: skip
+    if t_train is not None:
+        ratio = f"{t_bare / t_train:.2f}" if t_bare is not None else "n/a"
+        print(f"trainer / bare samples/s: {ratio}   peak device memory (trainer): {mem:.1f} GiB, "
+              f"driver-reported {drivers[0]:.1f} GiB   host: peak RSS {host['peak_rss_gb']:.1f} GB, "
+              f"RssAnon now {host['rss_anon_gb']:.1f} GB")  # fmt: skip
+    if args.text_kv and rows[-1][1] is not None:
+        ratio = f"{t_train / rows[-1][1]:.2f}" if t_train is not None else "n/a (the stock step does not fit)"
+        print(f"text cache / stock trainer samples/s: {ratio}   peak device memory (text cache): "
+              f"{mem_text:.1f} GiB, driver-reported {drivers[-1]:.1f} GiB   host: peak RSS "
+              f"{_host_memory()['peak_rss_gb']:.1f} GB")  # fmt: skip
+    if plan is not None:
+        print(f"trainer step: {args.accumulation} micro-batch(es) per optimizer step; memory plan: offload={plan.offload}, "
+              f"reshard_after_forward={plan.reshard}, planned device total {plan.device_total / 2**30:.1f} GiB")  # fmt: skip
     return 0
+
+
+@dataclasses.dataclass
+class _TrainerRow:
+    seconds: float | None  # per micro-batch; None: its plan does not fit
+    plan: Any
+    step: Any = None
+
+
+def _trainer_row(cfg, device: torch.device, args: argparse.Namespace, micro_batch: int) -> _TrainerRow:
+    """One trainer row timed, or, where its memory plan refuses it (a capped device), its refusal
+    logged and no time."""
+    from wamkit.config import ConfigError
+
+    try:
+        step, _, _, plan = _trainer_step(cfg, device, args, micro_batch)
+    except ConfigError as err:
+        log.warning("%s", err)
+        return _TrainerRow(None, None)
+    return _TrainerRow(timed(step, device, args.steps, args.warmup) / args.accumulation, plan, step)
+
+
+def _cap_device_memory(size: str, device: torch.device) -> int:
+    """``--device-memory``: cap this process's CUDA memory at ``size`` (0: no cap)."""
+    if not size:
+        return 0
+    from wamkit.train.memory import parse_size
+
+    if device.type != "cuda":
+        raise SystemExit(
+            "wamkit bench train: --device-memory caps a CUDA device's memory; this run is on the CPU"
+        )
+    cap = parse_size(size, "--device-memory")
+    total = torch.cuda.get_device_properties(device).total_memory
+    if cap > total:
+        raise SystemExit(
+            f"wamkit bench train: --device-memory {size} is more than the device's {total / 2**30:.1f} GiB"
+        )
+    torch.cuda.set_per_process_memory_fraction(cap / total, device)
+    return cap
+
+
+class DriverPeak:
+    """The device memory the driver reports in use (``torch.cuda.mem_get_info``: the whole device,
+    every CUDA context included, as ``nvidia-smi`` counts it), its largest value sampled every 20 ms
+    while the block runs; nan on a CPU."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device, self.peak, self._stop = device, 0, threading.Event()
+        self._thread = threading.Thread(target=self._sample, name="wamkit-driver-peak", daemon=True)
+
+    def _sample(self) -> None:
+        while True:
+            free, total = torch.cuda.mem_get_info(self.device)
+            self.peak = max(self.peak, total - free)
+            if self._stop.wait(0.02):
+                return
+
+    def __enter__(self) -> DriverPeak:
+        if self.device.type == "cuda":
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    @property
+    def peak_gib(self) -> float:
+        return self.peak / 2**30 if self.device.type == "cuda" else float("nan")
 
 
 def _host_memory() -> dict[str, float]:

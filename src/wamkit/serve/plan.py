@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from wamkit.config import ConfigError, ModelConfig
+from wamkit.device import device_budget
 from wamkit.models.base import ModelIO, PlacesTextTower, ServingFootprint
 from wamkit.train.memory import RESERVE_FIXED, RESERVE_FRACTION, GiB, MiB, parse_size
 
@@ -191,15 +192,6 @@ def refusal(p: Pick) -> ConfigError:
         + "\n"
         + q.table()
     )
-
-
-def device_budget(device: torch.device) -> int:
-    """A CUDA device's memory as this process may use it (its total times
-    ``torch.cuda.set_per_process_memory_fraction``'s fraction)."""
-    props = torch.cuda.get_device_properties(device)
-    # torch >= 2.8 says the fraction; before, the cap is not readable and the total is planned for
-    fraction = getattr(torch.cuda, "get_per_process_memory_fraction", lambda _d: 1.0)(device)
-    return int(props.total_memory * fraction)
 
 
 def planning_adapter(model: ModelConfig, io: ModelIO | None) -> Any:

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 import torch
 
 from wamkit.config import ConfigError
-from wamkit.device import meminfo_bytes
+from wamkit.device import device_budget, meminfo_bytes
 from wamkit.models.base import ActivationShape
 
 log = logging.getLogger(__name__)
@@ -323,7 +323,8 @@ def host_memory_bytes() -> int:
 
 
 def device_memory_bytes(device: torch.device) -> int:
-    """A CUDA device's total memory, or the host's for a CPU."""
+    """A CUDA device's memory as this process may use it (:func:`wamkit.device.device_budget`: a cap
+    set by ``set_per_process_memory_fraction`` is planned for), or the host's for a CPU."""
     if device.type == "cuda":
-        return int(torch.cuda.get_device_properties(device).total_memory)
+        return device_budget(device)
     return host_memory_bytes()
