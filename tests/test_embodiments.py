@@ -115,8 +115,9 @@ def test_each_profile_agrees_with_its_backend_and_each_list_exists_once():
 
 
 def test_a_run_resolves_its_auto_env_settings_once_and_backends_take_them_resolved(monkeypatch, tmp_path):
-    """run_eval resolves env.render_quality and env.seed_rule at its start; every later resolution in
-    the run finds nothing left (returns its input) and an env backend refuses an unresolved config."""
+    """run_eval resolves env.render_quality and env.seed_rule once, at its start (a ResolvedEnv); the
+    stages below take that and resolve nothing again; the plan and an env backend refuse an unresolved
+    config."""
     import importlib
 
     from wamkit.envs import metaworld_env
@@ -139,7 +140,12 @@ def test_a_run_resolves_its_auto_env_settings_once_and_backends_take_them_resolv
     assert (cfg.env.render_quality, cfg.env.seed_rule) == ("auto", "auto")
     with pytest.raises(ConnectionError):  # nothing listens there: the run stops at its first connection
         runner.run_eval(cfg, progress=False)
-    assert len(calls) >= 3 and calls[0] is True and not any(calls[1:]), calls  # plan, journal, ...
+    assert calls == [True], calls  # one resolution, at the run's start: the plan and journal take it
+
+    from wamkit.eval.episodes import plan_episodes
+
+    with pytest.raises(TypeError, match="plan_episodes takes an env config resolved"):
+        plan_episodes(EnvConfig(suite="metaworld", tasks=["reach-v3"]), cfg.eval)
 
     with pytest.raises(ConfigError, match=r"MetaWorldEnv: env.render_quality, env.seed_rule still 'auto'"):
         metaworld_env.make(EnvConfig(suite="metaworld", tasks=["reach-v3"]))

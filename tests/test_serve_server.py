@@ -6,9 +6,7 @@ import re
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -290,44 +288,6 @@ def test_serve_cli_starts_and_answers(tmp_path):
         for proc in procs:
             proc.terminate()
             proc.wait(20)
-
-
-def _spawned_children(pid: int) -> list[int]:
-    """Processes ``pid`` started with multiprocessing's spawn (Linux /proc), its resource tracker left out."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            cmdline = (stat.parent / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if int(fields[1]) == pid and b"spawn_main" in cmdline:
-            found.append(int(stat.parent.name))
-    return found
-
-
-def _running(pid: int) -> bool:
-    try:  # a zombie has ended (nobody may reap it in a container)
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def test_serve_cli_front_end_process_answers_and_ends_with_its_parent():
-    proc = _start_cli("--model", "delay", "--random-init", "--option", "delay_ms=5", "--front-end", "process")
-    try:
-        with PolicyClient(f"127.0.0.1:{_port(proc)}") as client:
-            assert client.infer(obs(4))["actions"].shape == (16, 4)
-        (front,) = _spawned_children(proc.pid)
-        proc.kill()  # the model's process dies without a word: its front end must not serve on alone
-        proc.wait(20)
-        deadline = time.monotonic() + 30
-        while _running(front) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not _running(front)
-    finally:
-        proc.kill()
-        proc.wait(20)
 
 
 def test_serving_directory_missing_file_is_named(tmp_path):

@@ -10,7 +10,8 @@ the very tensors the device-resident model has. A new prompt's keys/values are c
 :func:`kv_step.encode_layers` over two device-resident copies of one layer's understanding half
 ("slots"): layer i runs in slot i % 2 while layer i + 1 is copied into the other on a side stream.
 
-**Why streamed, not computed on the CPU** (Cosmos3-Nano, a LIBERO caption of 141 tokens, bf16):
+**Why streamed, not computed on the CPU** (Cosmos3-Nano, bf16, a caption of 141 tokens: a task
+instruction with its view and timing fields):
 
 - the tower's decoder layers hold 36 x 193.0M = 6.95B parameters = 13.9 GB (the other 1.24B of its
   8.19B are the embedding table, gathered row by row on the host, and the LM head, never run);
