@@ -100,6 +100,7 @@ def test_workers_are_built_once_per_shape_and_each_run_is_printed(tmp_path, caps
     assert [len(row["runs"]) for row in doc["runs"]] == [2, 2, 2]
 
 
+@pytest.mark.slow  # a whole bench eval interrupted mid-run (45 s)
 def test_an_interrupted_benchmark_prints_and_keeps_the_runs_that_finished(tmp_path):
     """SIGINT to the whole process group, as ``timeout -s INT`` sends it, once the first run is in."""
     out = tmp_path / "bench.json"

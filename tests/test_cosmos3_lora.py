@@ -280,6 +280,7 @@ def resume_after_sigkill(data, tmp_path, steps: int, args: tuple[str, ...], logg
             assert torch.equal(a[k], b[k]), f"killed at step {kill_at}: {part}.{k} differs"
 
 
+@pytest.mark.slow  # two processes (35 s); the one-process LoRA tests are the fast check
 def test_two_process_fsdp2_shards_the_adapters_resumes_exactly_and_converts(data, tmp_path):
     """FSDP2 over two gloo processes (torchrun): each decoder layer, its LoRA layers inside, is sharded;
     the checkpoint's two shards hold the adapters and heads; resumed from step 2 under two processes the

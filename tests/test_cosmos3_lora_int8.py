@@ -169,6 +169,7 @@ def test_an_int8_run_trains_saves_adapters_refuses_another_base_and_converts_wha
     assert_rounding_close(torch.as_tensor(have), torch.as_tensor(want_a), length=steps * CHAIN)
 
 
+@pytest.mark.slow  # three runs (30 s); the bf16 LoRA resume is the fast check of the mechanism
 def test_sigkill_at_a_random_step_then_resume_auto_gives_identical_losses_over_an_int8_base(data, tmp_path):
     """The LoRA resume test (test_cosmos3_lora.py) over an int8 base: the base is quantized again, the
     same way, at the resume, so the killed run resumed logs the uninterrupted run's losses, bit for bit."""

@@ -181,6 +181,7 @@ def test_cached_text_under_fsdp2_on_two_gloo_processes(tmp_path):
         assert_rounding_close(res["loss"], res["ref"], length=4 * 300)
 
 
+@pytest.mark.slow  # 2.5 min: three wamkit train runs and a convert; the in-process loss and gradients test is the fast check
 def test_a_run_on_cached_text_trains_as_the_stock_run_and_converts(tmp_path):
     """`wamkit cache-text`, then `wamkit train` reading it: the tower is out of the model, the losses are
     the stock run's, and `wamkit convert` gives a serving directory whose frozen tower is the base's."""
@@ -231,6 +232,7 @@ def test_a_run_on_cached_text_trains_as_the_stock_run_and_converts(tmp_path):
     assert torch.equal(served.embed_tokens.weight, fresh.embed_tokens.weight)
 
 
+@pytest.mark.slow  # a benchmark's three rows (40 s)
 def test_bench_train_text_kv_adds_the_cached_row(capsys):
     """`wamkit bench train --text-kv` times the trainer step reading a text cache beside the stock one."""
     from wamkit.cli import main
@@ -243,6 +245,7 @@ def test_bench_train_text_kv_adds_the_cached_row(capsys):
     assert "text cache / stock trainer samples/s:" in out
 
 
+@pytest.mark.slow  # a benchmark's rows (25 s)
 def test_bench_train_prints_a_row_its_memory_plan_refuses_and_goes_on(capsys, monkeypatch):
     """On a capped device (`--device-memory`) the stock trainer step of a large model does not fit: its
     row says so and the cached row is still measured. Here the plan refuses the first trainer row."""

@@ -54,6 +54,7 @@ def test_a_task_keeps_videos_of_both_outcomes_within_its_budget():
     assert not resumed.keep("a", False) and resumed.keep("a", True)
 
 
+@pytest.mark.slow  # its fixture trains and evaluates the demo's model (about a minute with the next test)
 def test_the_evaluation_films_failures_within_its_budget(run):
     """An untrained policy fails every episode: each task keeps one failure (half of eval.videos=2;
     the other half waits for a success), and the journal names exactly the videos on disk."""
@@ -66,6 +67,7 @@ def test_the_evaluation_films_failures_within_its_budget(run):
     assert named == on_disk and sorted(Path(v).parent.name for v in named) == sorted(TASKS.split(","))
 
 
+@pytest.mark.slow  # the same trained run as the test above
 def test_the_report_lays_out_forward_dynamics_on_a_screen_and_explains_its_errors(run):
     from PIL import Image
 

@@ -138,8 +138,12 @@ def test_a_run_resolves_its_auto_env_settings_once_and_backends_take_them_resolv
 
     cfg = eval_config("ws://127.0.0.1:9", tmp_path / "out", "eval.server_timeout_s=0.2")
     assert (cfg.env.render_quality, cfg.env.seed_rule) == ("auto", "auto")
-    with pytest.raises(ConnectionError):  # nothing listens there: the run stops at its first connection
-        runner.run_eval(cfg, progress=False)
+
+    def no_server(url, env_cfg, patience):
+        raise ConnectionError(f"nothing listens at {url}")
+
+    with pytest.raises(ConnectionError):  # the run stops at its first connection, after plan and journal
+        runner.run_eval(cfg, progress=False, policy_factory=no_server)
     assert calls == [True], calls  # one resolution, at the run's start: the plan and journal take it
 
     from wamkit.eval.episodes import plan_episodes

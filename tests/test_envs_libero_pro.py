@@ -115,6 +115,7 @@ def test_a_process_holding_libero_0_1_1_is_refused():
     assert error and "already imported another one" in error and "site-packages/libero" in error
 
 
+@pytest.mark.slow  # LIBERO-PRO rollouts (35 s)
 def test_check_works_on_a_libero_pro_suite(tmp_path):
     got = _child("check", str(tmp_path))
     assert got["correct"]["clean"], got["correct"]["text"]
@@ -134,6 +135,7 @@ def test_reproduces_its_first_drift_pins():
     assert json.loads(r.stdout.strip().splitlines()[-1]) == []
 
 
+@pytest.mark.slow  # a LIBERO-PRO evaluation (30 s)
 def test_evaluation_reports_success_per_category(tmp_path):
     from wamkit.eval.runner import run_eval
     from wamkit.eval.server_proc import start_server_process

@@ -22,6 +22,7 @@ pytestmark = [
 ]
 
 
+@pytest.mark.slow  # a LIBERO evaluation (35 s)
 def test_libero_smoke_eval(tmp_path):
     args = ["--model", "delay", "--preset", "libero", "--random-init", "--device", "cpu"]
     with start_server_process(args) as srv:

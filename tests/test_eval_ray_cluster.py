@@ -127,6 +127,7 @@ print(json.dumps([{"id": n["NodeID"], "alive": n["Alive"], "resources": n["Resou
 
 
 @pytest.mark.skipif(not Path(RAY).is_file(), reason="the ray CLI is missing (pip install 'wamkit[ray]')")
+@pytest.mark.slow  # a two-node Ray cluster (25 s)
 def test_a_two_node_ray_cluster_runs_the_env_actors_on_the_worker_node(tmp_path):
     with start_server_process(DELAY) as server:
         url = f"eval.server_url={server.url}"

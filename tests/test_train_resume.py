@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
@@ -129,6 +130,7 @@ def test_two_process_fsdp2_checkpoints_shard_resume_exactly_and_export(tmp_path)
     assert got == want
 
 
+@pytest.mark.slow  # two processes killed and resumed (25 s); the one-process resume is the fast check
 def test_two_process_sigkill_mid_run_then_resume_auto_is_exact_and_serves(tmp_path):
     """scripts/resume_check.py, the check a GPU machine runs over NCCL, here on 2 CPU processes (gloo):
     the whole torchrun tree is killed after a random step past the first checkpoint; the resumed run
