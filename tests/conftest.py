@@ -33,6 +33,7 @@ NUMERICS = {
     "test_cosmos3_sampler.py",
     "test_models_tiny.py",
     "test_rotations.py",
+    "test_serve_text_tower.py",
     "test_train_base.py",
     "test_train_placement.py",
     "test_train_rendezvous.py",
