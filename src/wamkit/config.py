@@ -298,6 +298,23 @@ class EvalConfig:
     executor: Literal["local", "ray"] = "local"
     workers: int = 2  # env worker processes
     replan_interval: int = 8  # actions applied from each chunk before asking again
+    # how the world waits for the policy (docs/eval.md "Real-time execution"): sync = the world stops
+    # while the policy thinks; async = an env keeps executing the chunk it has while its next request is
+    # in flight, and the new chunk takes over delay_steps later (simulated time: reproducible)
+    execution: Literal["sync", "async"] = "sync"
+    # async: control steps a request is in flight; auto = the server's measured latency at the run's
+    # batch x the embodiment's control rate, rounded up (recorded in plan.json)
+    delay_steps: int | str = 0
+    # how consecutive chunks meet: switch = the new chunk replaces the old one; rtc = real-time chunking
+    # (the request carries the old chunk's unexecuted actions and the server's flow sampler inpaints
+    # them; wamkit servers of flow models); ensemble = ACT's temporal ensembling of every chunk covering
+    # a step, weights exp(-ensemble_coeff * i), i = 0 the oldest
+    chunk_blend: Literal["switch", "rtc", "ensemble"] = "switch"
+    ensemble_coeff: float = 0.01
+    # rtc: the soft mask over the overlap (exp | linear | ones | zeros) and the guidance-weight clip
+    # (beta); the paper's values by default (docs/eval.md cites them)
+    rtc_schedule: Literal["exp", "linear", "ones", "zeros"] = "exp"
+    rtc_max_guidance: float = 5.0
     videos: int = 2  # episodes recorded as mp4 per task, successes and failures sharing them (eval/video.py)
     # a control: every camera image the policy is sent is black (uint8 zeros of the rendered shape),
     # so the success left is what the policy gets without vision; the videos still show the scene
@@ -348,6 +365,36 @@ class EvalConfig:
             )
         if self.videos < 0:
             raise ConfigError(f"eval.videos: expected >= 0 episodes per task, got {self.videos}")
+        self._check_execution()
+
+    def _check_execution(self) -> None:
+        choices = {
+            "execution": ("sync", "async"),
+            "chunk_blend": ("switch", "rtc", "ensemble"),
+            "rtc_schedule": ("exp", "linear", "ones", "zeros"),
+        }
+        for key, allowed in choices.items():
+            if getattr(self, key) not in allowed:
+                raise ConfigError(
+                    f"eval.{key}: expected one of {', '.join(allowed)}, got {getattr(self, key)!r}"
+                )
+        d = self.delay_steps
+        if not (d == "auto" or (isinstance(d, int) and not isinstance(d, bool) and d >= 0)):
+            raise ConfigError(f"eval.delay_steps: expected a whole number >= 0 or 'auto', got {d!r}")
+        if self.execution == "sync" and d not in (0, "auto"):
+            raise ConfigError(
+                f"eval.delay_steps={d} needs eval.execution=async (sync execution stops the world while "
+                "the policy thinks: no step passes)"
+            )
+        if self.chunk_blend == "rtc" and self.backend != "wamkit":
+            raise ConfigError(
+                f"eval.chunk_blend=rtc sends the unexecuted actions with each request, which only a wamkit "
+                f"server reads; eval.backend is {self.backend!r} (use switch or ensemble)"
+            )
+        if self.ensemble_coeff < 0:
+            raise ConfigError(f"eval.ensemble_coeff: expected >= 0, got {self.ensemble_coeff}")
+        if self.rtc_max_guidance <= 0:
+            raise ConfigError(f"eval.rtc_max_guidance: expected > 0, got {self.rtc_max_guidance}")
 
     def _check_servers(self) -> None:
         """Each server serves whole stages (stage i on server i mod S), so there must be a stage for each."""

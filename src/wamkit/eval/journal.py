@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from wamkit.config import ConfigError
+from wamkit.eval.execution import SYNC_RECORD
 from wamkit.files import append_jsonl, atomic_write_json, read_jsonl
 
 log = logging.getLogger(__name__)
@@ -45,7 +46,12 @@ KEY_FIELDS = ("suite", "task", "trial", "seed")
 # that lacks one is compared as if it recorded that value (before env.render_gpu, workers rendered on
 # EGL's choice of device, which is -1), so --resume of an older run is not refused for the key alone.
 # A key added to plan_record (episodes.py) whose old runs all had one value belongs here.
-ADDED_PLAN_KEYS: dict[str, Any] = {"render_gpu": -1, "state": "full", "blank_images": False}
+ADDED_PLAN_KEYS: dict[str, Any] = {
+    "render_gpu": -1,
+    "state": "full",
+    "blank_images": False,
+    "execution": SYNC_RECORD,
+}
 # The same for the server identity's fields (before serve.precision, no server used autocast).
 ADDED_IDENTITY_KEYS: dict[str, Any] = {"autocast": "off"}
 REQUIRED = KEY_FIELDS + ("success_once", "success_at_end", "length", "return")

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import json
 import logging
 import threading
 import time
@@ -40,6 +41,7 @@ from wamkit.eval.backends import backend_module, connect
 from wamkit.eval.backends.base import Patience, Target
 from wamkit.eval.calibrate import Calibration, batch_sizes, calibrate, independent_bound, start_envs
 from wamkit.eval.episodes import plan_episodes, plan_record
+from wamkit.eval.execution import Execution
 from wamkit.eval.executors import Executor, make_executor
 from wamkit.eval.journal import Journal, episode_key
 from wamkit.eval.process_memory import check_env_memory
@@ -173,28 +175,29 @@ def run_eval(
     if ecfg.blank_images:
         make_policy = _blanked(make_policy)
     out = Path(ecfg.out_dir)
-    plan = plan_record(env_cfg, ecfg, server_location(ecfg))
-    with Journal(out, plan, resume=resume or ecfg.resume) as journal:
-        todo = [e for e in episodes if not journal.done(episode_key(e.suite, e.task, e.trial, e.seed))]
-        log.info("%d episodes planned, %d to run", len(episodes), len(todo))
-        timing, events, stages = None, [], ecfg.pipeline_stages or 1
-        if todo:
-            with reach_servers(ecfg, cfg.serve) as urls:
-                # fail fast (no server, cameras the env does not render, servers serving different
-                # models, another model than the journal's) before workers start
-                probes = [_probe(make_policy, url, env_cfg, ecfg.server_timeout_s) for url in urls]
-                identity = same_model(urls, [said for said, _ in probes])
-                _warn_image_size(env_cfg, urls[0], probes[0][1])  # one model (same_model): one warning
-                server = {**server_location(ecfg), "identity": identity}
-                if identity is None:
-                    server["unidentified"] = UNIDENTIFIED
-                    log.warning("%s: %s", ", ".join(urls), UNIDENTIFIED)
-                journal.check_server(server)
-                workers = functools.partial(_open_workers, cfg, host_factory, env_workers)
-                timing, events, stages = _run(
-                    cfg, todo, journal, urls, make_policy, progress, on_pipeline, prebuild, workers
-                )
-        summary = write_reports(out, list(journal.records.values()), journal.plan, timing, events, stages)
+    resume = resume or ecfg.resume
+    with contextlib.ExitStack() as servers:
+        urls: list[str] | None = None
+        if ecfg.delay_steps == "auto":  # a recorded value on --resume, else measured on the server
+            d = recorded_delay(out) if resume else None
+            if d is None:
+                urls = servers.enter_context(reach_servers(ecfg, cfg.serve))
+                d = measure_delay(make_policy, urls[0], env_cfg, ecfg)
+            ecfg = dataclasses.replace(ecfg, delay_steps=d)
+            cfg = dataclasses.replace(cfg, eval=ecfg)
+        summary = _journaled(
+            cfg,
+            episodes,
+            make_policy,
+            resume,
+            servers,
+            urls,
+            progress,
+            on_pipeline,
+            prebuild,
+            host_factory,
+            env_workers,
+        )
     all_ = summary["all"]
     log.info(
         "success %.1f%% (95%% CI %.1f-%.1f) over %d episodes; results in %s",
@@ -211,6 +214,92 @@ def run_eval(
                 suite, category, 100 * r["rate"], 100 * r["ci95"][0], 100 * r["ci95"][1], r["episodes"],
             )  # fmt: skip
     return summary
+
+
+def recorded_delay(out: Path) -> int | None:
+    """The delay an earlier run in ``out`` resolved ``auto`` to (its plan.json), if any."""
+    from wamkit.eval.journal import PLAN
+
+    try:
+        d = json.loads((out / PLAN).read_text()).get("execution", {}).get("delay_steps")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return d if isinstance(d, int) else None
+
+
+def measure_delay(make_policy, url: str, env_cfg: EnvConfig, ecfg: EvalConfig, repeats: int = 5) -> int:
+    """``eval.delay_steps=auto``: the server's round trip for one stage's batch (the median of
+    ``repeats`` after one warm-up call, blank frames of the env's cameras and size), times the
+    embodiment's control rate, rounded up."""
+    from wamkit.constants import OBS_STATE, TASK
+    from wamkit.envs import suite_info
+
+    info = suite_info(env_cfg.suite, env_cfg.state)
+    size = env_cfg.image_size
+    obs = {image_key(c): np.zeros((size, size, 3), np.uint8) for c in env_cfg.cameras}
+    obs |= {OBS_STATE: np.zeros(info.state_dim, np.float32), TASK: info.tasks[0] if info.tasks else ""}
+    batch = max(1, ecfg.num_envs // max(1, ecfg.pipeline_stages))
+    policy = make_policy(url, env_cfg, Patience(reply_timeout_s=ecfg.server_timeout_s))
+    try:
+        times = []
+        for _ in range(repeats + 1):
+            t0 = time.perf_counter()
+            policy([obs] * batch, list(range(batch)))
+            times.append(time.perf_counter() - t0)
+    finally:
+        close = getattr(policy, "close", None)
+        if close is not None:
+            close()
+    latency = float(np.median(times[1:]))
+    d = max(1, int(np.ceil(latency * info.fps - 1e-9)))
+    log.info(
+        "eval.delay_steps=auto: %.1f ms a request of %d at %g Hz -> %d control steps",
+        1000 * latency, batch, info.fps, d,
+    )  # fmt: skip
+    return d
+
+
+def _journaled(
+    cfg,
+    episodes,
+    make_policy,
+    resume,
+    servers,
+    urls,
+    progress,
+    on_pipeline,
+    prebuild,
+    host_factory,
+    env_workers,
+) -> dict[str, Any]:
+    """The journaled part of :func:`run_eval`: plan, the episodes still to run, reports."""
+    env_cfg, ecfg = cfg.env, cfg.eval
+    out = Path(ecfg.out_dir)
+    plan = plan_record(env_cfg, ecfg, server_location(ecfg))
+    with Journal(out, plan, resume=resume) as journal:
+        todo = [e for e in episodes if not journal.done(episode_key(e.suite, e.task, e.trial, e.seed))]
+        log.info("%d episodes planned, %d to run", len(episodes), len(todo))
+        timing, events, stages = None, [], ecfg.pipeline_stages or 1
+        if todo:
+            if urls is None:
+                urls = servers.enter_context(reach_servers(ecfg, cfg.serve))
+            # fail fast (no server, cameras the env does not render, servers serving different
+            # models, another model than the journal's) before workers start
+            probes = [
+                _probe(make_policy, url, env_cfg, ecfg.server_timeout_s, ecfg.chunk_blend) for url in urls
+            ]
+            identity = same_model(urls, [said for said, _ in probes])
+            _warn_image_size(env_cfg, urls[0], probes[0][1])  # one model (same_model): one warning
+            server = {**server_location(ecfg), "identity": identity}
+            if identity is None:
+                server["unidentified"] = UNIDENTIFIED
+                log.warning("%s: %s", ", ".join(urls), UNIDENTIFIED)
+            journal.check_server(server)
+            workers = functools.partial(_open_workers, cfg, host_factory, env_workers)
+            timing, events, stages = _run(
+                cfg, todo, journal, urls, make_policy, progress, on_pipeline, prebuild, workers
+            )
+        return write_reports(out, list(journal.records.values()), journal.plan, timing, events, stages)
 
 
 def slots_per_worker(ecfg: EvalConfig) -> list[int]:
@@ -276,14 +365,21 @@ def _blanked(make_policy):
 
 
 def _probe(
-    make_policy, url: str, env_cfg: EnvConfig, reply_s: float
+    make_policy, url: str, env_cfg: EnvConfig, reply_s: float, blend: str = "switch"
 ) -> tuple[dict[str, Any] | None, int | None]:
     """Connect once (checks the server's inputs against the env) and return what it says it serves
     and the image size its model takes (None where it does not say); a server that connects but
-    answers nothing within ``reply_s`` (eval.server_timeout_s) fails here."""
+    answers nothing within ``reply_s`` (eval.server_timeout_s) fails here, and so does one whose model
+    cannot do real-time chunking when ``blend`` is ``rtc``."""
     probe = make_policy(url, env_cfg, Patience(reply_timeout_s=reply_s))
     try:
-        inputs = (getattr(probe, "metadata", None) or {}).get("inputs") or {}
+        meta = getattr(probe, "metadata", None) or {}
+        if blend == "rtc" and not meta.get("real_time_chunking"):
+            raise ConfigError(
+                f"eval.chunk_blend=rtc: the model served at {url} ({meta.get('model', 'unnamed')}) takes no "
+                "prev_actions (its metadata lacks real_time_chunking); use eval.chunk_blend=switch or ensemble"
+            )
+        inputs = meta.get("inputs") or {}
         size = inputs.get("image_size") if isinstance(inputs, dict) else None
         # the identity is the connection's own reading of what its server says
         return probe.identity, size if isinstance(size, int) else None
@@ -359,6 +455,7 @@ def _run(
             frame=lambda obs: frame_of(obs, list(env_cfg.cameras)),
             max_env_retries=ecfg.env_retries,
             servers=len(urls),
+            execution=Execution.of(ecfg),
         )
         if on_pipeline is not None:
             on_pipeline(pipeline)

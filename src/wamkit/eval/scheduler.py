@@ -7,8 +7,9 @@ in its own thread and loops:
 1. **simulate**: apply up to ``replan_interval`` actions of each slot's last chunk, one batched ``step``
    call per worker per action; finished episodes are written to the journal and their slots take the
    next episode from the shared queue (``reset``);
-2. **infer**: send the observations of the stage's slots as one batched request and keep the first
-   ``replan_interval`` actions of each returned chunk.
+2. **infer**: send the observations of the stage's slots as one batched request and keep the
+   ``replan_interval`` actions each slot executes next (the chunk's first ones; with asynchronous
+   execution the old chunk's first, :mod:`wamkit.eval.execution`).
 
 While stage ``s`` waits for the server, stage ``s + 1`` simulates; with P = 1 the two strictly
 alternate. With several servers each stage's requests go to its own server
@@ -34,6 +35,7 @@ import numpy as np
 from wamkit.envs.base import EpisodeSpec
 from wamkit.eval.chunk_host import ERROR
 from wamkit.eval.episodes import request_seed
+from wamkit.eval.execution import ChunkPlan, Execution
 from wamkit.eval.executors import Executor, WorkerLost
 
 # (obs list, one noise seed per observation) -> (actions [B, H, D], server seconds, observations in
@@ -129,13 +131,15 @@ class Slot:
     t_start: float = 0.0
     frames: list[np.ndarray] | None = None
     requests: int = 0  # model requests so far this episode: names the next one's seed
+    plan: ChunkPlan | None = None  # the episode's chunks (eval/execution.py)
 
-    def start(self, spec: EpisodeSpec, gen: int, film: bool) -> None:
+    def start(self, spec: EpisodeSpec, gen: int, film: bool, execution: Execution, replan: int) -> None:
         self.spec, self.gen, self.needs_reset, self.obs, self.actions = spec, gen, True, None, []
         self.length, self.ret, self.success_once, self.success_last = 0, 0.0, False, False
         self.sim_s = self.infer_s = 0.0
         self.frames = [] if film else None
         self.requests = 0
+        self.plan = ChunkPlan(execution, replan)
 
 
 class Pipeline:
@@ -160,8 +164,10 @@ class Pipeline:
         max_episode_restarts: int = 3,
         max_env_retries: int = 2,
         servers: int = 1,
+        execution: Execution | None = None,
     ):
         self.ex = executor
+        self.execution = execution or Execution()
         self.servers = servers
         self.stages = [[Slot(s, w, k) for w, k in row] for s, row in enumerate(stage_slots)]
         self.policy_factory = policy_factory
@@ -265,7 +271,8 @@ class Pipeline:
             if not ready:
                 continue
             seeds = [request_seed(sl.spec, sl.requests) for sl in ready]
-            chunks, infer_s, call_batch, server = policy([sl.obs for sl in ready], seeds)
+            obs = [{**sl.obs, **sl.plan.request_fields(sl.length)} for sl in ready]
+            chunks, infer_s, call_batch, server = policy(obs, seeds)
             t2 = self.now()
             self.requests.append((len(ready), max(int(call_batch), len(ready)), server, s))
             self.events.append((s, "infer", t1, t2))
@@ -278,7 +285,7 @@ class Pipeline:
                     f"server reply 'actions': expected shape [{len(ready)}, H, D], got {list(chunks.shape)}"
                 )
             for sl, chunk in zip(ready, chunks):
-                sl.actions = list(chunk[: self.replan])
+                sl.actions = sl.plan.receive(sl.length, chunk)
                 sl.requests += 1
                 sl.infer_s += t2 - t1
 
@@ -296,7 +303,7 @@ class Pipeline:
                 "(the journal keeps every finished episode: fix the cause and run again with --resume)"
             )
         restarts = sl.restarts + 1
-        sl.start(sl.spec, self.ex.generation(sl.worker), sl.frames is not None)
+        self._start(sl, sl.spec)
         sl.restarts = restarts
 
     def _gather(self, calls: dict[int, Future]) -> dict[int, tuple[Any, float]]:
@@ -345,7 +352,7 @@ class Pipeline:
             if sl.spec is None and not self._stop.is_set():
                 spec = self._next_episode()
                 if spec is not None:
-                    sl.start(spec, self.ex.generation(sl.worker), self.film(spec))
+                    self._start(sl, spec, self.film(spec))
                     sl.t_start = self.now()
         # 3. reset them: one ``start`` call per worker
         groups = self._by_worker([sl for sl in slots if sl.spec is not None and sl.needs_reset])
@@ -371,11 +378,18 @@ class Pipeline:
             sl.success_once = sl.success_last = False  # an episode that did not run to its end fails
             self._finish(sl, f"{ENV_ERROR}: {message}")
             return
-        sl.start(sl.spec, self.ex.generation(sl.worker), sl.frames is not None)
+        self._start(sl, sl.spec)
+
+    def _start(self, sl: Slot, spec: EpisodeSpec, film: bool | None = None) -> None:
+        """(Re)start ``spec`` in ``sl`` from its beginning (``film`` None: as the slot was)."""
+        film = sl.frames is not None if film is None else film
+        sl.start(spec, self.ex.generation(sl.worker), film, self.execution, self.replan)
 
     def _after_chunk(self, sl: Slot, out: dict[str, Any]) -> None:
         n = len(out["rewards"])
         self.stage_steps[sl.stage] += n
+        if sl.plan is not None:
+            sl.plan.executed_steps(sl.length, sl.actions[:n])
         sl.obs, sl.actions = out["obs"], []
         sl.length += n
         sl.ret += float(sum(out["rewards"]))
@@ -399,6 +413,7 @@ class Pipeline:
             "failure": failure,
             "restarts": sl.restarts,
             "env_errors": sl.env_errors,
+            "smoothness": sl.plan.smoothness() if sl.plan is not None else None,
             "stage": sl.stage,
             "worker": sl.worker,
             "timing": {

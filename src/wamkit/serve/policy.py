@@ -22,7 +22,13 @@ sends ``prompt`` as a list of B strings):
   batch with each other like unseeded ones;
 - ``inverse_dynamics`` also takes the goal frame of every camera, ``goal_image.<cam>`` (same form as
   the observation images; ``goal_image`` alone names the first camera's),
-  ``forward_dynamics`` takes ``actions`` [chunk, D_env] env commands (model space with ``raw_actions``).
+  ``forward_dynamics`` takes ``actions`` [chunk, D_env] env commands (model space with ``raw_actions``);
+- optional real-time chunking (models with a flow sampler; metadata ``real_time_chunking``):
+  ``prev_actions`` [K, D_env] (the previous chunk's actions not yet executed, the first of them the one
+  executed now), ``delay`` d (how many of them run before the reply arrives), and for batched rows with
+  fewer leftovers ``prev_actions_len`` [B]; ``rtc_schedule`` and ``rtc_max_guidance`` pick the soft mask
+  and the guidance clip (:meth:`ServedPolicy._rtc`, :mod:`wamkit.models.rtc`). The reply's first d
+  actions are the committed ones. Rows with and without these batch together.
 
 The metadata's ``identity`` names what is served: the model, a hash of its weights, the hash of the
 spec's stats, the action transform and the autocast of its model calls (:meth:`ServedPolicy.identity`);
@@ -53,10 +59,14 @@ from wamkit.config import SERVE_PRECISIONS, SERVE_WARM, ConfigError
 from wamkit.constants import OBS_STATE, PROMPT, TASK, image_key
 from wamkit.embodiments import request_aliases
 from wamkit.models.base import row_seeds, weights_digest
+from wamkit.models.rtc import MAX_GUIDANCE, SCHEDULES, request_rows
 
 MODES = ("policy", "inverse_dynamics", "forward_dynamics")
 GOAL_IMAGE = "goal_image"  # inverse dynamics: f"{GOAL_IMAGE}.{cam}" per camera; bare: the first camera
 CONTROL_KEYS = ("mode", "seed")
+# real-time chunking (wamkit.models.rtc), optional: the previous chunk's actions not yet executed when the
+# observation was taken, how many of them run before the reply arrives, the soft mask and the clip
+RTC_KEYS = ("prev_actions", "prev_actions_len", "delay", "rtc_schedule", "rtc_max_guidance")
 FD_ACTIONS = "actions"
 # warm-up's instruction: a long benchmark task, so that its caption falls in the text bucket of most
 WARM_TASK = "put the black bowl on the plate and close the top drawer of the cabinet"
@@ -232,6 +242,8 @@ class ServedPolicy:
             "chunk": io.chunk,
             "action_horizon": io.chunk,
             "modes": list(MODES),
+            # requests may carry prev_actions and delay (wamkit.models.rtc)
+            "real_time_chunking": bool(getattr(self.adapter, "supports_rtc", False)),
             **extra,
         }
 
@@ -258,7 +270,7 @@ class ServedPolicy:
         keys |= self._aliases()
         keys |= {PROMPT: TASK, TASK: TASK, FD_ACTIONS: FD_ACTIONS, GOAL_IMAGE: f"{GOAL_IMAGE}.{cams[0]}"}
         keys |= {f"{GOAL_IMAGE}.{c}": f"{GOAL_IMAGE}.{c}" for c in cams}
-        keys |= {k: k for k in CONTROL_KEYS}
+        keys |= {k: k for k in CONTROL_KEYS + RTC_KEYS}
         self._keys = keys
         return keys
 
@@ -337,6 +349,8 @@ class ServedPolicy:
             inputs["actions"] = self._fd_actions(got, n, batched)
         elif FD_ACTIONS in got:
             raise RequestError(f"'{FD_ACTIONS}' belongs to mode 'forward_dynamics', not {mode!r}")
+        if any(k in got for k in RTC_KEYS):
+            inputs["rtc"] = self._rtc(got, mode, n, batched)
         return Request(batch, n, batched, mode, _seeds(seed, n, batched), inputs)
 
     def _images(self, got: dict, target: str, n: int, batched: bool) -> np.ndarray:
@@ -373,6 +387,74 @@ class ServedPolicy:
             return np.asarray(acts, np.float32)
         return self.spec.encode_actions(self.spec.env_to_stored(acts))
 
+    def _rtc(self, got: dict, mode: str, n: int, batched: bool) -> dict[str, np.ndarray]:
+        """The request's real-time chunking fields as the adapter's ``rtc`` input (model space).
+
+        ``prev_actions`` [K, D] ([B, K, D] batched; env actions, or model space with ``raw_actions``):
+        the previous chunk's actions not yet executed when the observation was taken, the first of them
+        the one executed now; ``delay`` (an integer, [B] batched): how many of them run before the reply
+        arrives (0 <= delay <= K). Batched rows with fewer leftovers pad them at the end and give their
+        count in ``prev_actions_len`` [B] (0: the row is not guided). ``rtc_schedule`` (exp, linear, ones,
+        zeros) and ``rtc_max_guidance`` (beta > 0) default to the paper's exp and 5."""
+        name = getattr(self.adapter, "name", "this model")
+        if not getattr(self.adapter, "supports_rtc", False):
+            fields = ", ".join(k for k in RTC_KEYS if k in got)
+            raise RequestError(
+                f"{fields}: real-time chunking needs a flow-matching sampler, which {name} lacks"
+            )
+        if mode != "policy":
+            raise RequestError(f"prev_actions: real-time chunking guides mode 'policy', not {mode!r}")
+        for key in ("prev_actions", "delay"):
+            if key not in got:
+                raise RequestError(
+                    f"real-time chunking needs both prev_actions and delay; {key!r} is missing"
+                )
+        schedule = got.get("rtc_schedule", (None, "exp"))[1]
+        if schedule not in SCHEDULES:
+            raise RequestError(f"rtc_schedule: expected one of {', '.join(SCHEDULES)}, got {schedule!r:.80}")
+        beta = got.get("rtc_max_guidance", (None, MAX_GUIDANCE))[1]
+        if (
+            isinstance(beta, bool)
+            or not isinstance(beta, int | float | np.number)
+            or not 0 < float(beta) < 1e6
+        ):
+            raise RequestError(f"rtc_max_guidance: expected a number > 0, got {beta!r:.80}")
+        dim = self.io.action_dim if self.raw_actions else self.env_action_dim
+        prev = _numeric(got["prev_actions"][1], "prev_actions")
+        want = "[B, K, D]" if batched else "[K, D]"
+        if prev.ndim != (3 if batched else 2) or prev.shape[-1] != dim or (batched and prev.shape[0] != n):
+            raise RequestError(
+                f"prev_actions: expected {want} with D = {dim} and B = {n}, got {list(prev.shape)}"
+            )
+        prev = prev.reshape(n, -1, dim)
+        k = prev.shape[1]
+        if k > self.io.chunk or not np.all(np.isfinite(prev)):
+            raise RequestError(
+                f"prev_actions: expected finite numbers and K <= the chunk ({self.io.chunk}), got K = {k}"
+            )
+        lens = self._rtc_ints(got, "prev_actions_len", n, batched, k, default=k)
+        delays = self._rtc_ints(got, "delay", n, batched, k)
+        if np.any(delays > lens):
+            raise RequestError(
+                f"delay: expected <= the row's unexecuted actions {lens.tolist()}, got {delays.tolist()}"
+            )
+        model = prev if self.raw_actions else self.spec.encode_actions(self.spec.env_to_stored(prev))
+        rows = [np.asarray(model[i, : lens[i]], np.float32) if lens[i] else None for i in range(n)]
+        return request_rows(rows, delays.tolist(), self.io.chunk, self.io.action_dim, schedule, float(beta))
+
+    @staticmethod
+    def _rtc_ints(
+        got: dict, key: str, n: int, batched: bool, most: int, default: int | None = None
+    ) -> np.ndarray:
+        if key not in got:
+            return np.full(n, default, np.int64)
+        arr = np.asarray(got[key][1])
+        ok = arr.dtype.kind in "iu" and (arr.ndim == 0 or (batched and arr.shape == (n,)))
+        if not ok or np.any(arr < 0) or np.any(arr > most):
+            want = f"{n} integers" if batched else "an integer"
+            raise RequestError(f"{key}: expected {want} in 0..{most}, got {got[key][1]!r:.80}")
+        return np.broadcast_to(arr, (n,)).astype(np.int64)
+
     # -- running -----------------------------------------------------------------------------------
     def run(self, requests: list[Request]) -> list[dict[str, np.ndarray]]:
         """One ``predict`` call for all ``requests`` (same group); the replies, in the same order."""
@@ -387,6 +469,9 @@ class ServedPolicy:
         }
         batch[TASK] = [t for r in requests for t in r.batch[TASK]]
         inputs: dict[str, Any] = {}
+        if any("rtc" in r.inputs for r in requests):  # rows without it: unguided (zero mask)
+            requests = [r if "rtc" in r.inputs else self._unguided(r) for r in requests]
+            first = requests[0]
         for name, first_value in first.inputs.items():
             if isinstance(first_value, dict):  # per-camera goals
                 inputs[name] = {k: _cat([r.inputs[name][k] for r in requests]) for k in first_value}
@@ -411,6 +496,10 @@ class ServedPolicy:
             replies.append(reply)
             start += r.n
         return replies
+
+    def _unguided(self, r: Request) -> Request:
+        rtc = request_rows([None] * r.n, [0] * r.n, self.io.chunk, self.io.action_dim)
+        return Request(r.batch, r.n, r.batched, r.mode, r.seeds, {**r.inputs, "rtc": rtc})
 
     # -- warm-up: every batch bucket run once before the first request ------------------------------
     def warm_sizes(self, max_batch: int, warm: str = "auto") -> list[int]:

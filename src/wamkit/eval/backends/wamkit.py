@@ -75,6 +75,28 @@ def reply_timing(reply: dict[str, Any], rtt: float, n: int) -> tuple[float, int]
     return infer_s, max(n, int(timing.get("batch_size") or n))
 
 
+def rtc_fields(obs_list: list[dict[str, Any]]) -> dict[str, Any]:
+    """The batched real-time chunking fields of observations that carry ``prev_actions`` and ``delay``
+    (:meth:`wamkit.eval.execution.ChunkPlan.request_fields`); rows without them are not guided."""
+    left = [o.get("prev_actions") for o in obs_list]
+    first = next(o for o in obs_list if "prev_actions" in o)
+    k = max(len(x) for x in left if x is not None)
+    dim = np.asarray(first["prev_actions"]).shape[-1]
+    prev = np.zeros((len(obs_list), k, dim), np.float32)
+    lens = np.zeros(len(obs_list), np.int64)
+    delay = np.zeros(len(obs_list), np.int64)
+    for i, (o, x) in enumerate(zip(obs_list, left)):
+        if x is not None:
+            prev[i, : len(x)], lens[i], delay[i] = x, len(x), int(o["delay"])
+    return {
+        "prev_actions": prev,
+        "prev_actions_len": lens,
+        "delay": delay,
+        "rtc_schedule": str(first["rtc_schedule"]),
+        "rtc_max_guidance": float(first["rtc_max_guidance"]),
+    }
+
+
 class RemotePolicy:
     """One connection (one pipeline stage): ``policy(obs_list) -> (actions [B, H, D], infer seconds,
     call size)`` (see :func:`reply_timing`)."""
@@ -120,6 +142,8 @@ class RemotePolicy:
         req[PROMPT] = [str(o[TASK]) for o in obs_list]
         if seeds is not None:
             req["seed"] = np.asarray(seeds, np.int64)
+        if any("prev_actions" in o for o in obs_list):
+            req |= rtc_fields(obs_list)
         return req
 
     def __call__(

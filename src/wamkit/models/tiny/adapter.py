@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from wamkit.config import ConfigError
 from wamkit.constants import ACTION, ACTION_IS_PAD, OBS_STATE, TASK, future_image_key, image_key
 from wamkit.models.base import ActivationShape, Mode, ModelIO, ParamGroup, row_seeds, seeded_noise
+from wamkit.models.rtc import committed, guided_velocity
 from wamkit.models.text import encode_texts
 from wamkit.models.tiny.config import TinyConfig
 from wamkit.models.tiny.network import TinyWAM, patchify, to_unit_range, unpatchify
@@ -263,6 +264,48 @@ class TinyAdapter:
     # sampling
     # ---------------------------------------------------------------------------------------------
 
+    supports_rtc = True  # predict(policy) takes rtc=: wamkit.models.rtc
+
+    def _guide(self, rtc: Any, mode: str, b: int) -> dict[str, torch.Tensor] | None:
+        """The checked ``rtc`` input ({actions [B, chunk, action_dim] model space, weights [B, chunk],
+        delay [B], max_guidance [B]}; :func:`wamkit.models.rtc.request_rows`) as tensors; None when absent
+        or when no row is guided."""
+        if rtc is None:
+            return None
+        if mode != "policy":
+            raise ValueError(f"rtc guides the policy's chunk; mode {mode!r} has none to guide")
+        want = {
+            "actions": (b, self.io.chunk, self.io.action_dim),
+            "weights": (b, self.io.chunk),
+            "delay": (b,),
+            "max_guidance": (b,),
+        }
+        out = {}
+        for key, shape in want.items():
+            if key not in rtc:
+                raise ValueError(f"rtc: lacks {key!r} {list(shape)}")
+            out[key] = self._tensor(rtc[key], torch.float32)
+            if tuple(out[key].shape) != shape:
+                raise ValueError(f"rtc.{key}: expected shape {list(shape)}, got {list(out[key].shape)}")
+        return out if bool((out["weights"] != 0).any()) else None
+
+    def _guided_step(
+        self, gen: dict[str, Any], cache: Any, guide: dict[str, torch.Tensor], t_now: float
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One guided velocity: the action velocity through :func:`wamkit.models.rtc.guided_velocity`,
+        the frame velocity of the same forward pass."""
+        frames: list[torch.Tensor | None] = []
+
+        def velocity(x_act: torch.Tensor) -> torch.Tensor:
+            v_act, v_frm = self.module(gen={**gen, "actions": x_act}, cache=cache)
+            frames.append(None if v_frm is None else v_frm.detach())
+            return v_act
+
+        v_act = guided_velocity(
+            velocity, gen["actions"], t_now, guide["actions"], guide["weights"], guide["max_guidance"]
+        )
+        return v_act, frames[0]
+
     @torch.no_grad()
     def predict(
         self,
@@ -280,6 +323,7 @@ class TinyAdapter:
         b = self.io.check_batch(batch)
         dev = self.device
         num_steps = int(inputs.pop("num_steps", self.cfg.num_steps))
+        guide = self._guide(inputs.pop("rtc", None), mode, b)
         seeds = row_seeds(seed, b)
         # the current frame, which a residual frame head is given and adds its forecast change to
         now = self._current_frame(batch) if self.module.n_frame and self.cfg.world_residual else None
@@ -331,13 +375,18 @@ class TinyAdapter:
                 gen["frames"], gen["t_frames"] = x_frm, t_frm
                 if now is not None:
                     gen["frames_now"] = now
-            v_act, v_frm = self.module(gen=gen, cache=cache)
+            if guide is not None:  # real-time chunking: see wamkit.models.rtc
+                v_act, v_frm = self._guided_step(gen, cache, guide, t_now)
+            else:
+                v_act, v_frm = self.module(gen=gen, cache=cache)
             if denoise_act:
                 x_act = x_act + (t_next - t_now) * v_act.float()
             if denoise_frm and self.cfg.world_residual:
                 forecast = v_frm.float()  # the expected change: its input stays zeros at t = 1
             elif denoise_frm:
                 x_frm = x_frm + (t_next - t_now) * v_frm.float()
+        if guide is not None:
+            x_act = committed(x_act, guide["actions"], guide["delay"])
         if mode == "forward_dynamics":
             if now is not None:
                 x_frm = forecast + now

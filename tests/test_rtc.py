@@ -1,0 +1,117 @@
+"""Real-time chunking (wamkit.models.rtc): the paper's soft mask and weight, the tiny model's guided
+sampler, and the served fields (rows with and without it, different delays, in one model call)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from tests.exactness import assert_rounding_close
+from wamkit.constants import OBS_STATE, PROMPT, image_key
+from wamkit.models.rtc import guidance_weight, request_rows, soft_mask
+from wamkit.serve.loading import random_init
+from wamkit.serve.policy import RequestError
+
+# the served tiny model's sums (tests/test_serve_server.py: width 160 x depth 3 x 2), once more for the
+# guidance's backward pass through them
+LENGTH = 160 * 3 * 2 * 2
+
+
+def test_soft_mask_is_the_papers_schedule():
+    # H = 16, leftover K = 8, d = 3: 1 for i < d, c_i (e^c_i - 1) / (e - 1) with c_i = (K - i) / (K - d + 1)
+    w = soft_mask(16, 8, 3)
+    want = [1.0] * 3 + [((8 - i) / 6) * math.expm1((8 - i) / 6) / (math.e - 1) for i in range(3, 8)] + [0.0] * 8
+    np.testing.assert_allclose(w, want, rtol=1e-6)
+    assert list(soft_mask(16, 8, 3, "linear")[3:8]) == pytest.approx([(8 - i) / 6 for i in range(3, 8)])
+    assert list(soft_mask(16, 8, 3, "ones")) == [1.0] * 8 + [0.0] * 8
+    assert list(soft_mask(16, 8, 3, "zeros")) == [1.0] * 3 + [0.0] * 13
+    with pytest.raises(ValueError, match="delay"):
+        soft_mask(16, 4, 5)
+
+
+def test_guidance_weight_is_clipped_at_beta():
+    beta = torch.tensor([5.0, 100.0])
+    assert guidance_weight(1.0, beta).tolist() == [5.0, 100.0]  # pure noise: the clip
+    # t = 0.5 (tau = 0.5): (1 - tau) / (tau r2) with r2 = 0.5 -> 2
+    assert guidance_weight(0.5, beta).tolist() == pytest.approx([2.0, 2.0])
+    assert guidance_weight(0.0, beta).tolist() == [0.0, 0.0]
+
+
+@pytest.fixture(scope="module")
+def served():
+    return random_init("tiny", "small", device="cpu")
+
+
+def obs(served, n: int, seed: int = 0) -> dict:
+    rng = np.random.default_rng(seed)
+    io = served.io
+    out = {image_key(c): rng.integers(0, 255, (n, 64, 64, 3), dtype=np.uint8) for c in io.cameras}
+    return out | {OBS_STATE: rng.normal(size=(n, io.state_dim)).astype(np.float32), PROMPT: ["reach"] * n}
+
+
+def reply(served, request: dict) -> np.ndarray:
+    return served.run([served.prepare(request)])[0]["actions"]
+
+
+def test_committed_prefix_kept_and_overlap_guided(served):
+    base = reply(served, obs(served, 2) | {"seed": [7, 8]})
+    prev = np.clip(base[:, 8:] * 0.5 + 0.2, -1, 1).astype(np.float32)  # another plan's leftover, K = 8
+    guided = reply(served, obs(served, 2) | {"seed": [7, 8], "prev_actions": prev, "delay": np.array([3, 5])})
+    for row, d in enumerate((3, 5)):
+        # the committed actions, through the spec's encode and decode: fp32 rounding
+        assert_rounding_close(guided[row, :d], prev[row, :d], length=4)
+        # the rest of the overlap is pulled toward the leftover
+        soft = slice(d, 8)
+        assert np.abs(guided[row, soft] - prev[row, soft]).mean() < np.abs(base[row, soft] - prev[row, soft]).mean()
+
+
+def test_rows_mixed_in_one_call_get_their_own_answers(served):
+    """Requests with and without RTC, with different delays and leftovers, merged into one model call:
+    each row answers as it does alone."""
+    rng = np.random.default_rng(3)
+    reqs = [
+        obs(served, 1, 1) | {"seed": 11},
+        obs(served, 1, 2) | {"seed": 12, "prev_actions": rng.uniform(-1, 1, (1, 8, 4)).astype(np.float32), "delay": 2},
+        obs(served, 2, 3) | {"seed": [13, 14], "prev_actions": rng.uniform(-1, 1, (2, 12, 4)).astype(np.float32),
+                             "prev_actions_len": np.array([12, 0]), "delay": np.array([4, 0])},
+    ]
+    together = served.run([served.prepare(r) for r in reqs])
+    for r, got in zip(reqs, together):
+        alone = served.run([served.prepare(r)])[0]
+        assert_rounding_close(got["actions"], alone["actions"], length=LENGTH)
+    # the unguided rows equal a request without the fields at all
+    plain = reply(served, obs(served, 2, 3) | {"seed": [13, 14]})
+    assert_rounding_close(together[2]["actions"][1], plain[1], length=LENGTH)
+    assert_rounding_close(together[0]["actions"], reply(served, obs(served, 1, 1) | {"seed": 11}), length=LENGTH)
+
+
+def test_rtc_fields_are_checked_by_name(served):
+    base = obs(served, 1) | {"seed": 1}  # batched, B = 1
+    prev = np.zeros((1, 8, 4), np.float32)
+    with pytest.raises(RequestError, match="delay"):
+        served.prepare(base | {"prev_actions": prev})
+    with pytest.raises(RequestError, match="delay: expected"):
+        served.prepare(base | {"prev_actions": prev, "delay": 9})
+    with pytest.raises(RequestError, match="prev_actions: expected"):
+        served.prepare(base | {"prev_actions": np.zeros((1, 8, 3), np.float32), "delay": 1})
+    with pytest.raises(RequestError, match="rtc_schedule"):
+        served.prepare(base | {"prev_actions": prev, "delay": 1, "rtc_schedule": "cubic"})
+    with pytest.raises(RequestError, match="K <= the chunk"):
+        served.prepare(base | {"prev_actions": np.zeros((1, 17, 4), np.float32), "delay": 1})
+
+
+def test_a_model_without_a_flow_sampler_refuses_the_fields():
+    delay = random_init("delay", "small", device="cpu")
+    assert delay.metadata()["real_time_chunking"] is False
+    with pytest.raises(RequestError, match="prev_actions, delay: real-time chunking needs a flow-matching sampler"):
+        delay.prepare(obs(delay, 1) | {"prev_actions": np.zeros((1, 4, 4), np.float32), "delay": 1})
+
+
+def test_request_rows_pad_and_mask():
+    rows = request_rows([np.ones((3, 2), np.float32), None], [1, 0], horizon=5, dim=2, schedule="ones")
+    assert rows["actions"].shape == (2, 5, 2) and rows["actions"][0, 3:].sum() == 0
+    assert rows["weights"].tolist() == [[1, 1, 1, 0, 0], [0, 0, 0, 0, 0]]
+    assert rows["delay"].tolist() == [1, 0]
