@@ -115,3 +115,20 @@ def test_request_rows_pad_and_mask():
     assert rows["actions"].shape == (2, 5, 2) and rows["actions"][0, 3:].sum() == 0
     assert rows["weights"].tolist() == [[1, 1, 1, 0, 0], [0, 0, 0, 0, 0]]
     assert rows["delay"].tolist() == [1, 0]
+
+
+def test_served_rtc_over_the_wire():
+    """docs/serve.md "Real-time chunking", as its snippet runs it: a real server, a real socket."""
+    from wamkit.eval.server_proc import start_server_process
+    from wamkit.serve.client import PolicyClient
+
+    with start_server_process(["--model", "tiny", "--random-init", "--device", "cpu"]) as srv:
+        client = PolicyClient(srv.url)
+        assert client.metadata["real_time_chunking"] is True
+        o = {"observation.images.corner": np.zeros((128, 128, 3), np.uint8),
+             "observation.state": np.zeros(39, np.float32), "prompt": "open the drawer"}
+        chunk = client.infer(o | {"seed": 0})["actions"]
+        nxt = client.infer(o | {"seed": 1, "prev_actions": chunk[8:], "delay": 2})["actions"]
+        client.close()
+    assert chunk.shape == nxt.shape == (16, 4)
+    assert np.allclose(nxt[:2], chunk[8:10], atol=1e-5)

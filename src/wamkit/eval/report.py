@@ -20,6 +20,7 @@ from typing import Any
 
 from wamkit.envs.base import stack_versions
 from wamkit.envs.suites import task_categories
+from wamkit.eval.execution import pooled_smoothness
 from wamkit.eval.success import env_error_episodes, failure_reasons, summarize
 from wamkit.files import atomic_write_json, atomic_write_text
 
@@ -82,6 +83,9 @@ def build_summary(records: list[dict[str, Any]], timing: dict[str, Any] | None, 
     summary["plan"] = plan
     # the stack that wrote this report; plan["stack"] is the one the episodes ran on
     summary["stack"] = stack_versions()
+    smooth = pooled_smoothness(records)  # mean action jerk at chunk boundaries and within chunks
+    if smooth is not None:
+        summary["smoothness"] = smooth
     if timing is not None:
         summary["throughput"] = throughput(timing)
     return summary
