@@ -8,6 +8,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from wamkit.config import ModelConfig
 from wamkit.models import build_model
 from wamkit.models.base import ModelIO
@@ -15,6 +17,7 @@ from wamkit.models.pretrained import save_pretrained
 from wamkit.serve.loading import identity_spec
 
 
+@pytest.mark.slow  # six evaluations twice (35 s); make test's eval tests cover each mode
 def test_bench_realtime_table(tmp_path):
     serve = tmp_path / "serve"
     io = ModelIO.of_embodiment("metaworld", state="proprio", image_size=64)
