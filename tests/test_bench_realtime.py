@@ -25,10 +25,30 @@ def test_bench_realtime_table(tmp_path):
     save_pretrained(adapter, serve)
     identity_spec(adapter.io).save(serve / "preprocess.json")
     out = tmp_path / "bench"
-    small = ["env.tasks=reach-v3", "env.max_steps=24", "eval.num_envs=2", "eval.workers=1", "eval.calibrate_s=0"]
+    small = [
+        "env.tasks=reach-v3",
+        "env.max_steps=24",
+        "eval.num_envs=2",
+        "eval.workers=1",
+        "eval.calibrate_s=0",
+    ]
     env = {k: v for k, v in os.environ.items() if k != "MUJOCO_GL"}  # as typed in the README's shell
-    cmd = [sys.executable, "-m", "wamkit", "bench", "realtime", "--serve-dir", str(serve), "--trials", "2",
-           "--delays", "0,4", "--out", str(out), *small]
+    cmd = [
+        sys.executable,
+        "-m",
+        "wamkit",
+        "bench",
+        "realtime",
+        "--serve-dir",
+        str(serve),
+        "--trials",
+        "2",
+        "--delays",
+        "0,4",
+        "--out",
+        str(out),
+        *small,
+    ]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-3000:]
     rows = json.loads((out / "realtime.json").read_text())["rows"]
@@ -38,8 +58,13 @@ def test_bench_realtime_table(tmp_path):
     assert all(r["episodes"] == 2 and r["jerk_within"] >= 0 for r in rows)
     assert "| rtc | 4 | async |" in run.stdout and "| switch | 0 | sync |" in run.stdout
     plan = json.loads((out / "rtc_d4" / "plan.json").read_text())
-    assert plan["execution"] == {"mode": "async", "delay_steps": 4, "chunk_blend": "rtc",
-                                 "rtc_schedule": "exp", "rtc_max_guidance": 5.0}
+    assert plan["execution"] == {
+        "mode": "async",
+        "delay_steps": 4,
+        "chunk_blend": "rtc",
+        "rtc_schedule": "exp",
+        "rtc_max_guidance": 5.0,
+    }
     # run again: every run is read back from its journal, nothing runs twice
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
     assert again.returncode == 0 and json.loads((out / "realtime.json").read_text())["rows"] == rows

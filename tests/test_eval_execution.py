@@ -72,7 +72,9 @@ def test_settings_that_cannot_run_are_refused():
         plan.receive(0, chunk(0))
         plan.receive(6, chunk(1))
     with pytest.raises(ExecutionError, match="exceeds eval.replan_interval=2"):
-        Execution.of(load_config(None, ["eval.execution=async", "eval.delay_steps=3", "eval.replan_interval=2"]).eval)
+        Execution.of(
+            load_config(None, ["eval.execution=async", "eval.delay_steps=3", "eval.replan_interval=2"]).eval
+        )
     with pytest.raises(ConfigError, match="needs eval.execution=async"):
         load_config(None, ["eval.delay_steps=3"])
     with pytest.raises(ConfigError, match="only a wamkit server reads"):
@@ -114,7 +116,7 @@ def tiny_server():
 def test_async_rtc_run_reproduces_and_resumes(tiny_server, tmp_path):
     rtc = [*ASYNC, "eval.chunk_blend=rtc", "env.image_size=64", "env.max_steps=24"]
     a = run_eval(eval_config(tiny_server.url, tmp_path / "a", *rtc), progress=False)
-    b = run_eval(eval_config(tiny_server.url, tmp_path / "b", *rtc), progress=False)
+    run_eval(eval_config(tiny_server.url, tmp_path / "b", *rtc), progress=False)
     # simulated time: the same episodes. Not bit for bit: the server merges the stages' requests into
     # one call or not as they arrive, and the model's batched sums round differently (tests/exactness.py)
     same_episodes(results(tmp_path / "a"), results(tmp_path / "b"))
@@ -124,19 +126,25 @@ def test_async_rtc_run_reproduces_and_resumes(tiny_server, tmp_path):
     plan = (tmp_path / "a" / "plan.json").read_text()
     assert '"chunk_blend": "rtc"' in plan and '"delay_steps": 2' in plan
     # the switch in the same settings executes other actions
-    run_eval(eval_config(tiny_server.url, tmp_path / "s", *ASYNC, "env.image_size=64", "env.max_steps=24"), progress=False)
+    run_eval(
+        eval_config(tiny_server.url, tmp_path / "s", *ASYNC, "env.image_size=64", "env.max_steps=24"),
+        progress=False,
+    )
     ret = {k: r["return"] for k, r in results(tmp_path / "s").items()}
-    assert any(abs(ret[k] - r["return"]) > 1e-3 * abs(r["return"]) for k, r in results(tmp_path / "a").items())
+    assert any(
+        abs(ret[k] - r["return"]) > 1e-3 * abs(r["return"]) for k, r in results(tmp_path / "a").items()
+    )
     # a resume with another delay or mode would mix two evaluations
     for other in (["eval.delay_steps=1"], ["eval.chunk_blend=switch"]):
         with pytest.raises(ConfigError, match="execution"):
-            run_eval(eval_config(tiny_server.url, tmp_path / "a", *rtc, *other, "eval.resume=true"), progress=False)
+            run_eval(
+                eval_config(tiny_server.url, tmp_path / "a", *rtc, *other, "eval.resume=true"), progress=False
+            )
 
 
 def test_rtc_against_a_model_without_it_is_refused_before_any_episode(tmp_path):
-    with start_server_process(DELAY) as srv:
-        with pytest.raises(ConfigError, match="takes no prev_actions"):
-            run_eval(eval_config(srv.url, tmp_path, *ASYNC, "eval.chunk_blend=rtc"), progress=False)
+    with start_server_process(DELAY) as srv, pytest.raises(ConfigError, match="takes no prev_actions"):
+        run_eval(eval_config(srv.url, tmp_path, *ASYNC, "eval.chunk_blend=rtc"), progress=False)
     assert not (tmp_path / "episodes.jsonl").exists() or not read_journal(tmp_path / "episodes.jsonl")
 
 

@@ -23,7 +23,9 @@ LENGTH = 160 * 3 * 2 * 2
 def test_soft_mask_is_the_papers_schedule():
     # H = 16, leftover K = 8, d = 3: 1 for i < d, c_i (e^c_i - 1) / (e - 1) with c_i = (K - i) / (K - d + 1)
     w = soft_mask(16, 8, 3)
-    want = [1.0] * 3 + [((8 - i) / 6) * math.expm1((8 - i) / 6) / (math.e - 1) for i in range(3, 8)] + [0.0] * 8
+    want = (
+        [1.0] * 3 + [((8 - i) / 6) * math.expm1((8 - i) / 6) / (math.e - 1) for i in range(3, 8)] + [0.0] * 8
+    )
     np.testing.assert_allclose(w, want, rtol=1e-6)
     assert list(soft_mask(16, 8, 3, "linear")[3:8]) == pytest.approx([(8 - i) / 6 for i in range(3, 8)])
     assert list(soft_mask(16, 8, 3, "ones")) == [1.0] * 8 + [0.0] * 8
@@ -65,7 +67,10 @@ def test_committed_prefix_kept_and_overlap_guided(served):
         assert_rounding_close(guided[row, :d], prev[row, :d], length=4)
         # the rest of the overlap is pulled toward the leftover
         soft = slice(d, 8)
-        assert np.abs(guided[row, soft] - prev[row, soft]).mean() < np.abs(base[row, soft] - prev[row, soft]).mean()
+        assert (
+            np.abs(guided[row, soft] - prev[row, soft]).mean()
+            < np.abs(base[row, soft] - prev[row, soft]).mean()
+        )
 
 
 def test_rows_mixed_in_one_call_get_their_own_answers(served):
@@ -74,9 +79,15 @@ def test_rows_mixed_in_one_call_get_their_own_answers(served):
     rng = np.random.default_rng(3)
     reqs = [
         obs(served, 1, 1) | {"seed": 11},
-        obs(served, 1, 2) | {"seed": 12, "prev_actions": rng.uniform(-1, 1, (1, 8, 4)).astype(np.float32), "delay": 2},
-        obs(served, 2, 3) | {"seed": [13, 14], "prev_actions": rng.uniform(-1, 1, (2, 12, 4)).astype(np.float32),
-                             "prev_actions_len": np.array([12, 0]), "delay": np.array([4, 0])},
+        obs(served, 1, 2)
+        | {"seed": 12, "prev_actions": rng.uniform(-1, 1, (1, 8, 4)).astype(np.float32), "delay": 2},
+        obs(served, 2, 3)
+        | {
+            "seed": [13, 14],
+            "prev_actions": rng.uniform(-1, 1, (2, 12, 4)).astype(np.float32),
+            "prev_actions_len": np.array([12, 0]),
+            "delay": np.array([4, 0]),
+        },
     ]
     together = served.run([served.prepare(r) for r in reqs])
     for r, got in zip(reqs, together):
@@ -85,7 +96,9 @@ def test_rows_mixed_in_one_call_get_their_own_answers(served):
     # the unguided rows equal a request without the fields at all
     plain = reply(served, obs(served, 2, 3) | {"seed": [13, 14]})
     assert_rounding_close(together[2]["actions"][1], plain[1], length=LENGTH)
-    assert_rounding_close(together[0]["actions"], reply(served, obs(served, 1, 1) | {"seed": 11}), length=LENGTH)
+    assert_rounding_close(
+        together[0]["actions"], reply(served, obs(served, 1, 1) | {"seed": 11}), length=LENGTH
+    )
 
 
 def test_rtc_fields_are_checked_by_name(served):
@@ -106,7 +119,9 @@ def test_rtc_fields_are_checked_by_name(served):
 def test_a_model_without_a_flow_sampler_refuses_the_fields():
     delay = random_init("delay", "small", device="cpu")
     assert delay.metadata()["real_time_chunking"] is False
-    with pytest.raises(RequestError, match="prev_actions, delay: real-time chunking needs a flow-matching sampler"):
+    with pytest.raises(
+        RequestError, match="prev_actions, delay: real-time chunking needs a flow-matching sampler"
+    ):
         delay.prepare(obs(delay, 1) | {"prev_actions": np.zeros((1, 4, 4), np.float32), "delay": 1})
 
 
@@ -125,8 +140,11 @@ def test_served_rtc_over_the_wire():
     with start_server_process(["--model", "tiny", "--random-init", "--device", "cpu"]) as srv:
         client = PolicyClient(srv.url)
         assert client.metadata["real_time_chunking"] is True
-        o = {"observation.images.corner": np.zeros((128, 128, 3), np.uint8),
-             "observation.state": np.zeros(39, np.float32), "prompt": "open the drawer"}
+        o = {
+            "observation.images.corner": np.zeros((128, 128, 3), np.uint8),
+            "observation.state": np.zeros(39, np.float32),
+            "prompt": "open the drawer",
+        }
         chunk = client.infer(o | {"seed": 0})["actions"]
         nxt = client.infer(o | {"seed": 1, "prev_actions": chunk[8:], "delay": 2})["actions"]
         client.close()
