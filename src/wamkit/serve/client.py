@@ -14,6 +14,9 @@ that has not come by then is taken as a lost connection: the connection is close
 never answer the next request), the request sent again on a fresh one while retries last, and then
 :class:`TimeoutError` is raised in the calling thread (an ``OSError``, as ``ConnectionError`` is).
 
+:class:`RealTimeClient` is what a robot program calls at its control rate: it executes one chunk while
+requesting the next, with real-time chunking's fields when the server takes them (docs/serve.md).
+
 ``AsyncPolicyClient`` allows many concurrent ``infer`` calls on one connection: they are sent in call
 order and the server answers in the same order, so each caller gets its own reply.
 """
@@ -22,10 +25,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import logging
+import math
 import time
 from typing import Any
 
+import numpy as np
 import websockets.sync.client
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
@@ -263,3 +269,154 @@ class AsyncPolicyClient:
 
     async def __aexit__(self, *exc: Any) -> None:
         await self.close()
+
+
+class ServerLate(RuntimeError):
+    """A :class:`RealTimeClient` ran out of actions: its server answered too late, or not at all."""
+
+
+class RealTimeClient:
+    """The client a robot program calls at its control rate: ``act(obs)`` returns the action for now.
+
+    It executes one chunk while the next is computed: once ``replan_interval`` actions of the current
+    chunk have run (default half the chunk), ``act`` sends the observation it was given in the
+    background, with the chunk's actions not yet executed and the delay ``d`` it expects (steps:
+    the largest of the last ``window`` measured latencies x ``control_hz``, rounded up, or
+    ``delay_steps`` when fixed) when the server does real-time chunking (its metadata says
+    ``real_time_chunking``; docs/serve.md). When the reply arrives after ``e`` steps, the new chunk
+    takes over at its action ``e`` (its first ``e`` were for steps the old chunk ran). The first call
+    waits for its chunk (a robot waits for its first plan).
+
+    Degrading: when the chunk runs out before the reply (a late or failed server), ``act`` holds:
+    it returns ``hold_action`` (default: the chunk's last action) and logs a warning, for at most
+    ``max_hold_steps`` steps (default a quarter of the chunk); then it raises :class:`ServerLate`,
+    naming the server, the wait and the server's error if it failed. ``clock`` (seconds) and
+    ``executor`` (where requests run; ``submit(fn, *args) -> future``) are the robot's and a thread by
+    default; tests give a fake clock.
+    """
+
+    def __init__(
+        self,
+        policy: Any,
+        control_hz: float,
+        replan_interval: int = 0,
+        delay_steps: int | None = None,
+        rtc: bool = True,
+        max_hold_steps: int | None = None,
+        hold_action: Any = None,
+        seed: int | None = None,
+        clock: Any = time.monotonic,
+        executor: Any = None,
+        window: int = 10,
+        timeout_s: float = 0.0,
+    ):
+        if control_hz <= 0:
+            raise ValueError(f"control_hz: expected > 0, got {control_hz}")
+        self.policy, self.hz, self.clock = policy, float(control_hz), clock
+        meta = getattr(policy, "metadata", None) or {}
+        self.horizon = int(meta.get("chunk") or meta.get("action_horizon") or 0)
+        if self.horizon < 2:
+            raise ValueError(
+                f"the server at {getattr(policy, 'url', '?')} names no chunk of 2 or more actions"
+            )
+        self.replan = replan_interval or self.horizon // 2
+        if not 1 <= self.replan < self.horizon:
+            raise ValueError(f"replan_interval: expected 1..{self.horizon - 1}, got {self.replan}")
+        self.fixed_delay = delay_steps
+        self.rtc = bool(rtc and meta.get("real_time_chunking"))
+        self.max_hold = max(1, self.horizon // 4) if max_hold_steps is None else max_hold_steps
+        self.hold_action = None if hold_action is None else np.asarray(hold_action, np.float32)
+        self.seed, self.timeout_s, self.window = seed, timeout_s, window
+        self._executor = executor or concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rt-client")
+        self._own_executor = executor is None
+        self.chunk: Any = None
+        self.index = 0  # next action of ``chunk``
+        self.step = 0  # actions returned so far
+        self.since_request = 0  # actions returned since the last request went out
+        self.pending: tuple[Any, int, float] | None = None  # (future, step sent, clock sent)
+        self.latencies: collections.deque[float] = collections.deque(maxlen=window)
+        self.requests = 0
+        self.holding = 0
+        self.error: BaseException | None = None
+
+    @property
+    def delay(self) -> int:
+        """The delay, in control steps, the next request expects."""
+        if self.fixed_delay is not None:
+            return self.fixed_delay
+        if not self.latencies:
+            return 0
+        return min(self.replan, max(0, math.ceil(max(self.latencies) * self.hz - 1e-6)))
+
+    def _request(self, obs: dict[str, Any]) -> dict[str, Any]:
+        req = dict(obs)
+        if self.seed is not None:
+            req["seed"] = self.seed + self.requests
+        self.requests += 1
+        if self.rtc and self.chunk is not None:
+            left = self.chunk[self.index :]
+            req["prev_actions"], req["delay"] = left, min(self.delay, len(left))
+        return req
+
+    def _infer(self, req: dict[str, Any]) -> Any:
+        return np.asarray(self.policy.infer(req, timeout_s=self.timeout_s)["actions"], np.float32)
+
+    def act(self, obs: dict[str, Any]) -> Any:
+        """The action to execute now, given the observation now (one per control step)."""
+        if self.chunk is None:  # the first plan: wait for it
+            t0 = self.clock()
+            self.chunk, self.index = self._infer(self._request(obs)), 0
+            self.latencies.append(self.clock() - t0)
+        else:
+            self._take_reply()
+        if self.pending is None and self.error is None and self.since_request >= self.replan:
+            req = self._request(obs)
+            self.pending = (self._executor.submit(self._infer, req), self.step, self.clock())
+            self.since_request = 0
+        if self.index >= len(self.chunk):
+            return self._hold()
+        action = self.chunk[self.index]
+        self.index += 1
+        self.step += 1
+        self.since_request += 1
+        self.holding = 0
+        return action
+
+    def _take_reply(self) -> None:
+        if self.pending is None or not self.pending[0].done():
+            return
+        future, sent_step, sent_at = self.pending
+        self.pending = None
+        try:
+            chunk = future.result()
+        except Exception as err:  # the server is gone or refused: the chunk left runs, then hold
+            self.error = err
+            log.warning(
+                "real-time client: the request to %s failed (%s)", getattr(self.policy, "url", "?"), err
+            )
+            return
+        self.latencies.append(self.clock() - sent_at)
+        elapsed = self.step - sent_step  # old actions executed meanwhile
+        if elapsed >= len(chunk):
+            log.warning("real-time client: a reply %d steps late was dropped", elapsed)
+            return
+        self.chunk, self.index = chunk, elapsed
+
+    def _hold(self) -> Any:
+        self.holding += 1
+        waited = self.holding
+        if waited > self.max_hold:
+            url = getattr(self.policy, "url", "the server")
+            why = f": {self.error}" if self.error is not None else ""
+            raise ServerLate(
+                f"no chunk from {url} for {waited - 1} steps after the last one ran out "
+                f"({(waited - 1) / self.hz:.2f} s at {self.hz:g} Hz; max_hold_steps={self.max_hold}){why}"
+            ) from self.error
+        if waited == 1:
+            log.warning("real-time client: the chunk ran out before the next reply; holding")
+        self.step += 1
+        return self.hold_action if self.hold_action is not None else self.chunk[-1]
+
+    def close(self) -> None:
+        if self._own_executor:
+            self._executor.shutdown(wait=False, cancel_futures=True)

@@ -243,11 +243,13 @@ class FastPolicy:
         vision_cond: tuple[int, ...],
         action_cond: tuple[int, ...],
         domain_id: int,
+        eager: bool = False,
     ) -> Velocity:
         """``f(lat_v [B, C, T, h, w], lat_a [B, A, D], t [1]) -> (v_v, v_a)`` for these B requests.
 
         ``keys``: per request its prompt's cache key; ``latent_shape`` = (C, T, h, w); ``action_shape``
-        = (A, D)."""
+        = (A, D). ``eager``: the step runs eagerly at the batch's size whatever ``step_graph`` says (a
+        function to differentiate: real-time chunking's guidance, ``wamkit.models.rtc``)."""
         stamp = self.stamp()  # one walk over the weights per batch, not one per request
         texts = [self.text_kv(k, s, stamp) for k, s in zip(keys, segments)]
         gen_pos = [
@@ -258,7 +260,7 @@ class FastPolicy:
         frame_tokens = -(-h // p) * -(-w // p)
         args = (t_lat, frame_tokens, vision_cond, action_cond, domain_id)
         mode = self.mode()
-        if mode == "none" and not self.bucketed:
+        if eager or (mode == "none" and not self.bucketed):
             ctx = build_context(self.module, texts, gen_pos, *args)
             return functools.partial(gen_step, self.module, ctx)
         n, nb = len(texts), batch_bucket(len(texts))

@@ -39,6 +39,7 @@ from wamkit.models.cosmos3.fast_policy import Velocity
 from wamkit.models.cosmos3.packing import PackedLayout, pack
 from wamkit.models.cosmos3.recipe import native_sigmas
 from wamkit.models.cosmos3.sampler import unipc_sampler
+from wamkit.models.rtc import committed, guided_velocity
 
 MODES = ("policy", "forward_dynamics", "inverse_dynamics")
 
@@ -94,8 +95,9 @@ class Cosmos3Inference:
         """
         if mode not in MODES:
             raise ValueError(f"mode {mode!r} is unknown; expected {', '.join(MODES)}")
-        prep = self._prepare(batch, mode, inputs)
-        lat_v, lat_a = self._sample(prep, row_seeds(0 if seed is None else seed, len(prep.act_init)))
+        guide = self._guide(inputs.pop("rtc", None), mode, self.io.check_batch(batch))
+        prep = self._prepare(batch, mode, inputs, eager=guide is not None)
+        lat_v, lat_a = self._sample(prep, row_seeds(0 if seed is None else seed, len(prep.act_init)), guide)
         out: dict[str, np.ndarray] = {}
         if mode != "forward_dynamics":  # the chunk, without the held state token
             out["actions"] = lat_a[:, self.held_actions :].cpu().numpy().astype(np.float32)
@@ -107,8 +109,34 @@ class Cosmos3Inference:
             out["frames"] = out["video"][:, -1]
         return out
 
-    def _prepare(self, batch: dict[str, Any], mode: Mode, inputs: dict[str, Any]) -> Prepared:
-        """Encode the observations and choose the step function of B requests (see the module doc)."""
+    supports_rtc = True  # predict(policy) takes rtc=: wamkit.models.rtc
+
+    def _guide(self, rtc: Any, mode: str, b: int) -> dict[str, torch.Tensor] | None:
+        """The checked ``rtc`` input (:func:`wamkit.models.rtc.request_rows`: actions [B, chunk, D] model
+        space, weights [B, chunk], delay [B], max_guidance [B]) on the device; None when absent or when
+        no row is guided."""
+        if rtc is None:
+            return None
+        if mode != "policy":
+            raise ValueError(f"rtc guides the policy's chunk; mode {mode!r} has none to guide")
+        want = {
+            "actions": (b, self.io.chunk, self.io.action_dim),
+            "weights": (b, self.io.chunk),
+            "delay": (b,),
+            "max_guidance": (b,),
+        }
+        out = {}
+        for key, shape in want.items():
+            if key not in rtc or tuple(np.shape(rtc[key])) != shape:
+                raise ValueError(f"rtc.{key}: expected shape {list(shape)}, got {np.shape(rtc.get(key))}")
+            out[key] = torch.as_tensor(_np(rtc[key]), dtype=torch.float32).to(self.device)
+        return out if bool((out["weights"] != 0).any()) else None
+
+    def _prepare(
+        self, batch: dict[str, Any], mode: Mode, inputs: dict[str, Any], eager: bool = False
+    ) -> Prepared:
+        """Encode the observations and choose the step function of B requests (see the module doc);
+        ``eager``: a step that can be differentiated (the fast path without captured graphs)."""
         b = self.io.check_batch(batch)
         views = self._views(batch)
         held = self._state_tokens(batch, torch.device("cpu"))  # [B, 0 or 1, D]: the state token
@@ -129,7 +157,7 @@ class Cosmos3Inference:
         reqs = self._requests(texts, hw, shape, vision_cond, action_cond)
         if mode == "policy" and self.options["fast_inference"] and self.fast.usable():
             keys = [(text, hw) for text in texts]
-            velocity = self._fast_velocity(keys, reqs, shape, vision_cond, action_cond)
+            velocity = self._fast_velocity(keys, reqs, shape, vision_cond, action_cond, eager)
         elif self.fast.text_tower is not None:
             raise ValueError(
                 f"mode {mode!r}: the understanding tower is served from host memory (serve.text_tower=host), "
@@ -182,16 +210,26 @@ class Cosmos3Inference:
 
         return velocity
 
-    def _fast_velocity(self, keys, reqs, shape, vision_cond, action_cond) -> Velocity:
+    def _fast_velocity(self, keys, reqs, shape, vision_cond, action_cond, eager=False) -> Velocity:
         """Velocities by the fast path's generation-only step (text keys/values from the cache)."""
         step = self.fast.velocity(
-            keys, reqs, shape, (self.action_len, self.io.action_dim), vision_cond, action_cond, self.domain_id
+            keys,
+            reqs,
+            shape,
+            (self.action_len, self.io.action_dim),
+            vision_cond,
+            action_cond,
+            self.domain_id,
+            eager=eager,
         )
         return lambda lat_v, lat_a, t: step(lat_v, lat_a, t.float().reshape(1))
 
-    def _sample(self, prep: Prepared, seeds: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _sample(
+        self, prep: Prepared, seeds: list[int], guide: dict[str, torch.Tensor] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """UniPC denoising of all requests at once; conditioned frames/tokens are held fixed, as in the
-        pipeline (their velocity is zeroed). Returns the latents [B, C, T, h, w] and actions.
+        pipeline (their velocity is zeroed). Returns the latents [B, C, T, h, w] and actions. ``guide``:
+        real-time chunking of the actions (:meth:`_guided`).
 
         One sampler steps the vision latents and the noisy actions together (``sampler``: diffusers'
         update, bit for bit, without a host wait per step)."""
@@ -209,12 +247,41 @@ class Cosmos3Inference:
         sampler = unipc_sampler(self.scheduler, native_sigmas(self.scheduler, steps), dev, samples)
         for t in sampler.timesteps:
             with torch.profiler.record_function("cosmos3.denoise_step"):  # a named range in profiles
-                v_v, v_a = prep.velocity(lat_v, lat_a, t)
+                if guide is not None:
+                    v_v, v_a = self._guided(prep.velocity, lat_v, lat_a, t, guide)
+                else:
+                    v_v, v_a = prep.velocity(lat_v, lat_a, t)
             if noisy_actions:
                 lat_v, lat_a = sampler.step(t, [v_v * (1 - cond_v), v_a * (1 - cond_a)])
             else:
                 (lat_v,) = sampler.step(t, [v_v * (1 - cond_v)])
+        if guide is not None:  # the committed actions, as they are executed
+            lat_a = torch.cat(
+                [
+                    lat_a[:, : self.held_actions],
+                    committed(lat_a[:, self.held_actions :], guide["actions"], guide["delay"]),
+                ],
+                dim=1,
+            )
         return lat_v, lat_a
+
+    def _guided(self, velocity: Velocity, lat_v, lat_a, t, guide) -> tuple[torch.Tensor, torch.Tensor]:
+        """One step's velocities with the chunk's guided as in real-time chunking
+        (:func:`wamkit.models.rtc.guided_velocity`; the noise level is the flow sigma ``t / 1000``, the
+        scheduler's ``num_train_timesteps``). The held state token stays as it is."""
+        held = self.held_actions
+        sigma = float(t) / float(self.scheduler.config.num_train_timesteps)
+        vision: list[torch.Tensor] = []
+
+        def chunk_velocity(chunk: torch.Tensor) -> torch.Tensor:
+            v_v, v_a = velocity(lat_v, torch.cat([lat_a[:, :held], chunk], dim=1), t)
+            vision.append(v_v.detach())
+            return v_a[:, held:]
+
+        v_chunk = guided_velocity(
+            chunk_velocity, lat_a[:, held:], sigma, guide["actions"], guide["weights"], guide["max_guidance"]
+        )
+        return vision[0], torch.cat([torch.zeros_like(lat_a[:, :held]), v_chunk], dim=1)
 
     def _draw(self, seeds: list[int], shape_v: tuple[int, ...], prep: Prepared) -> list[torch.Tensor]:
         """The initial noise of the latents [B, C, T, h, w] and actions [B, chunk, D] (request i from
