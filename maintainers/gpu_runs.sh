@@ -16,6 +16,7 @@
 #   bash maintainers/gpu_runs.sh serve-front-ends  # core: the tiny/base rows and a launch-bound stand-in with
 #                                          the server's event loop in a process, then in a thread (4 minutes)
 #   bash maintainers/gpu_runs.sh serve         # serve: Cosmos3-Nano served against in-process
+#   bash maintainers/gpu_runs.sh rtc-cost      # serve: Cosmos3-Nano's prediction with real-time chunking beside without (1 GPU)
 #   bash maintainers/gpu_runs.sh eval-tiny1b   # sim + serve: the MetaWorld schedules against tiny/1b (1 GPU)
 #   bash maintainers/gpu_runs.sh eval          # sim + core: MetaWorld schedules (delay, tiny/1b), SIGKILL resume on 2 GPUs
 #   bash maintainers/gpu_runs.sh eval-2gpu     # sim + core: two servers for one evaluation, tiny/1b training on 1 and 2 GPUs
@@ -282,6 +283,12 @@ case "$group" in
     cp /tmp/serve_start_default/*.log "$OUT/" 2>/dev/null
     run serve_cosmos3 330 $W bench serve --model cosmos3 --preset nano --device cuda \
       --batch 8,32 --concurrency 8,32 --max-batch 32 --seconds 20 --json "$OUT/serve_cosmos3.json"
+    ;;
+  rtc-cost)
+    # issue 54 item 4: real-time chunking's cost per prediction on the Cosmos3-Nano-shaped model at batch 1
+    # and 8, beside the plain eager step and the captured one (serve's default on CUDA)
+    run cosmos3_rtc 540 $W bench cosmos3 --preset nano --steps 30 --batches 1,8 \
+        --paths fast,fast+cuda_graph,fast+rtc --json "$OUT/cosmos3_rtc.json"
     ;;
   serve24)
     # issue 52 item 5: the default server's model uncapped (it does not fit 24 GB), then the understanding

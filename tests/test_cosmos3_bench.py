@@ -97,3 +97,13 @@ def test_bench_cosmos3_sft_repeats_interleave_rows_and_print_medians(capsys, tmp
     )
     with pytest.raises(SystemExit, match="--repeats 0"):
         main(["bench", "cosmos3-sft", "--preset", "tiny", "--device", "cpu", "--repeats", "0"])
+
+
+def test_bench_cosmos3_rtc_row_beside_the_plain_fast_row(capsys):
+    """RTC's cost per prediction (issue: the Cosmos3-Nano-shaped server at batch 1 and 8 on the GPU):
+    the guided row runs the same batch; its actions differ from stock by the guidance's pull."""
+    argv = ["bench", "cosmos3", "--preset", "tiny", "--device", "cpu", "--dtype", "float32", "--steps", "2"]
+    argv += ["--batches", "2", "--image-size", "64", "--threads", "1", "--paths", "stock,fast,fast+rtc"]
+    assert main(argv) == 0
+    rows = [m.groups() for m in map(ROW.match, capsys.readouterr().out.splitlines()) if m]
+    assert [r[0] for r in rows] == ["stock", "fast", "fast+rtc"] and all(float(r[4]) > 0 for r in rows)

@@ -10,7 +10,11 @@ batch size every path predicts the very same batch with the same seed:
 - ``fast``: cached text keys/values, requests on a batch axis (``models/cosmos3/kv_step.py``), eager;
 - ``fast+cuda_graph`` / ``fast+compile``: the fast step captured per batch bucket (CUDA only);
   ``fast+compile`` masks each request's text padding inside a flex-attention kernel (grouped-query),
-  ``fast+compile_sdpa`` compiles the SDPA step instead (text keys/values expanded to every head).
+  ``fast+compile_sdpa`` compiles the SDPA step instead (text keys/values expanded to every head);
+- ``fast+rtc``: the fast path with real-time chunking (``wamkit.models.rtc``): every request carries
+  half a chunk of leftover actions, a quarter of them committed, and each denoising step adds a
+  vector-Jacobian product through the step (eager: a captured graph cannot be differentiated). Its
+  ``max|da|`` is the guidance's effect, not an error; its cost beside ``fast`` is what RTC costs.
 
 Columns: seconds per prediction (``--steps`` denoising steps, VAE encode included), obs/s, ms per
 denoising step (the step function alone, median of 5 calls), TFLOP/s of the transformer work that path does per step (the fast path skips the text
@@ -47,7 +51,8 @@ TASKS = [
     "pick up the book and place it in the back compartment of the caddy",
 ]
 PATHS = ("stock", "fast", "fast+cuda_graph", "fast+compile", "fast+compile_sdpa", "fast+compile_layers",
-         "fast+compile+fp8", "fast+compile+fp8_torchao")  # fmt: skip
+         "fast+compile+fp8", "fast+compile+fp8_torchao", "fast+rtc")  # fmt: skip
+RTC = "fast+rtc"
 FP8 = "fast+compile+fp8"  # the generation tower's linears in FP8 (serve.precision=fp8): run after the others
 # the same layers through torchao's float8 recipe (the model rebuilt for it when FP8 ran before)
 FP8_TORCHAO = "fast+compile+fp8_torchao"
@@ -135,7 +140,7 @@ def _use_path(ad, path: str, stock_attention: str) -> None:
     if path in FP8_BACKENDS and not ad.fp8:
         ad.use_fp8(FP8_BACKENDS[path])
     ad.options["fast_inference"] = path != "stock"
-    graph = path.split("+")[1] if "+" in path else "none"
+    graph = path.split("+")[1] if "+" in path and path != RTC else "none"
     if path in FP8_BACKENDS:  # as served: the default step (one compiled layer, the step captured)
         graph = "compile_layers"
     # fast+compile masks the text padding in a flex-attention kernel; fast+compile_sdpa keeps the
@@ -162,9 +167,19 @@ def _step_flops(per_request: tuple[float, float], path: str, b: int) -> float:
     return b * (gen if path != "stock" else und + gen)
 
 
-def _predict(ad, batch, steps: int) -> dict[str, np.ndarray]:
+def rtc_rows(ad, b: int) -> dict[str, np.ndarray]:
+    """Real-time chunking inputs for B requests: half a chunk of leftover actions (zeros, model space),
+    a quarter of the chunk committed, the paper's mask and clip."""
+    from wamkit.models.rtc import request_rows
+
+    h, dim = ad.io.chunk, ad.io.action_dim
+    return request_rows([np.zeros((h // 2, dim), np.float32)] * b, [h // 4] * b, h, dim)
+
+
+def _predict(ad, batch, steps: int, path: str = "") -> dict[str, np.ndarray]:
     ad.options["num_inference_steps"] = steps
-    return ad.predict(batch, seed=0)
+    extra = {"rtc": rtc_rows(ad, len(batch["task"]))} if path == RTC else {}
+    return ad.predict(batch, seed=0, **extra)
 
 
 @torch.no_grad()
@@ -180,23 +195,28 @@ def step_inputs(ad, batch: dict):
 
 
 @torch.no_grad()
-def step_seconds(ad, batch: dict, device: torch.device, calls: int = 5) -> float:
-    """Median seconds of one denoising step (the step function alone, after a warm-up call)."""
+def step_seconds(ad, batch: dict, device: torch.device, calls: int = 5, guided: bool = False) -> float:
+    """Median seconds of one denoising step (the step function alone, after a warm-up call); ``guided``:
+    the real-time chunking step (the velocity and its vector-Jacobian product)."""
     velocity, lat_v, lat_a, t = step_inputs(ad, batch)
-    velocity(lat_v, lat_a, t)
-    return float(np.median([timed(lambda: velocity(lat_v, lat_a, t), device) for _ in range(calls)]))
+    step = lambda: velocity(lat_v, lat_a, t)  # noqa: E731
+    if guided:
+        guide = ad._guide(rtc_rows(ad, len(batch["task"])), "policy", len(batch["task"]))
+        step = lambda: ad._guided(velocity, lat_v, lat_a, t, guide)  # noqa: E731
+    step()
+    return float(np.median([timed(step, device) for _ in range(calls)]))
 
 
 def measure(ad, path: str, batch: dict, args, device: torch.device, per_request) -> tuple[Row, np.ndarray]:
     """One row: a warm-up prediction (kernels, caches, graph capture), the timed ones, the step alone."""
     b = len(batch["task"])
-    _predict(ad, batch, 2)
+    _predict(ad, batch, 2, path)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     out: dict[str, np.ndarray] = {}
-    full = timed(lambda: out.update(_predict(ad, batch, args.steps)), device, args.repeats)
+    full = timed(lambda: out.update(_predict(ad, batch, args.steps, path)), device, args.repeats)
     peak = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None
-    step_s = step_seconds(ad, batch, device)
+    step_s = step_seconds(ad, batch, device, guided=path == RTC)
     flops = _step_flops(per_request, path, b)
     row = Row(path, b, full, b / full, step_s * 1e3, flops / step_s / 1e12, peak)
     row.prepare_ms = prepare_seconds(ad, batch, device) * 1e3
