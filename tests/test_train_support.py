@@ -45,6 +45,7 @@ class ToyAdapter:
 
     name = "toy"
     future_frame_offsets: tuple[int, ...] = ()
+    supports_rtc = False
 
     def __init__(self, io: ModelIO = IO, width: int = 32, depth: int = 2):
         self.io, self.width, self.depth = io, width, depth

@@ -243,6 +243,9 @@ class ModelAdapter(Protocol):
     # Frame offsets after the current one whose images sft_loss needs as
     # ``observation.future_images.<cam>`` (world loss, dynamics modes); () for none.
     future_frame_offsets: tuple[int, ...]
+    # Whether ``predict`` in policy mode takes ``rtc=`` (real-time chunking, wamkit.models.rtc: a flow
+    # sampler guided to continue the executing chunk; the server refuses the request fields otherwise).
+    supports_rtc: bool
     # Optional: per-sample values the data stage computes for sft_loss (wamkit.data.sft_dataset's
     # SAMPLE_EXTRAS, e.g. "idle_frames"); absent means none.
 

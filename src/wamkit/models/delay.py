@@ -70,6 +70,7 @@ class DelayModel:
     """The ``delay`` benchmark adapter (see the module docstring). Not a robot policy."""
 
     name = "delay"
+    supports_rtc = False  # no flow sampler to guide
 
     def __init__(self, io: ModelIO, preset: str, delay_ms: float, per_obs_ms: float, host_calls: int = 0):
         self.io = io

@@ -243,7 +243,7 @@ class ServedPolicy:
             "action_horizon": io.chunk,
             "modes": list(MODES),
             # requests may carry prev_actions and delay (wamkit.models.rtc)
-            "real_time_chunking": bool(getattr(self.adapter, "supports_rtc", False)),
+            "real_time_chunking": bool(self.adapter.supports_rtc),
             **extra,
         }
 
@@ -396,8 +396,8 @@ class ServedPolicy:
         arrives (0 <= delay <= K). Batched rows with fewer leftovers pad them at the end and give their
         count in ``prev_actions_len`` [B] (0: the row is not guided). ``rtc_schedule`` (exp, linear, ones,
         zeros) and ``rtc_max_guidance`` (beta > 0) default to the paper's exp and 5."""
-        name = getattr(self.adapter, "name", "this model")
-        if not getattr(self.adapter, "supports_rtc", False):
+        name = self.adapter.name
+        if not self.adapter.supports_rtc:
             fields = ", ".join(k for k in RTC_KEYS if k in got)
             raise RequestError(
                 f"{fields}: real-time chunking needs a flow-matching sampler, which {name} lacks"
