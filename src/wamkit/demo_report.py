@@ -141,7 +141,7 @@ def forward_dynamics(
     from wamkit.serve.policy import FD_ACTIONS
 
     policy = load_served(serve_dir, device="cpu")
-    if not getattr(policy.adapter, "future_frame_offsets", ()):
+    if not policy.adapter.future_frame_offsets:
         return None
     chunk, cam = policy.io.chunk, policy.io.cameras[0]
     # compared at the resolution the model predicts frames in (tiny: world_res), where both the

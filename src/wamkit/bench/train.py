@@ -40,7 +40,7 @@ import torch.distributed as dist
 
 from wamkit.bench.procs import kill_tree
 from wamkit.bench.timing import profile_table, timed
-from wamkit.models.base import compile_blocks
+from wamkit.models.base import CachesLatents, compile_blocks
 from wamkit.models.synthetic import synthetic_batch
 
 log = logging.getLogger(__name__)
@@ -139,14 +139,13 @@ def _batch(adapter, micro_batch: int, device: torch.device, latents: bool) -> di
     batch = synthetic_batch(adapter.io, micro_batch, len(adapter.future_frame_offsets), device)
     if not latents:
         return batch
-    encode = getattr(adapter, "encode_clips", None)
-    if encode is None:
+    if not isinstance(adapter, CachesLatents):
         raise SystemExit(f"--latents: model {adapter.name!r} has no video target to encode")
     from wamkit.constants import future_image_key
     from wamkit.models.cosmos3.latents import LATENTS
 
     with torch.no_grad():
-        lat = encode(batch, device).to(device, torch.float32)
+        lat = adapter.encode_clips(batch, device).to(device, torch.float32)
     batch = {k: v for k, v in batch.items() if not k.startswith(future_image_key(""))}
     batch[LATENTS] = lat
     return batch
@@ -234,7 +233,9 @@ def _bench_text_cache(cfg, folder, precision: str):
 
     torch.manual_seed(0)  # the trainer row's weights: its fingerprint
     adapter = build_model(cfg, None, device="meta") if builds_on_meta(cfg.name) else build_model(cfg, None)
-    if not hasattr(adapter, "text_fingerprint"):
+    from wamkit.models.cosmos3.adapter import Cosmos3Adapter
+
+    if not isinstance(adapter, Cosmos3Adapter):
         raise SystemExit(f"--text-kv: model {cfg.name!r} has no text keys/values to cache (cosmos3 has)")
     task = synthetic_batch(adapter.io, 1)["task"][0]
     hw = adapter._run_hw()
@@ -271,10 +272,8 @@ def _trainer_step(cfg, device: torch.device, args: argparse.Namespace, micro_bat
     torch.manual_seed(0)
     meta = builds_on_meta(cfg.name)
     adapter = build_model(cfg, None, device="meta") if meta else build_model(cfg, None)
-    if (
-        getattr(adapter, "text_kv", None) is not None
-    ):  # a random preset keeps its tower; nothing is saved here
-        adapter.drop_understanding_tower(force=True)
+    if cfg.name == "cosmos3" and adapter.text_kv is not None:  # a random preset keeps its tower
+        adapter.drop_understanding_tower(force=True)  # nothing is saved here
     n_params, flops = sum(p.numel() for p in adapter.module.parameters()), adapter.flops_per_sample()
     plan = plan_here(run, info, adapter)
     placed = place(adapter, info, run, plan)

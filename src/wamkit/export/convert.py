@@ -42,7 +42,7 @@ from wamkit.files import (
     commit_dir,
     fresh_tmp_dir,
 )
-from wamkit.models.base import ModelAdapter, ModelIO
+from wamkit.models.base import ExportsFormat, HasPretrainedBase, ModelAdapter, ModelIO
 
 log = logging.getLogger(__name__)
 
@@ -74,9 +74,8 @@ def _build_from_model_json(path: Path, base: dict[str, Any] | None = None) -> Mo
     try:
         adapter = build_model(cfg, ModelIO.from_dict(meta["io"]))
         if base is not None:
-            ref = getattr(adapter, "base_reference", None)
             whole = bool(base.get("whole"))  # a LoRA run's base: the adapted layers' weights hashed too
-            here = (ref(whole=True) if whole else ref()) if ref is not None else None
+            here = adapter.base_reference(whole=whole) if isinstance(adapter, HasPretrainedBase) else None
             base_weights.check_same(base, base_weights.resolve(here), f"{path}")
     except ConfigError as err:
         raise ConversionError(str(err)) from None
@@ -241,15 +240,14 @@ def serving_to_extra(
     from wamkit.models.pretrained import load_pretrained
 
     adapter = load_pretrained(serve_dir)
-    hook: Any = getattr(adapter, "export_extra", None)
-    if hook is None:
+    if not isinstance(adapter, ExportsFormat):
         raise ConversionError(
             f"model '{adapter.name}' has no export_extra(out_dir): no other format to write"
         )
     out = Path(out_dir)
     spec = PreprocessSpec.load(Path(serve_dir) / SPEC_FILE)
     tmp = _fresh_tmp(out)
-    hook(tmp)
+    adapter.export_extra(tmp)
     spec.save(tmp / SPEC_FILE)  # the export carries the transforms its model needs, like every artifact
     _verify_spec(spec, tmp)
     return _commit(tmp, out, overwrite)

@@ -230,7 +230,8 @@ class LoraTargets:
 
 @runtime_checkable
 class ModelAdapter(Protocol):
-    """What the trainer, the exporter and the server need from a model.
+    """What the trainer, the exporter and the server need from every model (what some models can do
+    beyond it is the optional capabilities at the end of this module).
 
     ``module`` is the ``torch.nn.Module`` to train / shard; ``blocks()`` its repeated transformer blocks
     (FSDP2 wraps each one). Only parameters returned by ``param_groups()`` are trained; the rest are
@@ -246,8 +247,6 @@ class ModelAdapter(Protocol):
     # Whether ``predict`` in policy mode takes ``rtc=`` (real-time chunking, wamkit.models.rtc: a flow
     # sampler guided to continue the executing chunk; the server refuses the request fields otherwise).
     supports_rtc: bool
-    # Optional: per-sample values the data stage computes for sft_loss (wamkit.data.sft_dataset's
-    # SAMPLE_EXTRAS, e.g. "idle_frames"); absent means none.
 
     def param_groups(self) -> list[ParamGroup]: ...
 
@@ -289,7 +288,7 @@ def compile_blocks(adapter: Any) -> None:
     shape first, such blocks were recompiled for every new length (dynamo's automatic dynamic shapes
     did not take over) until its recompile limit, and a recompile between a checkpointed block's
     forward and its recomputation can pick another graph."""
-    dynamic = True if getattr(adapter, "varying_shapes", False) else None
+    dynamic = True if isinstance(adapter, VaryingShapes) and adapter.varying_shapes else None
     for block in adapter.blocks():
         block.compile(dynamic=dynamic)
 
@@ -353,3 +352,89 @@ class PlacesTextTower(Protocol):
         """Everything but the text tower onto ``device``; the tower stays in host memory and computes a
         new prompt's conditioning from there (called on a model built in host memory)."""
         ...
+
+
+# --- optional capabilities ----------------------------------------------------------------------------
+# What a stage does only for a model that can: each is a named protocol here, checked with isinstance
+# where it is used (never a probe for an attribute by name), so this list is the whole contract beyond
+# ModelAdapter. The built-in models: tiny plans its activations; cosmos3 has every one.
+
+
+@runtime_checkable
+class PlansActivations(Protocol):
+    """The training memory plan (:mod:`wamkit.train.memory`) counts this model's activations."""
+
+    def activation_shape(self) -> ActivationShape: ...
+
+
+@runtime_checkable
+class ChecksActivations(Protocol):
+    """Says whether its blocks recompute their activations in the backward pass (the memory plan)."""
+
+    gradient_checkpointing: bool
+
+
+@runtime_checkable
+class NeedsSampleExtras(Protocol):
+    """``sft_loss`` needs per-sample values the data stage computes (``wamkit.data.sft_dataset``'s
+    ``SAMPLE_EXTRAS``, e.g. ``"idle_frames"``), named here."""
+
+    sample_extras: tuple[str, ...]
+
+
+@runtime_checkable
+class VaryingShapes(Protocol):
+    """Its blocks see another sequence length from batch to batch (:func:`compile_blocks` compiles them
+    for dynamic shapes when ``varying_shapes`` is true)."""
+
+    varying_shapes: bool
+
+
+@runtime_checkable
+class HasPretrainedBase(Protocol):
+    """Built from pretrained weights on disk: training and export record the base's content hash, so a
+    checkpoint is never combined with another base (:mod:`wamkit.train.base_weights`)."""
+
+    def base_reference(self, whole: bool = False) -> dict[str, Any] | None: ...
+
+
+@runtime_checkable
+class LoadsWeights(Protocol):
+    """Built on the meta device and filled, once sharded, from its weights' source (the trainer's
+    placement); ``wrap`` wraps the LoRA-adapted layers as they load."""
+
+    def load_weights(self, device: torch.device, wrap: Any = None) -> int: ...
+
+
+@runtime_checkable
+class NamesLoraTargets(Protocol):
+    """Names the layers LoRA adapts by default and the groups full SFT trains (``train.lora``)."""
+
+    def lora_targets(self) -> LoraTargets: ...
+
+
+@runtime_checkable
+class ExportsFormat(Protocol):
+    """``wamkit convert --to extra``: writes (and verifies) the model in its upstream format."""
+
+    def export_extra(self, out_dir: Any) -> None: ...
+
+
+@runtime_checkable
+class CompilesSteps(Protocol):
+    """Serving captures or compiles its steps per batch bucket: ``serve.warm=auto`` runs every bucket
+    once when ``warm_wanted()``, with the lighter work of ``warming()``, and the compile cache is keyed
+    by ``compile_fields()`` (None: nothing compiled)."""
+
+    def warm_wanted(self) -> bool: ...
+
+    def warming(self) -> Any: ...
+
+    def compile_fields(self) -> dict[str, Any] | None: ...
+
+
+@runtime_checkable
+class ServesFp8(Protocol):
+    """``serve.precision=fp8``: its linear layers run in FP8 after ``use_fp8(backend)``."""
+
+    def use_fp8(self, backend: str = "scaled_mm") -> int: ...

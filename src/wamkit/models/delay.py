@@ -71,6 +71,7 @@ class DelayModel:
 
     name = "delay"
     supports_rtc = False  # no flow sampler to guide
+    future_frame_offsets: tuple[int, ...] = ()
 
     def __init__(self, io: ModelIO, preset: str, delay_ms: float, per_obs_ms: float, host_calls: int = 0):
         self.io = io

@@ -88,7 +88,7 @@ def _goal(policy, s: dict[str, Any]) -> Any:
     offsets) {image key: the ``chunk`` frames after the observation [1, chunk, S, S, 3]} per camera;
     otherwise the server's form, the first camera's last frame [1, S, S, 3]."""
     io, views = policy.io, s["views"]
-    whole = tuple(getattr(policy.adapter, "future_frame_offsets", ())) == tuple(range(1, io.chunk + 1))
+    whole = tuple(policy.adapter.future_frame_offsets) == tuple(range(1, io.chunk + 1))
     if not whole:
         return torch.from_numpy(views[0, -1][None].copy())
     if views.shape[1] < io.chunk + 1:

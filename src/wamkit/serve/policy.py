@@ -58,7 +58,7 @@ from wamkit.actions.spec import PreprocessSpec
 from wamkit.config import SERVE_PRECISIONS, SERVE_WARM, ConfigError
 from wamkit.constants import OBS_STATE, PROMPT, TASK, image_key
 from wamkit.embodiments import request_aliases
-from wamkit.models.base import row_seeds, weights_digest
+from wamkit.models.base import CompilesSteps, ServesFp8, row_seeds, weights_digest
 from wamkit.models.rtc import MAX_GUIDANCE, SCHEDULES, request_rows
 
 MODES = ("policy", "inverse_dynamics", "forward_dynamics")
@@ -142,7 +142,7 @@ def _autocast(adapter: Any, precision: str) -> tuple[torch.dtype | None, str]:
         from wamkit.models.fp8 import unsupported
 
         why = unsupported(compute_device(module))
-        if not why and not hasattr(adapter, "use_fp8"):
+        if not why and not isinstance(adapter, ServesFp8):
             why = f"model {adapter.name!r} has no FP8 path (cosmos3 has)"
         if why:
             raise ConfigError(f"serve.precision=fp8: {why}; use auto, bf16 or fp32")
@@ -508,7 +508,7 @@ class ServedPolicy:
         (``warm_wanted()``); none for ``none``."""
         if warm not in SERVE_WARM:
             raise ConfigError(f"serve.warm: expected one of {', '.join(SERVE_WARM)}, got {warm!r}")
-        wanted = getattr(self.adapter, "warm_wanted", lambda: False)()
+        wanted = isinstance(self.adapter, CompilesSteps) and self.adapter.warm_wanted()
         if warm == "none" or (warm == "auto" and not wanted):
             return []
         return bucket_sizes(max_batch)
@@ -524,7 +524,7 @@ class ServedPolicy:
             cache.load()
         seconds = []
         # a model may warm with less work than a request does (Cosmos3: fewer denoising steps)
-        warming = getattr(self.adapter, "warming", contextlib.nullcontext)
+        warming = self.adapter.warming if isinstance(self.adapter, CompilesSteps) else contextlib.nullcontext
         for i, n in enumerate(sizes):
             t0 = time.perf_counter()
             with warming():
@@ -542,7 +542,7 @@ class ServedPolicy:
         when it compiles nothing (or ``cache_dir`` is "")."""
         from wamkit.models.compile_cache import CompileCache, environment
 
-        fields = getattr(self.adapter, "compile_fields", lambda: None)()
+        fields = self.adapter.compile_fields() if isinstance(self.adapter, CompilesSteps) else None
         if not fields or not cache_dir:
             return None
         device = compute_device(self.adapter.module)

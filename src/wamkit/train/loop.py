@@ -35,7 +35,7 @@ from torch.distributed.tensor import DTensor
 from wamkit.config import ConfigError, RunConfig, UserError, save_config, to_dict
 from wamkit.files import CONFIG_FILE, MODEL_FILE, SPEC_FILE, model_json
 from wamkit.log import close_file_logs, setup_logging
-from wamkit.models.base import ModelAdapter, ModelIO
+from wamkit.models.base import HasPretrainedBase, ModelAdapter, ModelIO, NeedsSampleExtras
 from wamkit.train import base_weights
 from wamkit.train import checkpoint as ckpt
 from wamkit.train import lora as lora_
@@ -152,7 +152,7 @@ class _Loop:
         )  # fmt: skip
         ema_host = info.device if offload in ("ema", "optimizer") else None
         self.ema = PowerEMA(trained, t.ema_power, t.ema_type, t.ema_rate, ema_host) if t.ema else None
-        extras = tuple(getattr(self.adapter, "sample_extras", ()))
+        extras = tuple(self.adapter.sample_extras) if isinstance(self.adapter, NeedsSampleExtras) else ()
         self.loader = make_loader(tuple(self.adapter.future_frame_offsets), extras, self.adapter)
         _seed_all(t.seed + 1_000_003 * (info.rank + 1))  # per-rank noise in the loss
         self.step = 0
@@ -184,11 +184,11 @@ class _Loop:
 
     def _base(self) -> dict[str, Any] | None:
         """The adapter's base with its content hash (rank 0 hashes, every rank records the same)."""
-        ref = getattr(self.adapter, "base_reference", None)
         whole = self.cfg.train.lora.rank > 0  # under LoRA the adapted layers' weights are the base's too
+        has_base = isinstance(self.adapter, HasPretrainedBase)
         box = [
-            base_weights.resolve(ref(whole=whole) if whole else ref(), self.run_dir)
-            if ref is not None and self.info.is_main
+            base_weights.resolve(self.adapter.base_reference(whole=whole), self.run_dir)
+            if has_base and self.info.is_main
             else None
         ]
         dist.broadcast_object_list(box, src=0)

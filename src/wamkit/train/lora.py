@@ -46,7 +46,7 @@ from typing import Any
 import torch
 
 from wamkit.config import ConfigError, LoraConfig, UserError
-from wamkit.models.base import LoraTargets, ParamGroup
+from wamkit.models.base import LoraTargets, NamesLoraTargets, ParamGroup
 
 log = logging.getLogger(__name__)
 
@@ -133,8 +133,7 @@ def resolve(cfg: LoraConfig, adapter) -> LoraSpec | None:
     understanding tower's); one that names none is refused, naming the key and the layers it may name."""
     if cfg.rank == 0:
         return None
-    hook = getattr(adapter, "lora_targets", None)
-    named: LoraTargets | None = hook() if hook is not None else None
+    named: LoraTargets | None = adapter.lora_targets() if isinstance(adapter, NamesLoraTargets) else None
     entries = tuple(cfg.target_modules) or (named.modules if named is not None else ())
     if not entries:
         raise ConfigError(

@@ -41,7 +41,7 @@ import torch
 
 from wamkit.config import ConfigError
 from wamkit.device import device_budget, meminfo_bytes
-from wamkit.models.base import ActivationShape
+from wamkit.models.base import ActivationShape, ChecksActivations, PlansActivations
 
 log = logging.getLogger(__name__)
 
@@ -105,11 +105,10 @@ def model_sizes(adapter, groups: list | None = None, int8: list | tuple = ()) ->
     in_blocks = {id(p) for b in blocks for p in b.parameters()}
     largest = max((sum(p.numel() for p in b.parameters()) for b in blocks), default=0)
     root = sum(p.numel() for p in adapter.module.parameters() if id(p) not in in_blocks)
-    shape_fn = getattr(adapter, "activation_shape", None)
-    ckpt = getattr(adapter, "gradient_checkpointing", None)
+    ckpt = adapter.gradient_checkpointing if isinstance(adapter, ChecksActivations) else None
     int8_frozen = sum(p.numel() for p in int8)
     int8_bytes = sum(p.numel() + 5 * p.shape[0] for p in int8)
-    activations = shape_fn() if shape_fn else None
+    activations = adapter.activation_shape() if isinstance(adapter, PlansActivations) else None
     return ModelSizes(frozen, trained, largest, root, activations, ckpt, int8_frozen, int8_bytes)
 
 

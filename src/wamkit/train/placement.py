@@ -21,7 +21,7 @@ import torch
 
 from wamkit.config import ConfigError, RunConfig
 from wamkit.device import proc_status, status_bytes
-from wamkit.models.base import ModelAdapter, ParamGroup
+from wamkit.models.base import LoadsWeights, ModelAdapter, ParamGroup
 from wamkit.train import memory, plan_search
 from wamkit.train.dist import DistInfo, shard_adapter
 from wamkit.train.lora import Lora, quantize_base
@@ -172,12 +172,11 @@ def place(
 
 def _fill(adapter: ModelAdapter, root: torch.nn.Module, device: torch.device, lora: Lora | None) -> float:
     """Fill a meta-built model (its shards, once sharded) from its weights' source; returns the seconds."""
-    load = getattr(adapter, "load_weights", None)
-    if load is None:
+    if not isinstance(adapter, LoadsWeights):
         raise RuntimeError(f"{adapter.name}: built on the meta device but has no load_weights(device)")
     t0 = time.perf_counter()
     root.to_empty(device=device)
-    n = load(device) if lora is None else load(device, wrap=lora.wrap)
+    n = adapter.load_weights(device) if lora is None else adapter.load_weights(device, wrap=lora.wrap)
     load_s = time.perf_counter() - t0
     log.info(
         "weights streamed into this process's shards: %.2f GB read in %.1f s; host RssAnon %.2f GB",
