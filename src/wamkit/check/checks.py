@@ -169,12 +169,24 @@ def check_state(data: DataView, env: EnvProbe, report: Report, names, rot_dims, 
             ranges = "; ".join(
                 f"{kind} {s[:, i].min():.4g}..{s[:, i].max():.4g}" for kind, s in starts.items()
             )
+            large = _mistake_scale(lo[i], hi[i], i in rot_dims) + margin[i]
+            if _excess(starts, i, lo[i], hi[i]) <= large:  # like other initial states, not a convention
+                report.add(
+                    "state",
+                    "warn",
+                    f"{_describe_dims([i], names)}: the env starts at {ranges}; the dataset's values span "
+                    f"{lo[i]:.4g}..{hi[i]:.4g}, {_how_far(starts, i, lo[i], hi[i])}: within the "
+                    f"{large:.3g} a start from other initial states (a benchmark's demonstrations, not the "
+                    "trials probed here) can differ by; a convention mistake moves it further",
+                    "",
+                )
+                continue
             report.add(
                 "state",
                 "error",
                 f"{_describe_dims([i], names)}: the env starts at {ranges}; the dataset's values span "
                 f"{lo[i]:.4g}..{hi[i]:.4g}, {_how_far(starts, i, lo[i], hi[i])}, beyond the "
-                f"{margin[i]:.3g} allowed"
+                f"{large:.3g} allowed"
                 + (" (axis-angle: an antipodal flip or another quaternion order?)" if i in rot_dims else ""),
                 f"store the state the env produces: {source}",
             )
@@ -192,6 +204,25 @@ def _uncovered(starts: np.ndarray, lo: np.ndarray, hi: np.ndarray, margin: np.nd
     """Dimensions where some env start lies beyond the data's range by more than the margin."""
     s_lo, s_hi = starts.min(axis=0), starts.max(axis=0)
     return [i for i in range(len(lo)) if s_lo[i] < lo[i] - margin[i] or s_hi[i] > hi[i] + margin[i]]
+
+
+# How far the env's starts may lie beyond the data's range before a convention mistake is the likelier
+# cause. An axis-angle component moved by a quaternion order or sign mistake moves by radians (the
+# antipodal flip by up to 2 pi); one from other initial states by tenths of a radian (LIBERO-10's
+# stored starts: up to 0.09 rad, tests/test_check.py). A position or width in other units (mm, cm,
+# degrees) or another frame moves by a multiple of its own magnitude; other starts by a fraction of it.
+ROTATION_SCALE = 0.5  # radians
+
+
+def _mistake_scale(lo: float, hi: float, rotation: bool) -> float:
+    return ROTATION_SCALE if rotation else 0.5 * max(abs(lo), abs(hi), hi - lo)
+
+
+def _excess(starts: dict[str, np.ndarray], i: int, lo: float, hi: float) -> float:
+    """How far the env's starts reach beyond the data's range in dimension ``i`` (0 inside it)."""
+    s_lo = min(float(s[:, i].min()) for s in starts.values())
+    s_hi = max(float(s[:, i].max()) for s in starts.values())
+    return max(lo - s_lo, s_hi - hi, 0.0)
 
 
 def _how_far(starts: dict[str, np.ndarray], i: int, lo: float, hi: float) -> str:
