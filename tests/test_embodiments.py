@@ -48,7 +48,7 @@ def test_its_reference_clients_keys_reach_the_server_and_the_openpi_backend(toy)
     io = ModelIO(cameras=("top",), image_size=8, state_dim=1, action_dim=1, chunk=2)
 
     class _NoModel:
-        name = "none"
+        name, supports_rtc = "none", False
 
     _NoModel.io = io
     spec = PreprocessSpec.identity(representation="raw", cameras=io.cameras, image_size=8, state_dim=1,

@@ -42,7 +42,7 @@ def test_training_and_serving_give_identical_model_inputs(dataset):
     raw = LeRobotDataset(dataset)[5]  # the very frame and state, as decoded from the files
 
     class _NoModel:
-        name, io = "none", IO
+        name, io, supports_rtc = "none", IO, False
 
     served = ServedPolicy(_NoModel(), spec).prepare(
         {

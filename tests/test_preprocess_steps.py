@@ -110,7 +110,7 @@ def test_a_registered_step_runs_unchanged_in_the_data_stage_and_the_server(tmp_p
     raw = LeRobotDataset(root)[3]
 
     class _NoModel:
-        name, io = "none", IO
+        name, io, supports_rtc = "none", IO, False
 
     request = {image_key(c): raw[image_key(c)].numpy() for c in IO.cameras}
     served = ServedPolicy(_NoModel(), spec).prepare(

@@ -208,7 +208,7 @@ def _uncovered(starts: np.ndarray, lo: np.ndarray, hi: np.ndarray, margin: np.nd
 
 # How far the env's starts may lie beyond the data's range before a convention mistake is the likelier
 # cause. An axis-angle component moved by a quaternion order or sign mistake moves by radians (the
-# antipodal flip by up to 2 pi); one from other initial states by tenths of a radian (LIBERO-10's
+# antipodal flip by up to 2 pi); one from other initial states by tenths of a radian (a benchmark's
 # stored starts: up to 0.09 rad, tests/test_check.py). A position or width in other units (mm, cm,
 # degrees) or another frame moves by a multiple of its own magnitude; other starts by a fraction of it.
 ROTATION_SCALE = 0.5  # radians
