@@ -201,7 +201,10 @@ def step_seconds(ad, batch: dict, device: torch.device, calls: int = 5, guided: 
     velocity, lat_v, lat_a, t = step_inputs(ad, batch)
     step = lambda: velocity(lat_v, lat_a, t)  # noqa: E731
     if guided:
-        guide = ad._guide(rtc_rows(ad, len(batch["task"])), "policy", len(batch["task"]))
+        from wamkit.models.rtc import guide_input
+
+        b = len(batch["task"])
+        guide = guide_input(rtc_rows(ad, b), "policy", b, ad.io.chunk, ad.io.action_dim, ad.device)
         step = lambda: ad._guided(velocity, lat_v, lat_a, t, guide)  # noqa: E731
     step()
     return float(np.median([timed(step, device) for _ in range(calls)]))

@@ -17,7 +17,8 @@ env) and ``R + d <= H`` (the old chunk covers the steps its successor is late fo
 How consecutive chunks meet (``eval.chunk_blend``): ``switch`` executes the new chunk from its action
 ``d``; ``rtc`` does the same with a chunk the server sampled as an inpainting of the old chunk's
 unexecuted actions (the request carries them, :mod:`wamkit.models.rtc`); ``ensemble`` is ACT's temporal
-ensembling (Zhao et al. 2023; LeRobot's ``ACTTemporalEnsembler``): step ``t`` executes the average of
+ensembling (Zhao et al. 2023; LeRobot's ``ACTTemporalEnsembler``, ``policies/act/modeling_act.py``
+lines 169-257): step ``t`` executes the average of
 every chunk's action for ``t`` that has arrived, weighted ``exp(-m i)`` with ``i = 0`` the oldest
 chunk (``m = eval.ensemble_coeff``, ACT's 0.01).
 

@@ -185,19 +185,31 @@ def run_eval(
                 d = measure_delay(make_policy, urls[0], env_cfg, ecfg)
             ecfg = dataclasses.replace(ecfg, delay_steps=d)
             cfg = dataclasses.replace(cfg, eval=ecfg)
-        summary = _journaled(
-            cfg,
-            episodes,
-            make_policy,
-            resume,
-            servers,
-            urls,
-            progress,
-            on_pipeline,
-            prebuild,
-            host_factory,
-            env_workers,
-        )
+        plan = plan_record(env_cfg, ecfg, server_location(ecfg))
+        with Journal(out, plan, resume=resume) as journal:
+            todo = [e for e in episodes if not journal.done(episode_key(e.suite, e.task, e.trial, e.seed))]
+            log.info("%d episodes planned, %d to run", len(episodes), len(todo))
+            timing, events, stages = None, [], ecfg.pipeline_stages or 1
+            if todo:
+                if urls is None:
+                    urls = servers.enter_context(reach_servers(ecfg, cfg.serve))
+                # fail fast (no server, cameras the env does not render, servers serving different
+                # models, another model than the journal's) before workers start
+                probes = [
+                    _probe(make_policy, url, env_cfg, ecfg.server_timeout_s, ecfg.chunk_blend) for url in urls
+                ]
+                identity = same_model(urls, [said for said, _ in probes])
+                _warn_image_size(env_cfg, urls[0], probes[0][1])  # one model (same_model): one warning
+                server = {**server_location(ecfg), "identity": identity}
+                if identity is None:
+                    server["unidentified"] = UNIDENTIFIED
+                    log.warning("%s: %s", ", ".join(urls), UNIDENTIFIED)
+                journal.check_server(server)
+                workers = functools.partial(_open_workers, cfg, host_factory, env_workers)
+                timing, events, stages = _run(
+                    cfg, todo, journal, urls, make_policy, progress, on_pipeline, prebuild, workers
+                )
+            summary = write_reports(out, list(journal.records.values()), journal.plan, timing, events, stages)
     all_ = summary["all"]
     log.info(
         "success %.1f%% (95%% CI %.1f-%.1f) over %d episodes; results in %s",
@@ -257,49 +269,6 @@ def measure_delay(make_policy, url: str, env_cfg: EnvConfig, ecfg: EvalConfig, r
         1000 * latency, batch, info.fps, d,
     )  # fmt: skip
     return d
-
-
-def _journaled(
-    cfg,
-    episodes,
-    make_policy,
-    resume,
-    servers,
-    urls,
-    progress,
-    on_pipeline,
-    prebuild,
-    host_factory,
-    env_workers,
-) -> dict[str, Any]:
-    """The journaled part of :func:`run_eval`: plan, the episodes still to run, reports."""
-    env_cfg, ecfg = cfg.env, cfg.eval
-    out = Path(ecfg.out_dir)
-    plan = plan_record(env_cfg, ecfg, server_location(ecfg))
-    with Journal(out, plan, resume=resume) as journal:
-        todo = [e for e in episodes if not journal.done(episode_key(e.suite, e.task, e.trial, e.seed))]
-        log.info("%d episodes planned, %d to run", len(episodes), len(todo))
-        timing, events, stages = None, [], ecfg.pipeline_stages or 1
-        if todo:
-            if urls is None:
-                urls = servers.enter_context(reach_servers(ecfg, cfg.serve))
-            # fail fast (no server, cameras the env does not render, servers serving different
-            # models, another model than the journal's) before workers start
-            probes = [
-                _probe(make_policy, url, env_cfg, ecfg.server_timeout_s, ecfg.chunk_blend) for url in urls
-            ]
-            identity = same_model(urls, [said for said, _ in probes])
-            _warn_image_size(env_cfg, urls[0], probes[0][1])  # one model (same_model): one warning
-            server = {**server_location(ecfg), "identity": identity}
-            if identity is None:
-                server["unidentified"] = UNIDENTIFIED
-                log.warning("%s: %s", ", ".join(urls), UNIDENTIFIED)
-            journal.check_server(server)
-            workers = functools.partial(_open_workers, cfg, host_factory, env_workers)
-            timing, events, stages = _run(
-                cfg, todo, journal, urls, make_policy, progress, on_pipeline, prebuild, workers
-            )
-        return write_reports(out, list(journal.records.values()), journal.plan, timing, events, stages)
 
 
 def slots_per_worker(ecfg: EvalConfig) -> list[int]:

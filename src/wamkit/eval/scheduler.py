@@ -271,7 +271,8 @@ class Pipeline:
             if not ready:
                 continue
             seeds = [request_seed(sl.spec, sl.requests) for sl in ready]
-            obs = [{**sl.obs, **sl.plan.request_fields(sl.length)} for sl in ready]
+            extra = [sl.plan.request_fields(sl.length) for sl in ready]  # empty unless rtc
+            obs = [{**sl.obs, **f} if f else sl.obs for sl, f in zip(ready, extra)]
             chunks, infer_s, call_batch, server = policy(obs, seeds)
             t2 = self.now()
             self.requests.append((len(ready), max(int(call_batch), len(ready)), server, s))

@@ -121,3 +121,23 @@ def request_rows(
         "delay": delay,
         "max_guidance": np.full(b, max_guidance, np.float32),
     }
+
+
+def guide_input(rtc: dict | None, mode: str, b: int, chunk: int, dim: int, device: torch.device):
+    """A model's checked ``rtc`` input (:func:`request_rows`: actions [B, chunk, dim] model space, weights
+    [B, chunk], delay [B], max_guidance [B]) as float32 tensors on ``device``; None when absent or when
+    no row is guided."""
+    if rtc is None:
+        return None
+    if mode != "policy":
+        raise ValueError(f"rtc guides the policy's chunk; mode {mode!r} has none to guide")
+    want = {"actions": (b, chunk, dim), "weights": (b, chunk), "delay": (b,), "max_guidance": (b,)}
+    out = {}
+    for key, shape in want.items():
+        if key not in rtc or tuple(np.shape(rtc[key])) != shape:
+            raise ValueError(f"rtc.{key}: expected shape {list(shape)}, got {list(np.shape(rtc.get(key)))}")
+        value = rtc[key]
+        out[key] = (value if isinstance(value, torch.Tensor) else torch.as_tensor(np.asarray(value))).to(
+            device, torch.float32
+        )
+    return out if bool((out["weights"] != 0).any()) else None

@@ -39,7 +39,7 @@ from wamkit.models.cosmos3.fast_policy import Velocity
 from wamkit.models.cosmos3.packing import PackedLayout, pack
 from wamkit.models.cosmos3.recipe import native_sigmas
 from wamkit.models.cosmos3.sampler import unipc_sampler
-from wamkit.models.rtc import committed, guided_velocity
+from wamkit.models.rtc import committed, guide_input, guided_velocity
 
 MODES = ("policy", "forward_dynamics", "inverse_dynamics")
 
@@ -95,7 +95,10 @@ class Cosmos3Inference:
         """
         if mode not in MODES:
             raise ValueError(f"mode {mode!r} is unknown; expected {', '.join(MODES)}")
-        guide = self._guide(inputs.pop("rtc", None), mode, self.io.check_batch(batch))
+        io = self.io
+        guide = guide_input(
+            inputs.pop("rtc", None), mode, io.check_batch(batch), io.chunk, io.action_dim, self.device
+        )
         prep = self._prepare(batch, mode, inputs, eager=guide is not None)
         lat_v, lat_a = self._sample(prep, row_seeds(0 if seed is None else seed, len(prep.act_init)), guide)
         out: dict[str, np.ndarray] = {}
@@ -110,27 +113,6 @@ class Cosmos3Inference:
         return out
 
     supports_rtc = True  # predict(policy) takes rtc=: wamkit.models.rtc
-
-    def _guide(self, rtc: Any, mode: str, b: int) -> dict[str, torch.Tensor] | None:
-        """The checked ``rtc`` input (:func:`wamkit.models.rtc.request_rows`: actions [B, chunk, D] model
-        space, weights [B, chunk], delay [B], max_guidance [B]) on the device; None when absent or when
-        no row is guided."""
-        if rtc is None:
-            return None
-        if mode != "policy":
-            raise ValueError(f"rtc guides the policy's chunk; mode {mode!r} has none to guide")
-        want = {
-            "actions": (b, self.io.chunk, self.io.action_dim),
-            "weights": (b, self.io.chunk),
-            "delay": (b,),
-            "max_guidance": (b,),
-        }
-        out = {}
-        for key, shape in want.items():
-            if key not in rtc or tuple(np.shape(rtc[key])) != shape:
-                raise ValueError(f"rtc.{key}: expected shape {list(shape)}, got {np.shape(rtc.get(key))}")
-            out[key] = torch.as_tensor(_np(rtc[key]), dtype=torch.float32).to(self.device)
-        return out if bool((out["weights"] != 0).any()) else None
 
     def _prepare(
         self, batch: dict[str, Any], mode: Mode, inputs: dict[str, Any], eager: bool = False

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from wamkit.config import ConfigError
 from wamkit.constants import ACTION, ACTION_IS_PAD, OBS_STATE, TASK, future_image_key, image_key
 from wamkit.models.base import ActivationShape, Mode, ModelIO, ParamGroup, row_seeds, seeded_noise
-from wamkit.models.rtc import committed, guided_velocity
+from wamkit.models.rtc import committed, guide_input, guided_velocity
 from wamkit.models.text import encode_texts
 from wamkit.models.tiny.config import TinyConfig
 from wamkit.models.tiny.network import TinyWAM, patchify, to_unit_range, unpatchify
@@ -266,29 +266,6 @@ class TinyAdapter:
 
     supports_rtc = True  # predict(policy) takes rtc=: wamkit.models.rtc
 
-    def _guide(self, rtc: Any, mode: str, b: int) -> dict[str, torch.Tensor] | None:
-        """The checked ``rtc`` input ({actions [B, chunk, action_dim] model space, weights [B, chunk],
-        delay [B], max_guidance [B]}; :func:`wamkit.models.rtc.request_rows`) as tensors; None when absent
-        or when no row is guided."""
-        if rtc is None:
-            return None
-        if mode != "policy":
-            raise ValueError(f"rtc guides the policy's chunk; mode {mode!r} has none to guide")
-        want = {
-            "actions": (b, self.io.chunk, self.io.action_dim),
-            "weights": (b, self.io.chunk),
-            "delay": (b,),
-            "max_guidance": (b,),
-        }
-        out = {}
-        for key, shape in want.items():
-            if key not in rtc:
-                raise ValueError(f"rtc: lacks {key!r} {list(shape)}")
-            out[key] = self._tensor(rtc[key], torch.float32)
-            if tuple(out[key].shape) != shape:
-                raise ValueError(f"rtc.{key}: expected shape {list(shape)}, got {list(out[key].shape)}")
-        return out if bool((out["weights"] != 0).any()) else None
-
     def _guided_step(
         self, gen: dict[str, Any], cache: Any, guide: dict[str, torch.Tensor], t_now: float
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -323,7 +300,7 @@ class TinyAdapter:
         b = self.io.check_batch(batch)
         dev = self.device
         num_steps = int(inputs.pop("num_steps", self.cfg.num_steps))
-        guide = self._guide(inputs.pop("rtc", None), mode, b)
+        guide = guide_input(inputs.pop("rtc", None), mode, b, self.io.chunk, self.io.action_dim, dev)
         seeds = row_seeds(seed, b)
         # the current frame, which a residual frame head is given and adds its forecast change to
         now = self._current_frame(batch) if self.module.n_frame and self.cfg.world_residual else None
