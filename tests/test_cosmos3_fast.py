@@ -58,15 +58,15 @@ def both_paths(ad, batch: dict, seed: int) -> tuple[dict, dict]:
     calls = []
     handle = ad.module.register_forward_hook(lambda *a: calls.append(1))
     try:
-        ad.options["fast_inference"] = False
+        ad.options.fast_inference = False
         stock = ad.predict(batch, seed=seed, return_latents=True)
         n_stock = len(calls)
-        ad.options["fast_inference"] = True
+        ad.options.fast_inference = True
         fast = ad.predict(batch, seed=seed, return_latents=True)
     finally:
-        ad.options["fast_inference"] = True
+        ad.options.fast_inference = True
         handle.remove()
-    assert n_stock == ad.options["num_inference_steps"] and len(calls) == n_stock  # fast: no forward
+    assert n_stock == ad.options.num_inference_steps and len(calls) == n_stock  # fast: no forward
     return stock, fast
 
 
@@ -79,7 +79,7 @@ def assert_same(stock: dict, fast: dict) -> None:
 
 
 def test_fast_path_is_the_default_and_equals_stock_for_one_request(adapter):
-    assert adapter.options["fast_inference"] is True
+    assert adapter.options.fast_inference is True
     stock, fast = both_paths(adapter, make_batch(TASKS[:1]), seed=5)
     assert_same(stock, fast)
 
@@ -242,6 +242,7 @@ def compiled_on_cpu(adapter, mode: str):
         adapter.fast.clear()
 
 
+@pytest.mark.slow
 def test_the_compiled_step_gives_the_eager_fast_paths_actions(adapter):
     """step_graph="compile" (the whole step compiled), compiled by inductor on the CPU here: the
     batch padded to its bucket, the text masked in flex attention, the step one compiled graph. Its

@@ -219,7 +219,7 @@ def test_a_lora_run_saves_adapters_and_heads_converts_merged_and_serves(data, tm
     have = served.predict(obs, seed=0)["actions"]
     base = _tiny()
     base.module.eval()
-    steps = int(served.options["num_inference_steps"])
+    steps = int(served.options.num_inference_steps)
     # each sampler step adds one velocity's rounding (CHAIN-term sums) to the actions
     assert_rounding_close(torch.as_tensor(have), torch.as_tensor(want), length=steps * CHAIN)
     moved = np.abs(want - base.predict(obs, seed=0)["actions"]).max()
@@ -235,6 +235,7 @@ def _train_cmd(data: Path, run: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "wamkit", "train", str(CONFIG), *_overrides(data, run, *extra)]
 
 
+@pytest.mark.slow
 def test_sigkill_at_a_random_step_then_resume_auto_gives_identical_losses(data, tmp_path):
     """The trainer's exact resume (tests/test_train_resume.py) with LoRA: the killed run, resumed from its
     last checkpoint (adapters, heads, their moments and EMA; the base rebuilt and checked by hash), logs

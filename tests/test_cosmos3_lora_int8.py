@@ -118,6 +118,7 @@ def test_bad_base_is_refused_naming_the_key(data, tmp_path):
         train(_cfg(data, tmp_path / "mini", "model.preset=mini", INT8))
 
 
+@pytest.mark.slow
 def test_an_int8_run_trains_saves_adapters_refuses_another_base_and_converts_what_it_trained(data, tmp_path):
     from wamkit.cli import main
     from wamkit.serve.loading import load_served
@@ -163,7 +164,7 @@ def test_an_int8_run_trains_saves_adapters_refuses_another_base_and_converts_wha
     obs = two_observations(io)
     have = served.predict(obs, seed=0)["actions"]
     want_a = unmerged.predict(obs, seed=0)["actions"]
-    steps = int(served.options["num_inference_steps"])
+    steps = int(served.options.num_inference_steps)
     # torchao's int8 matmul scales after the product (x q^T) s, the merged layer before: x (q s)^T, one
     # more rounding per product, within each velocity's CHAIN-term bound
     assert_rounding_close(torch.as_tensor(have), torch.as_tensor(want_a), length=steps * CHAIN)

@@ -116,13 +116,13 @@ class StockReference:
             scheduler=adapter.scheduler,
             enable_safety_checker=False,
         )
-        self.domain_id = torch.tensor([_EMBODIMENT_TO_DOMAIN_ID[self.options["domain_name"]]])
+        self.domain_id = torch.tensor([_EMBODIMENT_TO_DOMAIN_ID[self.options.domain_name]])
 
     def encode(self, frames: list[np.ndarray]) -> tuple[torch.Tensor, tuple[int, int]]:
         """A clip of uint8 frames -> (latents [1, C, T, h, w], canvas (height, width)), as the
         pipeline's ``prepare_latents`` encodes an action request's clip."""
         pil = [Image.fromarray(f) for f in frames]
-        tier = self.options["resolution_tier"]
+        tier = self.options.resolution_tier
         video, size, h, w = self.pipe._prepare_action_video_conditioning(
             pil, tier, len(pil), "cpu", torch.float32
         )
@@ -132,14 +132,14 @@ class StockReference:
 
     def caption(self, task: str, hw: tuple[int, int], idle: int | None) -> str:
         o = self.options
-        return action_prompt(task, view_point=o["view_point"], view_description=o["view_description"],
-                             num_frames=IO.chunk + 1, fps=float(o["fps"]), height=hw[0], width=hw[1],
+        return action_prompt(task, view_point=o.view_point, view_description=o.view_description,
+                             num_frames=IO.chunk + 1, fps=float(o.fps), height=hw[0], width=hw[1],
                              idle_frames=idle, chunk=IO.chunk)  # fmt: skip
 
     def token_ids(self, caption: str, hw: tuple[int, int]) -> list[int]:
         # no system prompt and no flat templates: cosmos tokenises the JSON caption as it is
         ids, _ = self.pipe.tokenize_prompt(
-            caption, num_frames=IO.chunk + 1, height=hw[0], width=hw[1], fps=float(self.options["fps"]),
+            caption, num_frames=IO.chunk + 1, height=hw[0], width=hw[1], fps=float(self.options.fps),
             use_system_prompt=False, add_resolution_template=False, add_duration_template=False,
         )  # fmt: skip
         return ids
@@ -147,7 +147,7 @@ class StockReference:
     def velocities(self, ids: list[int], x_v: torch.Tensor, x_a: torch.Tensor, timestep: float):
         """The conditional pass of the pipeline's denoising loop for one request: predicted velocities
         (vision [1, C, T, h, w], zero at the condition frame; actions [chunk, D])."""
-        fps = float(self.options["fps"])
+        fps = float(self.options.fps)
         text = self.pipe._prepare_text_segment(ids, device="cpu")
         offset, und = text["vision_start_temporal_offset"], text["und_len"]
         vis = self.pipe._prepare_vision_segment(
@@ -243,7 +243,7 @@ def reference(adapter) -> dict:
     # sft_loss's draws, in its order: the noise levels (recipe.train_sigmas), the vision noise, the
     # action noise (then the caption-dropout draw, which cannot drop a caption at probability 0)
     torch.manual_seed(SEED)
-    sigma = train_sigmas(b, float(adapter.options["train_shift"]))
+    sigma = train_sigmas(b, float(adapter.options.train_shift))
     eps_v, eps_a = torch.randn(x0_v.shape), torch.randn(b, IO.chunk, IO.action_dim)
     noise = (sigma, eps_v, eps_a)
     return {

@@ -101,7 +101,7 @@ def test_batched_predictions_equal_single_requests_in_one_call_per_step(adapter)
     equality to it is tests/test_cosmos3_fast.py's), in each attention mode, for requests whose prompts
     (so text segments) differ in length."""
     batch = {**make_batch(3), TASK: UNEVEN_TASKS}
-    adapter.options["fast_inference"] = False
+    adapter.options.fast_inference = False
     calls = []
     handle = adapter.module.register_forward_hook(lambda *a: calls.append(1))
     try:
@@ -117,7 +117,7 @@ def test_batched_predictions_equal_single_requests_in_one_call_per_step(adapter)
         other_seed = adapter.predict(rows(batch, slice(0, 1)), seed=8)["actions"][0]
     finally:
         adapter.processor.mode = "mask"
-        adapter.options["fast_inference"] = True
+        adapter.options.fast_inference = True
         handle.remove()
     assert n_calls == 3 * STEPS["num_inference_steps"]  # all 3 requests in each step's one call
     for both in packed.values():
@@ -135,11 +135,11 @@ def test_flex_block_masks_of_a_packed_layout_are_its_attention_masks(adapter):
     ``create_block_mask``), for the layout of requests with prompts of different lengths."""
     from torch.nn.attention.flex_attention import create_block_mask, create_mask
 
-    adapter.options["fast_inference"] = False
+    adapter.options.fast_inference = False
     try:
         adapter.predict({**make_batch(3), TASK: UNEVEN_TASKS}, seed=0)
     finally:
-        adapter.options["fast_inference"] = True
+        adapter.options.fast_inference = True
     lay = adapter.processor.layout
     assert len({e - s for s, e in lay.und_bounds}) == 3
     assert lay.flex_block_masks() is lay.flex_block_masks()  # built once per layout
@@ -193,7 +193,7 @@ def test_gradient_checkpointing_recomputes_within_the_packed_requests(adapter):
     assert_rounding_close(grads[1], grads[0], length=2 * 192 * 4)
 
 
-@pytest.mark.parametrize("attention", ["mask", "flex"])
+@pytest.mark.parametrize("attention", [pytest.param("mask", marks=pytest.mark.slow), "flex"])
 def test_compiled_blocks_under_checkpointing_give_the_eager_gradients(attention):
     """``train.compile`` compiles each block. Everything a layer reads besides its inputs (the masks,
     the one-time notice of the masked fallback) is settled before the layers run, so every layer and its
@@ -270,12 +270,12 @@ def test_policy_matches_diffusers_pipeline(adapter):
     ad = adapter
     batch = make_batch(1, seed=3)
     libero_id, ad.domain_id = ad.domain_id, _EMBODIMENT_TO_DOMAIN_ID["bridge_orig_lerobot"]
-    desc, ad.options["view_description"] = ad.options["view_description"], ""
+    desc, ad.options.view_description = ad.options.view_description, ""
     ad.inference_idle_frames = None
     try:
         ours = ad.predict(batch, seed=11)["actions"][0]
     finally:
-        ad.domain_id, ad.options["view_description"], ad.inference_idle_frames = libero_id, desc, 0
+        ad.domain_id, ad.options.view_description, ad.inference_idle_frames = libero_id, desc, 0
     frame = np.concatenate([batch[image_key(c)][0].numpy() for c in IO.cameras], axis=1)
     cond = CosmosActionCondition(
         mode="policy",

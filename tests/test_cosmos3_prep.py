@@ -178,7 +178,7 @@ def test_the_canvas_is_computed_once_per_frame_shape_and_tier(adapter, monkeypat
     want = stock([Image.fromarray(frame)], TIER, 1, device="cpu", dtype=torch.float32)[2:]
     assert [adapter._canvas_hw(frame) for _ in range(3)] == [want] * 3
     assert calls == [TIER]
-    monkeypatch.setitem(adapter.options, "resolution_tier", 480)
+    monkeypatch.setattr(adapter.options, "resolution_tier", 480)
     other = stock([Image.fromarray(frame)], 480, 1, device="cpu", dtype=torch.float32)[2:]
     assert adapter._canvas_hw(frame) == other != want
     assert calls == [TIER, 480]

@@ -64,12 +64,12 @@ def test_caption_is_the_pipelines_plus_cosmos_libero_fields():
 def test_tokens_have_no_system_prompt_and_match_the_pipeline(adapter):
     ad = adapter
     hw = (192, 320)
-    desc, ad.options["view_description"] = ad.options["view_description"], ""
+    desc, ad.options.view_description = ad.options.view_description, ""
     try:
         text = ad.prompt("open the drawer", hw, None)
         ours = ad._text_segment(text, hw)["input_ids"].tolist()
     finally:
-        ad.options["view_description"] = desc
+        ad.options.view_description = desc
     theirs, _ = ad.pipe.tokenize_prompt(
         "open the drawer",
         num_frames=17,
@@ -163,11 +163,11 @@ def test_training_example_is_seventeen_real_frames_with_dropout(adapter):
     batch["idle_frames"] = torch.tensor([3, 0])
     texts = ad._train_texts(batch, (192, 320))
     assert '"idle_frame": "3 out of 16."' in texts[0] and "left half" in texts[0]
-    ad.options["caption_dropout"] = 1.0
+    ad.options.caption_dropout = 1.0
     try:
         assert ad._train_texts(batch, (192, 320)) == ["", ""]
     finally:
-        ad.options["caption_dropout"] = 0.1
+        ad.options.caption_dropout = 0.1
     torch.manual_seed(0)
     loss = ad.sft_loss(batch)
     assert torch.isfinite(loss["loss"]) and set(loss) >= {

@@ -40,11 +40,11 @@ def test_guided_chunk_keeps_the_committed_actions_on_both_paths(adapter):
     rtc = request_rows([left[0], None, left[2]], [3, 0, 5], IO.chunk, IO.action_dim)
     out = {}
     for fast in (False, True):
-        adapter.options["fast_inference"] = fast
+        adapter.options.fast_inference = fast
         try:
             out[fast] = adapter.predict(batch, seed=[1, 2, 3], rtc=rtc)["actions"]
         finally:
-            adapter.options["fast_inference"] = True
+            adapter.options.fast_inference = True
     assert_rounding_close(out[True], out[False], length=GUIDED)
     got = out[True]
     for row, d in ((0, 3), (2, 5)):

@@ -58,20 +58,20 @@ def test_scratch_presets_satisfy_the_shape_constraints():
 def test_the_embodiment_profile_gives_domain_framing_and_fps():
     metaworld = embodiments.get("metaworld")
     ad = build()
-    assert ad.options["domain_name"] == metaworld.cosmos3_domain == "metaworld"
+    assert ad.options.domain_name == metaworld.cosmos3_domain == "metaworld"
     assert ad.domain_id == metaworld.cosmos3_domain_id == 31
     # a row of the heads diffusers builds that its own domain table leaves to no embodiment
     from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import _EMBODIMENT_TO_DOMAIN_ID
 
     assert 31 not in _EMBODIMENT_TO_DOMAIN_ID.values()
     assert ad.module.action_proj_in.num_domains > 31
-    assert ad.options["view_point"] == "third_person_view"
-    assert ad.options["view_description"] == ""
-    assert ad.options["fps"] == float(metaworld.fps) == 80.0
+    assert ad.options.view_point == "third_person_view"
+    assert ad.options.view_description == ""
+    assert ad.options.fps == float(metaworld.fps) == 80.0
     assert '"fps": 80.0' in ad.prompt("open the drawer", (64, 64), None)
     # the recipe's data keeps the recipe's options; a config's own value wins over the profile's
     lib = build(LIBERO_IO)
-    assert (lib.options["domain_name"], lib.domain_id, lib.options["view_point"], lib.options["fps"]) == (
+    assert (lib.options.domain_name, lib.domain_id, lib.options.view_point, lib.options.fps) == (
         "libero",
         5,
         "concat_view",
@@ -116,11 +116,11 @@ def test_the_state_token_reaches_the_actions_and_trains():
     other = dict(obs, **{OBS_STATE: -obs[OBS_STATE]})
     moved = np.abs(ad.predict(other, seed=7)["actions"] - acts).max()
     # the fast path (default) against diffusers' forward over packed requests, with the held token
-    ad.options["fast_inference"] = False
+    ad.options.fast_inference = False
     try:
         stock = ad.predict(obs, seed=7)["actions"]
     finally:
-        ad.options["fast_inference"] = True
+        ad.options.fast_inference = True
     assert_rounding_close(acts, torch.as_tensor(stock), LENGTH)
     assert moved > 1e3 * np.abs(acts - stock).max() + 1e-6  # the state changes the answer
     # without the token, the state is not an input: the same actions for any state

@@ -5,6 +5,7 @@ its profile and env backend) is built and resolved by the env layer with no othe
 from __future__ import annotations
 
 import pytest
+import torch
 
 from wamkit import embodiments
 from wamkit.config import ConfigError, EnvConfig
@@ -48,7 +49,7 @@ def test_its_reference_clients_keys_reach_the_server_and_the_openpi_backend(toy)
     io = ModelIO(cameras=("top",), image_size=8, state_dim=1, action_dim=1, chunk=2)
 
     class _NoModel:
-        name, supports_rtc = "none", False
+        name, supports_rtc, module = "none", False, torch.nn.Module()  # no parameters: no autocast
 
     _NoModel.io = io
     spec = PreprocessSpec.identity(representation="raw", cameras=io.cameras, image_size=8, state_dim=1,
@@ -105,10 +106,10 @@ def test_each_profile_agrees_with_its_backend_and_each_list_exists_once():
     from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import _EMBODIMENT_TO_DOMAIN_ID
 
     from wamkit.actions.representations import names as representations
-    from wamkit.models.cosmos3.presets import OPTIONS
+    from wamkit.models.cosmos3.presets import Cosmos3Options
 
     assert libero.PROFILE.cosmos3_domain in _EMBODIMENT_TO_DOMAIN_ID
-    assert OPTIONS["domain_name"] == libero.PROFILE.cosmos3_domain
+    assert Cosmos3Options.domain_name == libero.PROFILE.cosmos3_domain
     assert {libero.PROFILE.representation, metaworld.PROFILE.representation} <= set(representations())
     with pytest.raises(KeyError, match="unknown embodiment 'aloha'"):
         embodiments.get("aloha")

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from wamkit.actions.spec import PreprocessSpec, SpecError
 from wamkit.actions.stats import FeatureStats, StatsFile
@@ -42,7 +43,7 @@ def test_training_and_serving_give_identical_model_inputs(dataset):
     raw = LeRobotDataset(dataset)[5]  # the very frame and state, as decoded from the files
 
     class _NoModel:
-        name, io, supports_rtc = "none", IO, False
+        name, io, supports_rtc, module = "none", IO, False, torch.nn.Module()
 
     served = ServedPolicy(_NoModel(), spec).prepare(
         {

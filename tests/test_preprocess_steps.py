@@ -11,6 +11,7 @@ from typing import ClassVar
 
 import numpy as np
 import pytest
+import torch
 
 from wamkit.actions import steps as steps_mod
 from wamkit.actions.spec import FORMAT, PreprocessSpec, SpecError
@@ -110,7 +111,7 @@ def test_a_registered_step_runs_unchanged_in_the_data_stage_and_the_server(tmp_p
     raw = LeRobotDataset(root)[3]
 
     class _NoModel:
-        name, io, supports_rtc = "none", IO, False
+        name, io, supports_rtc, module = "none", IO, False, torch.nn.Module()
 
     request = {image_key(c): raw[image_key(c)].numpy() for c in IO.cameras}
     served = ServedPolicy(_NoModel(), spec).prepare(

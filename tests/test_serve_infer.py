@@ -160,16 +160,19 @@ def test_infer_without_matching_files(tmp_path, capsys):
 
 
 def test_delay_model_options_are_checked():
-    with pytest.raises(ConfigError, match="model.options: unknown delay"):
+    # the messages every model's options give (wamkit.config.from_dict)
+    with pytest.raises(ConfigError, match="unknown key 'model.options.delay'; did you mean 'delay_ms'"):
         build_model(ModelConfig(name="delay", options={"delay": 5}))
     with pytest.raises(ConfigError, match="model.options.delay_ms: expected a non-negative"):
         build_model(ModelConfig(name="delay", options={"delay_ms": -1}))
     with pytest.raises(ConfigError, match="not a delay preset"):
         build_model(ModelConfig(name="delay", preset="huge"))
+    with pytest.raises(ConfigError, match="model.options.host_calls: expected an integer, got 2.5"):
+        build_model(ModelConfig(name="delay", options={"host_calls": 2.5}))
     with pytest.raises(
         ConfigError, match="model.options.host_calls: expected a non-negative whole number of calls"
     ):
-        build_model(ModelConfig(name="delay", options={"host_calls": 2.5}))
+        build_model(ModelConfig(name="delay", options={"host_calls": -1}))
 
 
 def test_delay_model_host_calls_run_on_the_host_and_change_no_action():

@@ -29,6 +29,7 @@ import numpy as np
 from wamkit.config import RunConfig
 from wamkit.constants import OBS_STATE, TASK, image_key
 from wamkit.files import atomic_write_json, atomic_write_text
+from wamkit.models.base import PredictsFramesAt
 
 REPORT = "report.html"
 FIGURES = "report.json"
@@ -144,9 +145,8 @@ def forward_dynamics(
     if not policy.adapter.future_frame_offsets:
         return None
     chunk, cam = policy.io.chunk, policy.io.cameras[0]
-    # compared at the resolution the model predicts frames in (tiny: world_res), where both the
-    # prediction and the copy baseline hold the same detail
-    size = int(getattr(getattr(policy.adapter, "cfg", None), "world_res", policy.io.image_size))
+    ad = policy.adapter
+    size = ad.frame_res if isinstance(ad, PredictsFramesAt) else policy.io.image_size
     tasks = expand_tasks(cfg.env.suite, list(cfg.env.tasks))
     specs = [(task, trial, cfg.eval.seed + trial) for trial in range(per_task) for task in tasks]
     # rendering needs a GL context made in a process that chose its GL platform first: a spawned one

@@ -139,7 +139,7 @@ def _use_path(ad, path: str, stock_attention: str) -> None:
     """Point the adapter at one path (the same weights and caches; FP8 quantizes them, for good)."""
     if path in FP8_BACKENDS and not ad.fp8:
         ad.use_fp8(FP8_BACKENDS[path])
-    ad.options["fast_inference"] = path != "stock"
+    ad.options.fast_inference = path != "stock"
     graph = path.split("+")[1] if "+" in path and path != RTC else "none"
     if path in FP8_BACKENDS:  # as served: the default step (one compiled layer, the step captured)
         graph = "compile_layers"
@@ -177,7 +177,7 @@ def rtc_rows(ad, b: int) -> dict[str, np.ndarray]:
 
 
 def _predict(ad, batch, steps: int, path: str = "") -> dict[str, np.ndarray]:
-    ad.options["num_inference_steps"] = steps
+    ad.options.num_inference_steps = steps
     extra = {"rtc": rtc_rows(ad, len(batch["task"]))} if path == RTC else {}
     return ad.predict(batch, seed=0, **extra)
 
@@ -294,7 +294,7 @@ def accuracy(args, device: torch.device) -> dict[str, Any]:
 
     n, per = args.accuracy, 32
     ad = build(argparse.Namespace(**{**vars(args), "dtype": "float32"}), device)
-    ad.options["num_inference_steps"] = args.steps
+    ad.options.num_inference_steps = args.steps
     batches = [make_batch(ad.io, min(per, n - i), seed=100 + i) for i in range(0, n, per)]
 
     def run(path: str) -> tuple[np.ndarray, np.ndarray]:

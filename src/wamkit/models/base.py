@@ -391,6 +391,15 @@ class VaryingShapes(Protocol):
 
 
 @runtime_checkable
+class PredictsFramesAt(Protocol):
+    """Its ``forward_dynamics`` frames are predicted at a resolution of their own, ``frame_res`` pixels
+    square (returned upsampled to the camera's size): the demo's report compares frames there, where
+    the prediction and the copy-the-current-frame baseline hold the same detail."""
+
+    frame_res: int
+
+
+@runtime_checkable
 class HasPretrainedBase(Protocol):
     """Built from pretrained weights on disk: training and export record the base's content hash, so a
     checkpoint is never combined with another base (:mod:`wamkit.train.base_weights`)."""

@@ -29,12 +29,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from wamkit.config import ConfigError, ModelConfig
+from wamkit.config import ConfigError, ModelConfig, from_dict
 from wamkit.constants import ACTION, ACTION_IS_PAD, OBS_STATE, image_key
 from wamkit.models.base import Mode, ModelIO, ParamGroup
 
@@ -53,7 +54,25 @@ def preset_io(name: str) -> ModelIO:
     return ModelIO.of_embodiment(name)
 
 
-OPTIONS = {"delay_ms": 0.0, "per_obs_ms": 0.0, "host_calls": 0}
+@dataclass
+class DelayOptions:
+    """``model.options`` of the delay model (checked by :func:`wamkit.config.from_dict`, as every
+    model's options are)."""
+
+    delay_ms: float = 0.0  # a predict call's fixed cost
+    per_obs_ms: float = 0.0  # and its cost per observation of the batch
+    host_calls: int = 0  # small torch calls per predict (a launch-bound stand-in)
+
+    def __post_init__(self) -> None:
+        for key in ("delay_ms", "per_obs_ms"):
+            if getattr(self, key) < 0:
+                raise ConfigError(
+                    f"model.options.{key}: expected a non-negative number of ms, got {getattr(self, key)}"
+                )
+        if self.host_calls < 0:
+            raise ConfigError(
+                f"model.options.host_calls: expected a non-negative whole number of calls, got {self.host_calls}"
+            )
 
 
 def _np(x: Any) -> np.ndarray:
@@ -160,24 +179,8 @@ class DelayModel:
 def build(cfg: ModelConfig, io: ModelIO | None = None, **_: Any) -> DelayModel:
     """Build the benchmark model; ``io`` (from a dataset or an export) overrides the preset's."""
     preset = preset_io(cfg.preset)
-    unknown = set(cfg.options) - set(OPTIONS)
-    if unknown:
-        raise ConfigError(
-            f"model.options: unknown {', '.join(sorted(unknown))} for the delay model (valid: {', '.join(OPTIONS)})"
-        )
-    opts = {**OPTIONS, **cfg.options}
-    for key, value in opts.items():
-        kinds = int if key == "host_calls" else int | float
-        if isinstance(value, bool) or not isinstance(value, kinds) or value < 0:
-            what = "whole number of calls" if key == "host_calls" else "number of ms"
-            raise ConfigError(f"model.options.{key}: expected a non-negative {what}, got {value!r}")
-    return DelayModel(
-        io or preset,
-        cfg.preset,
-        float(opts["delay_ms"]),
-        float(opts["per_obs_ms"]),
-        int(opts["host_calls"]),
-    )
+    opts = from_dict(DelayOptions, dict(cfg.options), prefix="model.options")
+    return DelayModel(io or preset, cfg.preset, opts.delay_ms, opts.per_obs_ms, opts.host_calls)
 
 
 __all__ = ["DelayModel", "build", "preset_io"]

@@ -133,8 +133,8 @@ def _autocast(adapter: Any, precision: str) -> tuple[torch.dtype | None, str]:
         raise ConfigError(
             f"serve.precision: expected one of {', '.join(SERVE_PRECISIONS)}, got {precision!r}"
         )
-    module = getattr(adapter, "module", None)
-    params = next(module.parameters(), None) if isinstance(module, torch.nn.Module) else None
+    module = adapter.module
+    params = next(module.parameters(), None)
     if params is None:
         return None, "cpu"
     device = compute_device(module).type
@@ -196,7 +196,7 @@ class ServedPolicy:
             spec = self.spec
             self._identity = {
                 "model": self.adapter.name,
-                "weights_sha256": weights_digest(getattr(self.adapter, "module", None)),
+                "weights_sha256": weights_digest(self.adapter.module),
                 "stats_sha256": spec.stats_hash(),
                 "action_transform": {
                     "representation": spec.representation,

@@ -8,7 +8,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal, get_args
 
 import torch
 
@@ -18,9 +18,11 @@ from wamkit.config import ConfigError, ModelConfig
 from wamkit.models.base import ModelIO
 
 # model.options.attention (models/cosmos3/packing.py): auto = flex on CUDA, mask elsewhere
-ATTENTION_MODES = ("auto", "mask", "loop", "flex")
+AttentionMode = Literal["auto", "mask", "loop", "flex"]
+ATTENTION_MODES: tuple[str, ...] = get_args(AttentionMode)
 # how the served sampler runs a denoising step (models/cosmos3/fast_policy.py, FastPolicy)
-STEP_GRAPHS = ("auto", "none", "cuda_graph", "compile", "compile_layers")
+StepGraph = Literal["auto", "none", "cuda_graph", "compile", "compile_layers"]
+STEP_GRAPHS: tuple[str, ...] = get_args(StepGraph)
 
 # The embodiment of cosmos-framework's published SFT recipe (docs/cosmos3.md): its profile gives the
 # presets' domain name and view description, and the default IO below.
@@ -87,30 +89,26 @@ def build(
     opts = resolve_options(dict(cfg.options), io.embodiment)
     if io.chunk % 4:
         raise ValueError(f"cosmos3: io.chunk={io.chunk} must be a multiple of 4 (the VAE's temporal stride)")
-    if opts["state_token"] and io.state_dim > io.action_dim:
+    if opts.state_token and io.state_dim > io.action_dim:
         raise ConfigError(
             f"model.options.state_token: the state ({io.state_dim}-D) must fit the action heads' "
             f"{io.action_dim} inputs (env.state=proprio keeps the robot's own state)"
         )
     dev = torch.device(device if device is not None else "cpu")
     draw_on = torch.device(weights_device) if weights_device is not None else None
-    dtype = resolve_dtype(opts["dtype"], draw_on or dev)
+    dtype = resolve_dtype(opts.dtype, draw_on or dev)
     root, source = None, None
     if cfg.pretrained:
         root, _ = pipeline_root(cfg.pretrained)
         if dev.type == "meta":
-            transformer, vae, folder, fresh = open_pretrained(
-                root, io.action_dim, opts["reinit_action_heads"]
-            )
+            transformer, vae, folder, fresh = open_pretrained(root, io.action_dim, opts.reinit_action_heads)
             heads = StateDictWeights(fresh_heads(transformer), "fresh action heads") if fresh else None
             source = folder if heads is None else Overlay(folder, heads)
         else:
-            transformer, vae, _ = load_pretrained(
-                root, io.action_dim, opts["reinit_action_heads"], dev, dtype
-            )
-        opts["base"] = str(root.resolve())  # a rebuilt (saved) model takes its architecture and VAE here
-    elif opts["base"]:
-        root, _ = pipeline_root(opts["base"])
+            transformer, vae, _ = load_pretrained(root, io.action_dim, opts.reinit_action_heads, dev, dtype)
+        opts.base = str(root.resolve())  # a rebuilt (saved) model takes its architecture and VAE here
+    elif opts.base:
+        root, _ = pipeline_root(opts.base)
         transformer, vae, source = build_from_base(root, io.action_dim, dev, dtype, draw_on)
     else:
         transformer, vae, source = build_random(cfg.preset, io.action_dim, dev, dtype, draw_on)
@@ -121,13 +119,13 @@ def build(
         opts,
         transformer,
         vae,
-        make_scheduler(root, float(opts["sampling_shift"])),
+        make_scheduler(root, float(opts.sampling_shift)),
         load_tokenizer(root),
     )
     if dev.type == "meta":
         adapter.set_weight_source(source if callable(source) else (lambda _device, s=source: s))
-    if opts["text_kv_cache"]:
-        adapter.use_text_kv(opts["text_kv_cache"])
+    if opts.text_kv_cache:
+        adapter.use_text_kv(opts.text_kv_cache)
     return adapter
 
 

@@ -104,10 +104,10 @@ class Cosmos3Adapter(Cosmos3Inference):
         )
         self.pipe.set_progress_bar_config(disable=True)
         self.clip_encoder = ClipEncoder(self.pipe)  # the pipeline's preprocessing and encode, batched
-        self.domain_id = domain_id(options["domain_name"])
-        self.processor = install_processor(transformer, options["attention"])
+        self.domain_id = domain_id(options.domain_name)
+        self.processor = install_processor(transformer, options.attention)
         # policy mode's default path (options.fast_inference): cached text keys/values, batched requests
-        self.fast = FastPolicy(transformer, int(options["text_cache_size"]), options["step_graph"])
+        self.fast = FastPolicy(transformer, int(options.text_cache_size), options.step_graph)
         self._text: dict[str, dict[str, Any]] = {}
         self._segments: dict[tuple, RequestSegments] = {}
         self._nominal: PackedLayout | None = None
@@ -126,11 +126,11 @@ class Cosmos3Adapter(Cosmos3Inference):
         self._warned_idle = False
         for name, p in transformer.named_parameters():
             p.requires_grad_(param_role(name) != "frozen")
-        if options["gradient_checkpointing"]:
+        if options.gradient_checkpointing:
             transformer.enable_gradient_checkpointing()
         self._vae_sha256: str | None = None
-        if options[LATENT_CACHE_OPTION]:  # refused now, not at the first step, if built with other settings
-            LatentCache(options[LATENT_CACHE_OPTION]).check(self.latent_fingerprint(), "model")
+        if options.latent_cache:  # refused now, not at the first step, if built with other settings
+            LatentCache(options.latent_cache).check(self.latent_fingerprint(), "model")
         self._frozen_sha: str | None = None
         self.dropped: frozenset[str] = frozenset()  # frozen tensors left out of the module (text cache)
         self.text_kv: TextCache | None = None
@@ -156,7 +156,7 @@ class Cosmos3Adapter(Cosmos3Inference):
         groups = {
             "generation": ParamGroup("generation"),
             "generation_no_decay": ParamGroup("generation_no_decay", weight_decay=False),
-            "action_heads": ParamGroup("action_heads", lr_mult=float(self.options["action_lr_mult"])),
+            "action_heads": ParamGroup("action_heads", lr_mult=float(self.options.action_lr_mult)),
         }
         for name, p in self.module.named_parameters():
             role = param_role(name)
@@ -180,7 +180,9 @@ class Cosmos3Adapter(Cosmos3Inference):
     def config_dict(self) -> dict[str, Any]:
         # the latent cache is this run's training data, not part of the model: a served or exported
         # model must not need the folder
-        options = {k: v for k, v in self.options.items() if k not in (LATENT_CACHE_OPTION, TEXT_KV_OPTION)}
+        options = {
+            k: v for k, v in self.options.to_dict().items() if k not in (LATENT_CACHE_OPTION, TEXT_KV_OPTION)
+        }
         return {
             "name": self.name,
             "preset": self.preset,
@@ -193,19 +195,19 @@ class Cosmos3Adapter(Cosmos3Inference):
     def warm_wanted(self) -> bool:
         """Does a server gain from running every batch bucket once before it answers? Yes when the
         fast path captures or compiles its steps (CUDA): a bucket's first request would wait for it."""
-        return bool(self.options["fast_inference"]) and self.fast.usable() and self.fast.mode() != "none"
+        return bool(self.options.fast_inference) and self.fast.usable() and self.fast.mode() != "none"
 
     @contextlib.contextmanager
     def warming(self) -> Iterator[None]:
         """Warm-up requests denoise in 2 steps, not ``num_inference_steps``: every step runs the same
         compiled (and captured) velocity, so a bucket's first step compiles it and the rest of a full
         request would only add seconds to the start (6 s at Nano's batch 32)."""
-        steps = self.options["num_inference_steps"]
-        self.options["num_inference_steps"] = min(2, int(steps))
+        steps = self.options.num_inference_steps
+        self.options.num_inference_steps = min(2, int(steps))
         try:
             yield
         finally:
-            self.options["num_inference_steps"] = steps
+            self.options.num_inference_steps = steps
 
     def use_fp8(self, backend: str = "scaled_mm") -> int:
         """Serve with the generation tower's linear layers in FP8 (``serve.precision=fp8``,
@@ -232,7 +234,7 @@ class Cosmos3Adapter(Cosmos3Inference):
         (:mod:`wamkit.models.cosmos3.host_tower`). Call it on a model built in host memory."""
         from wamkit.models.cosmos3.host_tower import StreamedTextTower, tower_parameter_names
 
-        if not self.options["fast_inference"]:
+        if not self.options.fast_inference:
             raise ConfigError(
                 "serve.text_tower=host reads the text through cached keys/values, which "
                 "model.options.fast_inference=false turns off: set it true, or serve.text_tower=device"
@@ -257,7 +259,7 @@ class Cosmos3Adapter(Cosmos3Inference):
         from wamkit.models.cosmos3.fast_policy import batch_bucket
         from wamkit.models.cosmos3.host_tower import tower_parameter_names
 
-        dtype = resolve_dtype(self.options["dtype"], torch.device(device_type))
+        dtype = resolve_dtype(self.options.dtype, torch.device(device_type))
         e = torch.empty((), dtype=dtype).element_size()
         tower = tower_parameter_names(self.module)
         params = dict(self.module.named_parameters())
@@ -285,7 +287,7 @@ class Cosmos3Adapter(Cosmos3Inference):
             text_layer=layer * e,
             vae=sum(p.numel() for p in self.vae.parameters()) * e,
             text_prompt=und_len * kv_token,
-            text_cache_size=int(self.options["text_cache_size"]),
+            text_cache_size=int(self.options.text_cache_size),
             batch=context + work,
             dtype=str(dtype).removeprefix("torch."),
         )
@@ -306,7 +308,7 @@ class Cosmos3Adapter(Cosmos3Inference):
             "step_graph": self.fast.mode(),
             "attention": self.fast.attention,
             "text_bucket": TEXT_BUCKET,
-            "resolution_tier": self.options["resolution_tier"],
+            "resolution_tier": self.options.resolution_tier,
         }
 
     # -- protocol: built on the meta device (wamkit.models.weights) ------------------------------------
@@ -342,7 +344,7 @@ class Cosmos3Adapter(Cosmos3Inference):
             root, tdir = pipeline_root(self.pretrained)
             files = sorted(str(f.relative_to(root)) for f in tdir.glob("*.safetensors"))
             return {"kind": "diffusers", "path": str(root.resolve()), "files": files}
-        if self.preset == "tiny" and not self.options["base"]:
+        if self.preset == "tiny" and not self.options.base:
             if not whole:
                 return {"kind": "preset", "preset": "tiny", "sha256": self._frozen_sha256()}
             h = hashlib.sha256(f"{self._frozen_sha256()}|{self._hash_params(trained=True)}".encode())
@@ -399,7 +401,7 @@ class Cosmos3Adapter(Cosmos3Inference):
 
     @property
     def gradient_checkpointing(self) -> bool:
-        return bool(self.options["gradient_checkpointing"])
+        return bool(self.options.gradient_checkpointing)
 
     def activation_shape(self):
         """Per-sample token counts and widths for the memory plan (:mod:`wamkit.train.memory`)."""
@@ -456,11 +458,11 @@ class Cosmos3Adapter(Cosmos3Inference):
         if vae_dev != dev:
             self.vae.to(dev)
         with torch.no_grad(), torch.autocast(dev.type, enabled=False):
-            return self.clip_encoder(clips, self.options["resolution_tier"], dev)
+            return self.clip_encoder(clips, self.options.resolution_tier, dev)
 
     def _canvas(self, frame: np.ndarray) -> Canvas:
         """The action canvas of frames of ``frame``'s shape (cached per shape and tier)."""
-        return self.clip_encoder.canvas(frame.shape[:2], self.options["resolution_tier"])
+        return self.clip_encoder.canvas(frame.shape[:2], self.options.resolution_tier)
 
     def _canvas_hw(self, frame: np.ndarray) -> tuple[int, int]:
         return self._canvas(frame).size
@@ -469,10 +471,10 @@ class Cosmos3Adapter(Cosmos3Inference):
         """The caption text of one request on a canvas of ``hw`` = (height, width)."""
         return action_prompt(
             task,
-            view_point=self.options["view_point"],
-            view_description=self.options["view_description"],
+            view_point=self.options.view_point,
+            view_description=self.options.view_description,
             num_frames=self.io.chunk + 1,
-            fps=float(self.options["fps"]),
+            fps=float(self.options.fps),
             height=hw[0],
             width=hw[1],
             idle_frames=idle_frames,
@@ -488,7 +490,7 @@ class Cosmos3Adapter(Cosmos3Inference):
                 num_frames=self.io.chunk + 1,
                 height=hw[0],
                 width=hw[1],
-                fps=float(self.options["fps"]),
+                fps=float(self.options.fps),
                 use_system_prompt=False,
                 add_resolution_template=False,
                 add_duration_template=False,
@@ -519,7 +521,7 @@ class Cosmos3Adapter(Cosmos3Inference):
                     input_vision_tokens=torch.empty((1, *latent_shape), device="meta"),
                     has_image_condition=True,
                     mrope_offset=text["vision_start_temporal_offset"],
-                    vision_fps=float(self.options["fps"]),
+                    vision_fps=float(self.options.fps),
                     curr=text["und_len"],
                     device="cpu",
                     condition_frame_indexes=list(vision_cond),
@@ -528,7 +530,7 @@ class Cosmos3Adapter(Cosmos3Inference):
                     input_action_tokens=torch.empty((self.action_len, self.io.action_dim), device="meta"),
                     condition_frame_indexes=list(action_cond),
                     mrope_offset=text["vision_start_temporal_offset"],
-                    action_fps=float(self.options["fps"]),
+                    action_fps=float(self.options.fps),
                     curr=text["und_len"] + vis["num_vision_tokens"],
                     device="cpu",
                 )
@@ -539,7 +541,7 @@ class Cosmos3Adapter(Cosmos3Inference):
     @property
     def held_actions(self) -> int:
         """Held tokens in front of the action chunk: 1 with ``options.state_token`` (the state), else 0."""
-        return int(bool(self.options["state_token"]))
+        return int(bool(self.options.state_token))
 
     @property
     def action_len(self) -> int:
@@ -605,7 +607,7 @@ class Cosmos3Adapter(Cosmos3Inference):
             "encoder": self.name,
             "vae_sha256": self._vae_sha256,
             "vae_dtype": str(next(self.vae.parameters()).dtype).removeprefix("torch."),
-            "resolution_tier": int(self.options["resolution_tier"]),
+            "resolution_tier": int(self.options.resolution_tier),
             "image_size": int(self.io.image_size),
             "cameras": list(self.io.cameras),
             "chunk": int(self.io.chunk),
@@ -634,7 +636,7 @@ class Cosmos3Adapter(Cosmos3Inference):
         hw = self._run_hw()
         counts = range(self.io.chunk + 1) if self.sample_extras else [None]
         out = {self.prompt(task, hw, k) for task in tasks for k in counts}
-        if float(self.options["caption_dropout"]) > 0:
+        if float(self.options.caption_dropout) > 0:
             out.add("")
         return sorted(out)
 
@@ -648,9 +650,9 @@ class Cosmos3Adapter(Cosmos3Inference):
         out = {
             "understanding_sha256": self._frozen_sha256(),
             "tokenizer_sha256": hashlib.sha256(vocab.encode()).hexdigest(),
-            "view_point": self.options["view_point"],
-            "view_description": self.options["view_description"],
-            "fps": float(self.options["fps"]),
+            "view_point": self.options.view_point,
+            "view_description": self.options.view_description,
+            "fps": float(self.options.fps),
             "chunk": int(self.io.chunk),
             "canvas": list(self._run_hw()),
         }
@@ -688,7 +690,7 @@ class Cosmos3Adapter(Cosmos3Inference):
         return gen_step(self.module, ctx, x_v, x_a, t, layer_fn=self._cached_layer)
 
     def _cached_layer(self, layer, gen, text_k, text_v, ctx):
-        if self.options["gradient_checkpointing"] and torch.is_grad_enabled():
+        if self.options.gradient_checkpointing and torch.is_grad_enabled():
             return torch.utils.checkpoint.checkpoint(layer, gen, text_k, text_v, ctx, use_reentrant=False)
         return layer(gen, text_k, text_v, ctx)
 
@@ -698,7 +700,7 @@ class Cosmos3Adapter(Cosmos3Inference):
         if idle is None and not self._warned_idle:
             log.warning("cosmos3: the batch has no %r; captions leave idle_frame out", IDLE_FRAMES)
             self._warned_idle = True
-        drop = torch.rand(len(batch[TASK])) < float(self.options["caption_dropout"])
+        drop = torch.rand(len(batch[TASK])) < float(self.options.caption_dropout)
         texts = []
         for i, task in enumerate(batch[TASK]):
             k = None if idle is None else int(idle[i])
@@ -724,7 +726,7 @@ class Cosmos3Adapter(Cosmos3Inference):
             else (~to_device(torch.as_tensor(pad), dev)).float()
         )
 
-        sigma = train_sigmas(b, float(self.options["train_shift"]), dev)
+        sigma = train_sigmas(b, float(self.options.train_shift), dev)
         eps_v, eps_a = torch.randn_like(x0_v), torch.randn_like(x0_a)
         s_v = sigma.view(b, 1, 1, 1, 1)
         x_v = (1 - s_v) * x0_v + s_v * eps_v
@@ -748,7 +750,7 @@ class Cosmos3Adapter(Cosmos3Inference):
         loss_v = (v_v[:, :, 1:] - (eps_v - x0_v)[:, :, 1:]).square().mean()
         err_a = (v_a - (eps_a - x0_a)).square().mean(-1)
         loss_a = (err_a * keep).sum() / keep.sum().clamp(min=1.0)
-        w_a, w_v = float(self.options["action_loss_weight"]), float(self.options["vision_loss_weight"])
+        w_a, w_v = float(self.options.action_loss_weight), float(self.options.vision_loss_weight)
         return {
             "loss": w_a * loss_a + w_v * loss_v,
             "flow_matching_loss_action": loss_a.detach(),

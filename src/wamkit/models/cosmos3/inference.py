@@ -137,7 +137,7 @@ class Cosmos3Inference:
         texts = [self.prompt(t, hw, self.inference_idle_frames) for t in batch[TASK]]
         shape = (c, self._latent_frames(), h, w)
         reqs = self._requests(texts, hw, shape, vision_cond, action_cond)
-        if mode == "policy" and self.options["fast_inference"] and self.fast.usable():
+        if mode == "policy" and self.options.fast_inference and self.fast.usable():
             keys = [(text, hw) for text in texts]
             velocity = self._fast_velocity(keys, reqs, shape, vision_cond, action_cond, eager)
         elif self.fast.text_tower is not None:
@@ -223,7 +223,7 @@ class Cosmos3Inference:
         lat_v[:, :, :t0] = cond_v[:t0] * x0 + (1 - cond_v[:t0]) * lat_v[:, :, :t0]
         lat_a = cond_a * act + (1 - cond_a) * noise_a
 
-        steps = int(self.options["num_inference_steps"])
+        steps = int(self.options.num_inference_steps)
         noisy_actions = len(prep.action_cond) < act_init.shape[1]
         samples = [lat_v, lat_a] if noisy_actions else [lat_v]
         sampler = unipc_sampler(self.scheduler, native_sigmas(self.scheduler, steps), dev, samples)

@@ -9,13 +9,15 @@ to the VAE's ``z_dim``.
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import _EMBODIMENT_TO_DOMAIN_ID
 
 from wamkit import embodiments
-from wamkit.config import ConfigError, _suggest
-from wamkit.models.cosmos3 import ATTENTION_MODES, RECIPE_EMBODIMENT, STEP_GRAPHS
+from wamkit.config import ConfigError, from_dict
+from wamkit.models.cosmos3 import RECIPE_EMBODIMENT, AttentionMode, StepGraph
 
 _RECIPE = embodiments.get(RECIPE_EMBODIMENT)
 
@@ -110,78 +112,95 @@ PRESETS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
 # with a Cosmos3 domain gives its own, any other data takes the recipe's defaults below.
 EMBODIMENT_OPTIONS = ("domain_name", "view_point", "view_description", "fps")
 
-# model.options of the cosmos3 adapter and their defaults (the one place they are defined).
-OPTIONS: dict[str, Any] = {
+ViewPoint = Literal["ego_view", "third_person_view", "wrist_view", "concat_view"]
+
+
+@dataclass
+class Cosmos3Options:
+    """``model.options`` of the cosmos3 adapter, their defaults and checks (the one place they are
+    defined); built by :func:`resolve_options` with :func:`wamkit.config.from_dict`, as tiny's are."""
+
     # A diffusers folder whose transformer *config*, VAE, scheduler and tokenizer are used, with fresh
     # transformer weights (a saved model is rebuilt from it, then its own weights are loaded). Set
     # automatically from model.pretrained, so a model trained from real weights keeps their VAE.
-    "base": "",
+    base: str = ""
     # embodiment whose action-head row is used (diffusers' domain table): the recipe's, from its profile
-    "domain_name": _RECIPE.cosmos3_domain,
-    "resolution_tier": 256,  # the pipeline's action canvas tier: 256 | 480 | 704 | 720
-    "view_point": "concat_view",  # framing sentence of the action caption (cameras side by side)
+    domain_name: str = _RECIPE.cosmos3_domain
+    resolution_tier: Literal[256, 480, 704, 720] = 256  # the pipeline's action canvas tier
+    view_point: ViewPoint = "concat_view"  # framing sentence of the action caption (cameras side by side)
     # appended to the framing sentence: which half of the side-by-side frame is which camera
-    "view_description": _RECIPE.cosmos3_view_description,
-    "fps": float(_RECIPE.fps),  # dataset frame rate: in the caption and the mRoPE temporal positions
-    "caption_dropout": 0.1,  # training: probability that the whole caption is replaced by ""
-    "train_shift": 3.0,  # training noise levels: waver distribution warped by this shift (256 tier)
-    "num_inference_steps": 30,
+    view_description: str = _RECIPE.cosmos3_view_description
+    fps: float = float(_RECIPE.fps)  # dataset frame rate: in the caption and the mRoPE temporal positions
+    caption_dropout: float = 0.1  # training: probability that the whole caption is replaced by ""
+    train_shift: float = 3.0  # training noise levels: waver distribution warped by this shift (256 tier)
+    num_inference_steps: int = 30
     # native flow schedule's shift for sampling, unless model.pretrained's scheduler config is a
     # native flow schedule with its own flow_shift
-    "sampling_shift": 5.0,
-    "action_loss_weight": 1.0,  # loss = action_loss_weight * action loss + vision_loss_weight * vision loss
-    "vision_loss_weight": 1.0,
-    "action_lr_mult": 5.0,  # learning-rate multiplier of the action heads
+    sampling_shift: float = 5.0
+    action_loss_weight: float = (
+        1.0  # loss = action_loss_weight * action loss + vision_loss_weight * vision loss
+    )
+    vision_loss_weight: float = 1.0
+    action_lr_mult: float = 5.0  # learning-rate multiplier of the action heads
     # auto: keep the heads model.pretrained holds (sliced to io.action_dim), initialise them only when it
     # has none | true: initialise fresh heads even so (cosmos' recipe from the base model) | false: refuse
     # a folder without heads
-    "reinit_action_heads": "auto",
+    reinit_action_heads: Literal["auto", True, False] = "auto"
     # the robot's state as one held (clean) token in front of the action chunk, through the domain's
     # action input head (zero-padded to the action width; state_dim <= action_dim): Cosmos3 has no
     # state input of its own, the published recipe none (false). The loss and the output skip it
-    "state_token": False,
-    "dtype": "auto",  # auto (fp32 on CPU, bf16 on CUDA) | float32 | bfloat16
-    "gradient_checkpointing": False,
+    state_token: bool = False
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # auto: fp32 on CPU, bf16 on CUDA
+    gradient_checkpointing: bool = False
     # how packed requests attend inside themselves: "mask" (one masked call per pathway), "loop"
     # (one flash call per request and pathway) or "flex" (one flex-attention call per pathway that skips
     # the masked-out blocks; compiled on CUDA; on the CPU its calls with gradients take "mask", flex
-    # attention having no CPU backward); "auto": flex on CUDA (nano_l8 SFT at batch 32 on an H200:
-    # 2.36x mask's samples/s, docs/benchmarks.md), mask elsewhere. A single request always takes the
-    # stock path. models/cosmos3/packing.py
-    "attention": "auto",
+    # attention having no CPU backward); "auto": flex on CUDA (faster than mask in SFT:
+    # docs/benchmarks.md, "Cosmos3 packed attention"), mask elsewhere. A single request always takes
+    # the stock path. models/cosmos3/packing.py
+    attention: AttentionMode = "auto"
     # policy inference (serve, infer, eval): true = the fast path (text keys/values cached per prompt,
     # requests on a batch axis; models/cosmos3/kv_step.py), false = diffusers' forward over packed requests.
     # The other modes always take diffusers' forward.
-    "fast_inference": True,
+    fast_inference: bool = True
     # prompts whose per-layer text keys/values the fast path keeps (LRU; Nano bf16: ~19 MB per prompt)
-    "text_cache_size": 128,
+    text_cache_size: int = 128
     # the fast path's denoising step on CUDA: "none" (eager), "cuda_graph" (captured once per batch
     # bucket), "compile" (the whole step torch.compile'd, mode reduce-overhead: a minute of compiling per
     # bucket on a first start), "compile_layers" (one decoder layer compiled, shared by all layers, the
     # step captured around it as a CUDA graph: as fast as compile, compiled in seconds per bucket),
     # "auto" (compile_layers); compiles are kept between starts (wamkit.models.compile_cache); ignored
-    # on CPU. Nano on an H200, batch 1: 0.90 s eager, 0.44 s cuda_graph, 0.29 s compile_layers per
-    # prediction; batch 32: 5.0 obs/s compiled (docs/benchmarks.md)
-    "step_graph": "auto",
+    # on CPU. Timings: docs/benchmarks.md, "Cosmos3 serving"
+    step_graph: StepGraph = "auto"
     # training: a folder written by `wamkit cache-latents` for this run's data and settings; sft_loss
     # then reads each clip's VAE latents from it instead of encoding them ("": encode on every step).
     # Not saved with the model (models/cosmos3/latents.py)
-    "latent_cache": "",
+    latent_cache: str = ""
     # training: a folder written by `wamkit cache-text` for this run's captions and weights; sft_loss then
     # reads each caption's per-layer text keys/values from it and runs only the generation tower ("":
     # the understanding tower runs on every micro-batch). Not saved with the model
     # (models/cosmos3/text_kv.py)
-    "text_kv_cache": "",
-}
+    text_kv_cache: str = ""
 
-_CHOICES = {
-    "resolution_tier": (256, 480, 704, 720),
-    "view_point": ("ego_view", "third_person_view", "wrist_view", "concat_view"),
-    "reinit_action_heads": ("auto", True, False),
-    "dtype": ("auto", "float32", "bfloat16"),
-    "attention": ATTENTION_MODES,
-    "step_graph": STEP_GRAPHS,
-}
+    def __post_init__(self) -> None:
+        def bad(key: str, why: str) -> ConfigError:
+            return ConfigError(f"model.options.{key}: {why}")
+
+        domain_id(self.domain_name)
+        for key in ("fps", "train_shift", "sampling_shift", "action_lr_mult"):
+            if getattr(self, key) <= 0:
+                raise bad(key, f"must be > 0, got {getattr(self, key)}")
+        for key in ("action_loss_weight", "vision_loss_weight"):
+            if getattr(self, key) < 0:
+                raise bad(key, f"must be >= 0, got {getattr(self, key)}")
+        if not 0.0 <= self.caption_dropout <= 1.0:
+            raise bad("caption_dropout", f"must be in [0, 1], got {self.caption_dropout}")
+        for key in ("num_inference_steps", "text_cache_size"):
+            if getattr(self, key) < 1:
+                raise bad(key, f"must be >= 1, got {getattr(self, key)}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
 
 
 def embodiment_options(embodiment: str) -> dict[str, Any]:
@@ -192,7 +211,7 @@ def embodiment_options(embodiment: str) -> dict[str, Any]:
         return {}
     return {
         "domain_name": e.cosmos3_domain,
-        "view_point": e.cosmos3_view_point or OPTIONS["view_point"],
+        "view_point": e.cosmos3_view_point or Cosmos3Options.view_point,
         "view_description": e.cosmos3_view_description,
         "fps": float(e.fps),
     }
@@ -214,50 +233,10 @@ def domain_id(name: str) -> int:
     return e.cosmos3_domain_id
 
 
-def resolve_options(options: dict[str, Any], embodiment: str = "") -> dict[str, Any]:
+def resolve_options(options: dict[str, Any], embodiment: str = "") -> Cosmos3Options:
     """Defaults, then what ``embodiment``'s profile sets (:func:`embodiment_options`), then
     ``options``; raises :class:`ConfigError` naming ``model.options.<key>``."""
-    unknown = [k for k in options if k not in OPTIONS]
-    if unknown:
-        k = unknown[0]
-        raise ConfigError(
-            f"model.options.{k}: unknown option for cosmos3{_suggest(k, OPTIONS)} (valid: {', '.join(OPTIONS)})"
-        )
-    opts = {**OPTIONS, **embodiment_options(embodiment), **options}
-    domain_id(opts["domain_name"])
-    for key, allowed in _CHOICES.items():
-        if opts[key] not in allowed:
-            raise ConfigError(f"model.options.{key}: {opts[key]!r} is not allowed; expected one of {allowed}")
-    for key in (
-        "fps",
-        "train_shift",
-        "sampling_shift",
-        "vision_loss_weight",
-        "action_loss_weight",
-        "action_lr_mult",
-    ):
-        v, least = opts[key], 0.0 if key.endswith("loss_weight") else 1e-9
-        if isinstance(v, bool) or not isinstance(v, int | float) or v < least:
-            what = "a non-negative" if least == 0.0 else "a positive"
-            raise ConfigError(f"model.options.{key}: expected {what} number, got {v!r}")
-    p = opts["caption_dropout"]
-    if isinstance(p, bool) or not isinstance(p, int | float) or not 0.0 <= p <= 1.0:
-        raise ConfigError(f"model.options.caption_dropout: expected a probability in [0, 1], got {p!r}")
-    if not isinstance(opts["view_description"], str):
-        raise ConfigError('model.options.view_description: expected a string ("" for none)')
-    steps = opts["num_inference_steps"]
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ConfigError(f"model.options.num_inference_steps: expected an integer >= 1, got {steps!r}")
-    for key in ("base", "latent_cache", "text_kv_cache"):
-        if not isinstance(opts[key], str):
-            raise ConfigError(f"model.options.{key}: expected a folder path, got {opts[key]!r}")
-    for key in ("gradient_checkpointing", "fast_inference", "state_token"):
-        if not isinstance(opts[key], bool):
-            raise ConfigError(f"model.options.{key}: expected true or false, got {opts[key]!r}")
-    size = opts["text_cache_size"]
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        raise ConfigError(f"model.options.text_cache_size: expected an integer >= 1, got {size!r}")
-    return opts
+    return from_dict(Cosmos3Options, {**embodiment_options(embodiment), **options}, prefix="model.options")
 
 
 def check_transformer_config(cfg: dict[str, Any], source: str) -> None:
