@@ -150,3 +150,62 @@ def test_served_rtc_over_the_wire():
         client.close()
     assert chunk.shape == nxt.shape == (16, 4)
     assert np.allclose(nxt[:2], chunk[8:10], atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def prefix_served():
+    """tiny trained for training-time RTC (``prefix_max_delay``): an rtc request's committed actions
+    enter as clean tokens instead of guiding the sampler."""
+    return random_init("tiny", "small", options={"prefix_max_delay": 8}, device="cpu")
+
+
+def test_a_prefix_trained_model_conditions_on_the_committed_actions(prefix_served):
+    served = prefix_served
+    rng = np.random.default_rng(5)
+    prev = rng.uniform(-1, 1, (2, 8, 4)).astype(np.float32)
+    req = obs(served, 2) | {"seed": [7, 8], "prev_actions": prev, "delay": np.array([3, 6])}
+    got = reply(served, req)
+    for row, d in enumerate((3, 6)):
+        assert_rounding_close(got[row, :d], prev[row, :d], length=4)
+    # the prefix is an input, not a guide: the guidance clip is not used, and another prefix gives
+    # another continuation
+    assert_rounding_close(reply(served, req | {"rtc_max_guidance": 0.5}), got, length=LENGTH)
+    other = reply(served, req | {"prev_actions": -prev})
+    # (an untrained model's continuation barely depends on it: 1e-4 here, against fp32 rounding's 1e-6)
+    assert np.abs(other[:, 6:] - got[:, 6:]).max() > 2e-5
+    # rows with and without a prefix, with different delays, in one call: each answers as alone
+    reqs = [
+        obs(served, 1, 1) | {"seed": 11},
+        obs(served, 1, 2) | {"seed": 12, "prev_actions": prev[:1], "delay": 5},
+    ]
+    together = served.run([served.prepare(r) for r in reqs])
+    for r, row in zip(reqs, together):
+        assert_rounding_close(row["actions"], served.run([served.prepare(r)])[0]["actions"], length=LENGTH)
+
+
+def test_prefix_training_leaves_the_committed_actions_out_of_the_loss(monkeypatch):
+    """With every sample's d = 0 the loss is the plain model's (the same noise and times; the per-token
+    times only change the rounding); with d = chunk no action is left to learn."""
+    plain = random_init("tiny", "small", device="cpu").adapter
+    prefixed = random_init("tiny", "small", options={"prefix_max_delay": 8}, device="cpu").adapter
+    prefixed.module.load_state_dict(plain.module.state_dict())
+    io = plain.io
+    rng = np.random.default_rng(0)
+    batch = {
+        image_key(c): torch.from_numpy(
+            rng.integers(0, 255, (4, io.image_size, io.image_size, 3), dtype=np.uint8)
+        )
+        for c in io.cameras
+    }
+    batch |= {
+        OBS_STATE: torch.from_numpy(rng.normal(size=(4, io.state_dim)).astype(np.float32)),
+        "action": torch.from_numpy(rng.uniform(-1, 1, (4, io.chunk, io.action_dim)).astype(np.float32)),
+        "task": ["reach"] * 4,
+    }
+    torch.manual_seed(0)
+    want = plain.sft_loss(batch)["action_loss"]
+    for d, expect in ((0, want), (io.chunk, torch.tensor(0.0))):
+        monkeypatch.setattr(torch, "randint", lambda lo, hi, size, device=None, d=d: torch.full(size, d))
+        torch.manual_seed(0)
+        got = prefixed.sft_loss(batch)["action_loss"]
+        assert_rounding_close(got.detach().numpy(), expect.detach().numpy(), length=LENGTH)

@@ -78,6 +78,11 @@ class TinyAdapter:
         """The one future frame this model predicts, ``chunk`` steps ahead, when it has frame tokens."""
         return (self.io.chunk,) if self.cfg.uses_frames else ()
 
+    @property
+    def frame_res(self) -> int:
+        """The future frame's resolution (``world_res``; models.base.PredictsFramesAt)."""
+        return self.cfg.world_res
+
     def blocks(self) -> list[torch.nn.Module]:
         return list(self.module.blocks)
 
@@ -217,8 +222,14 @@ class TinyAdapter:
         t_act = torch.where(is_fd, torch.zeros_like(t), t)
         eps_act = torch.randn_like(x_act)
         prefix = self._prefix(batch)
+        weight = (~is_fd).float()[:, None].expand(b, self.io.chunk)
+        if self.cfg.prefix_max_delay:  # training-time RTC: a clean prefix of d actions, out of the loss
+            held = self._held(torch.randint(0, self.cfg.prefix_max_delay + 1, (b,), device=dev))
+            t_act = torch.where(held, 0.0, t_act[:, None])  # [B, chunk]
+            weight = weight * (~held).float()
+        tt = t_act[..., None] if t_act.dim() == 2 else t_act[:, None, None]
         gen = {
-            "actions": (1 - t_act)[:, None, None] * x_act + t_act[:, None, None] * eps_act,
+            "actions": (1 - tt) * x_act + tt * eps_act,
             "t_actions": t_act,
             "state": prefix["state"],
         }
@@ -244,7 +255,6 @@ class TinyAdapter:
                 gen["frames_now"] = now
         v_act, v_frm = self.module(prefix=prefix, gen=gen)
 
-        weight = (~is_fd).float()[:, None].expand(b, self.io.chunk)
         if ACTION_IS_PAD in batch:
             weight = weight * (~self._tensor(batch[ACTION_IS_PAD], torch.bool)).float()
         err = (v_act.float() - (eps_act - x_act)).pow(2).mean(-1)
@@ -265,6 +275,10 @@ class TinyAdapter:
     # ---------------------------------------------------------------------------------------------
 
     supports_rtc = True  # predict(policy) takes rtc=: wamkit.models.rtc
+
+    def _held(self, delay: torch.Tensor) -> torch.Tensor:
+        """[B, chunk] bool: each row's first ``delay[b]`` action tokens."""
+        return torch.arange(self.io.chunk, device=self.device)[None, :] < delay.to(self.device)[:, None]
 
     def _guided_step(
         self, gen: dict[str, Any], cache: Any, guide: dict[str, torch.Tensor], t_now: float
@@ -344,15 +358,22 @@ class TinyAdapter:
         cache = self.module(prefix=prefix)
         times = shifted_times(num_steps, self.cfg.time_shift)
         zero, one = torch.zeros(b, device=dev), torch.ones(b, device=dev)
+        held = None
+        if guide is not None and self.cfg.prefix_max_delay:
+            # trained with clean prefixes: the committed actions enter as they are (flow time 0)
+            held = self._held(guide["delay"].long())
         for t_now, t_next in zip(times[:-1], times[1:]):
             t = torch.full((b,), t_now, device=dev)
             gen = {"actions": x_act, "t_actions": t if denoise_act else zero, "state": prefix["state"]}
+            if held is not None:
+                x_act = committed(x_act, guide["actions"], guide["delay"])
+                gen["actions"], gen["t_actions"] = x_act, torch.where(held, 0.0, t[:, None])
             if x_frm is not None:
                 t_frm = (one if self.cfg.world_residual else t) if denoise_frm else zero
                 gen["frames"], gen["t_frames"] = x_frm, t_frm
                 if now is not None:
                     gen["frames_now"] = now
-            if guide is not None:  # real-time chunking: see wamkit.models.rtc
+            if guide is not None and held is None:  # real-time chunking: see wamkit.models.rtc
                 v_act, v_frm = self._guided_step(gen, cache, guide, t_now)
             else:
                 v_act, v_frm = self.module(gen=gen, cache=cache)

@@ -44,6 +44,12 @@ class TinyConfig:
     time_shift: float = 2.0  # t' = s t / (1 + (s - 1) t); s > 1 spends more steps near noise (t = 1)
     keys_to_select: list[str] = field(default_factory=list)  # trainable-name substrings; empty: all
     head_lr_mult: float = 1.0  # learning-rate multiplier of the action / frame heads and time embedder
+    # training-time real-time chunking (Black, Ren, Equi and Levine 2025, arXiv 2512.05964): each
+    # training sample's first d actions, d uniform in [0, prefix_max_delay], enter clean (flow time 0)
+    # and are left out of the loss, so the model learns to continue a committed prefix. Such a model
+    # answers an rtc request (wamkit.models.rtc) by taking the committed actions as clean tokens instead
+    # of guiding its sampler. 0: off (the plain flow policy)
+    prefix_max_delay: int = 0
 
     def __post_init__(self) -> None:
         def bad(key: str, why: str) -> ConfigError:
@@ -81,6 +87,8 @@ class TinyConfig:
                 raise bad(key, f"must be in [0, 1], got {getattr(self, key)}")
         if self.forward_dynamics_prob + self.inverse_dynamics_prob > 1.0:
             raise bad("inverse_dynamics_prob", "forward_dynamics_prob + inverse_dynamics_prob must be <= 1")
+        if self.prefix_max_delay < 0:
+            raise bad("prefix_max_delay", f"must be >= 0, got {self.prefix_max_delay}")
 
     @property
     def uses_frames(self) -> bool:

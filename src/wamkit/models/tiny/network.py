@@ -52,10 +52,10 @@ def unpatchify(tokens: torch.Tensor, p: int) -> torch.Tensor:
 
 
 def time_features(t: torch.Tensor, dim: int) -> torch.Tensor:
-    """Sinusoidal features of flow times t in [0, 1]: [B] -> [B, dim]."""
+    """Sinusoidal features of flow times t in [0, 1]: [...] -> [..., dim]."""
     half = dim // 2
     freqs = torch.exp(-math.log(10000.0) * torch.arange(half, device=t.device, dtype=torch.float32) / half)
-    angles = (t.float() * 1000.0)[:, None] * freqs[None]
+    angles = (t.float() * 1000.0)[..., None] * freqs
     return torch.cat([angles.sin(), angles.cos()], dim=-1)
 
 
@@ -152,7 +152,7 @@ class TinyWAM(nn.Module):
     ``forward(gen=..., cache=...)`` -> velocities, as in training.
 
     ``prefix``: ``text`` int64 [B, text_len], ``images`` list of uint8 [B, H, W, 3] (one per camera),
-    ``state`` float [B, state_dim]. ``gen``: ``actions`` [B, chunk, A], ``t_actions`` [B], ``state``, plus
+    ``state`` float [B, state_dim]. ``gen``: ``actions`` [B, chunk, A], ``t_actions`` [B] (or [B, chunk]: a time per action token), ``state``, plus
     ``frames`` [B, F, P] and ``t_frames`` [B] when the model uses frames (P = world_patch^2 * 3).
     """
 
@@ -217,8 +217,10 @@ class TinyWAM(nn.Module):
         w = self.cfg.width
         dtype = self.action_pos.dtype
         t_act = self.time_mlp(time_features(gen["t_actions"], w).to(dtype))
+        if t_act.dim() == 2:  # one flow time per sample; [B, chunk] gives each action token its own
+            t_act = t_act[:, None]
         a = self.action_in(gen["actions"].to(dtype))
-        a = self.action_mix(torch.cat([a, t_act[:, None].expand_as(a)], dim=-1)) + self.action_pos
+        a = self.action_mix(torch.cat([a, t_act.expand_as(a)], dim=-1)) + self.action_pos
         a = a + self.action_state(gen["state"].to(dtype))[:, None]
         if not self.n_frame:
             return a
