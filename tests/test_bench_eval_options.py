@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from wamkit.cli import main as wamkit
 
 
+@pytest.mark.slow
 def test_serial_on_a_subset_beside_the_pipelined_schedule(tmp_path, capsys):
     out = tmp_path / "bench.json"
     argv = ["bench", "eval", "--trials", "2", "--serial-trials", "1", "--max-steps", "6", "--num-envs", "2"]

@@ -82,6 +82,7 @@ def test_reused_workers_give_the_episodes_of_fresh_ones(server, tmp_path, monkey
     assert started == [1, 1, 1, 1]  # two more for all three runs
 
 
+@pytest.mark.slow
 def test_workers_are_built_once_per_shape_and_each_run_is_printed(tmp_path, capsys, monkeypatch):
     started = count_worker_starts(monkeypatch)
     out = tmp_path / "bench.json"

@@ -126,6 +126,7 @@ def test_each_mistake_is_caught_with_its_fix(libero_case, mistake, check, says, 
     assert {f.check for f in report.errors} == {check}, report.text()  # nothing else is blamed
 
 
+@pytest.mark.slow
 @pytest.mark.libero
 @needs_libero
 def test_data_from_initial_states_the_probe_does_not_use(libero_case, tmp_path):

@@ -237,6 +237,7 @@ def layer_graphs(ad) -> int:
     return len(_debug_get_cache_entry_list(type(ad.module.layers[0]).forward.__code__))
 
 
+@pytest.mark.slow
 def test_compiled_blocks_call_flex_attention_apart_and_keep_one_graph_over_lengths():
     """Flex attention runs outside a compiled block (a graph break): traced into it, the block mask's
     lengths were guards, a new graph per packed length; the CPU's inductor flex template does not build

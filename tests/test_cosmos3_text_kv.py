@@ -101,6 +101,7 @@ def test_a_stale_foreign_or_incomplete_cache_is_refused_by_name(tmp_path):
         _adapter(text_kv_cache=str(tmp_path / "nothing"))
 
 
+@pytest.mark.slow
 def test_wamkit_cache_text_builds_the_cache_a_run_reads(tmp_path):
     fixture = FIXTURES / "libero_tiny"
     overrides = [
@@ -162,6 +163,7 @@ def _fsdp_worker(rank: int, world: int, port: int, folder: str, out: str) -> Non
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_cached_text_under_fsdp2_on_two_gloo_processes(tmp_path):
     """Each decoder layer's generation half runs through the layer's own call, so FSDP2's per-layer
     hooks gather its shards: the sharded loss is the unsharded stock one, and gradients reach the shards."""

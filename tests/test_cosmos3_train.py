@@ -114,6 +114,7 @@ def _fsdp_worker(rank: int, world: int, port: int, out: str) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_fsdp2_per_decoder_layer_on_two_gloo_processes(tmp_path):
     import socket
 

@@ -356,7 +356,11 @@ def _engine_state(engine: str, model: str) -> dict:
     return {"model": model}
 
 
-@pytest.mark.parametrize("engine", ENGINES)
+# make test runs a whole evaluation against one engine (each engine's requests and faults are tested
+# above); make test-slow against every one
+@pytest.mark.parametrize(
+    "engine", [e if e == "sglang" else pytest.param(e, marks=pytest.mark.slow) for e in ENGINES]
+)
 def test_an_evaluation_against_each_engine_and_resume_against_another_model(engine, metaworld_dir, tmp_path):
     opts = [f"eval.backend={engine}", f"eval.backend_options={{serving_dir: {metaworld_dir}}}"]
     with es.serve(engine, **_engine_state(engine, "Cosmos3-Nano-libero")) as srv:
@@ -397,6 +401,7 @@ def test_a_run_stopped_by_an_engine_error_loses_nothing_and_resumes(metaworld_di
     assert results(tmp_path / "cut") == results(tmp_path / "whole")
 
 
+@pytest.mark.slow
 def test_several_engine_servers_serve_one_evaluation(metaworld_dir, tmp_path):
     """Two SGLang servers share the stages (each serves whole pipeline stages); two that name other
     models are refused before any episode runs."""

@@ -27,6 +27,7 @@ def test_a_process_sample_is_what_proc_says():
     assert sample(2**22 + 12345) is None  # no such process
 
 
+@pytest.mark.slow
 def test_num_envs_the_host_cannot_hold_is_refused_before_the_others_are_built(tmp_path):
     with start_server_process(DELAY) as srv:
         cfg = eval_config(srv.url, tmp_path / "out", "eval.num_envs=1000000", "eval.workers=1")
@@ -40,6 +41,7 @@ def test_num_envs_the_host_cannot_hold_is_refused_before_the_others_are_built(tm
     assert not (tmp_path / "out" / "summary.json").exists()  # nothing was run
 
 
+@pytest.mark.slow
 def test_soak_prints_every_process_at_the_warm_up_and_the_end(tmp_path):
     cmd = [sys.executable, "-m", "wamkit", "--log-level", "warning", "bench", "soak", "--episodes", "40",
            "--tasks", "reach-v3", "--max-steps", "6", "--num-envs", "2", "--workers", "2", "--interval", "0.05",

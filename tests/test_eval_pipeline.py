@@ -7,7 +7,6 @@ they were scheduled, whichever executor ran them, and whatever was killed along 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -169,6 +168,7 @@ def test_resume_runs_only_the_missing_episodes(server, reference, tmp_path):
     assert ran == []
 
 
+@pytest.mark.slow
 def test_ray_executor_gives_identical_results(server, reference, tmp_path):
     ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install 'wamkit[ray]')")
     try:
@@ -201,9 +201,8 @@ def test_server_restart_mid_run_is_survived(reference, tmp_path):
     """The server process is stopped mid-run and a new one starts on the same port a little later:
     the stages reconnect (with backoff) and the results are those of the undisturbed run."""
     args = DELAY
-    restarted = threading.Event()
-    with contextlib.ExitStack() as stack:
-        first = stack.enter_context(start_server_process(args))
+    restarted, done, threads = threading.Event(), threading.Event(), []
+    with start_server_process(args) as first:
         url, port = first.url, first.port
 
         def restarter(pipeline):
@@ -211,12 +210,21 @@ def test_server_restart_mid_run_is_survived(reference, tmp_path):
                 while finished(tmp_path) < 2 and not pipeline._stop.is_set():
                     time.sleep(0.02)
                 first.stop()
-                stack.enter_context(start_server_process(args, port=port))
-                restarted.set()
+                # the thread that starts a server outlives it: the kernel ends a server whose starting
+                # thread ends (serve/lifetime.py, PR_SET_PDEATHSIG)
+                with start_server_process(args, port=port):
+                    restarted.set()
+                    done.wait()
 
-            threading.Thread(target=run, daemon=True).start()
+            threads.append(threading.Thread(target=run, daemon=True))
+            threads[0].start()
 
         cfg = config(first, tmp_path)
-        run_eval(cfg, progress=False, on_pipeline=restarter)
+        try:
+            run_eval(cfg, progress=False, on_pipeline=restarter)
+        finally:
+            done.set()
+            for t in threads:
+                t.join(30)
         assert restarted.is_set() and cfg.eval.server_url == url
     assert results(tmp_path) == results(reference[0])

@@ -24,6 +24,7 @@ def _render_device(env_cfg: EnvConfig, address: str = "") -> str | None:
         return _environ(ex.pid(0)).get("MUJOCO_EGL_DEVICE_ID")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="reads /proc/<pid>/environ")
 def test_a_later_ray_run_renders_on_its_own_gpu_and_cannot_switch_clusters(monkeypatch):
     ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install 'wamkit[ray]')")

@@ -239,6 +239,7 @@ def test_bench_serve_prints_ratios(capsys):
         assert obs_s > 0 and 0 < ratio < 5
 
 
+@pytest.mark.slow
 def test_bench_serve_spreads_dynamic_connections_over_client_processes(tmp_path):
     from wamkit.bench.serve import _split
 

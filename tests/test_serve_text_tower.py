@@ -102,6 +102,7 @@ def _rows(section: str) -> dict[str, tuple[float, str]]:
     }
 
 
+@pytest.mark.slow
 def test_plan_nano(capsys):
     """The plan of full Nano, from shapes (the model built on the meta device): on 24 GB the tower goes
     to the host and the plan names the batch and text cache that fit; from 48 GB on everything stays
@@ -150,6 +151,7 @@ def test_a_size_where_nothing_fits_is_refused_naming_it(capsys):
     )
 
 
+@pytest.mark.slow
 def test_a_serving_directory_is_planned_in_the_dtype_it_loads_in(tmp_path, capsys):
     """A serving directory is built on the CPU then moved: under dtype auto its weights are fp32, four
     bytes a parameter, and Nano's then fits 24 GB nowhere; with dtype bfloat16 it plans as the random

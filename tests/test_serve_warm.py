@@ -155,6 +155,7 @@ print(p.compile_cache("/nonexistent").key)
 """
 
 
+@pytest.mark.slow
 def test_the_same_model_has_the_same_key_in_every_process():
     """A key that differed between processes (a set's order, an address) would never hit."""
     keys = {
@@ -166,6 +167,7 @@ def test_the_same_model_has_the_same_key_in_every_process():
     assert len(keys) == 1 and len(next(iter(keys))) == 64
 
 
+@pytest.mark.slow
 def test_serve_start_bench_times_two_starts_and_says_where_the_time_went(tmp_path):
     """``wamkit bench serve-start`` on the CPU: two real server processes, each asked once per bucket;
     the build, hash and warm-up times come from the servers' own logs."""
@@ -210,11 +212,11 @@ def test_cosmos3_warms_in_two_denoising_steps_and_serves_with_its_own():
     """Every denoising step runs the same compiled velocity, so a warm-up request needs two; requests
     after it denoise in num_inference_steps again."""
     policy = random_init("cosmos3", "tiny", {}, "cpu")
-    steps = policy.adapter.options["num_inference_steps"]
+    steps = policy.adapter.options.num_inference_steps
     seen, run = [], policy.run
 
     def counting(batch):
-        seen.append(policy.adapter.options["num_inference_steps"])
+        seen.append(policy.adapter.options.num_inference_steps)
         return run(batch)
 
     policy.run = counting

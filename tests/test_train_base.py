@@ -80,6 +80,7 @@ def test_a_checkpoint_holds_the_trained_part_and_the_base_hash(data, folder, tmp
     assert (serving / "model.safetensors").is_file()
 
 
+@pytest.mark.slow
 def test_resume_and_export_refuse_another_base_naming_both_hashes(data, folder, tmp_path):
     run = tmp_path / "run"
     train(_cfg(data, run, f"model.pretrained={folder}", "train.max_steps=2"))
@@ -117,6 +118,7 @@ def test_the_tiny_preset_is_its_own_base_and_resumes_exactly(data, tmp_path):
     assert read_losses(cut) == read_losses(full)  # one layout, the same kernels: to the bit
 
 
+@pytest.mark.slow
 def test_the_recipe_trains_with_its_layers_compiled(data, tmp_path):
     """train.compile (the recipe's setting): the trainer compiles each layer before sharding and trains
     to the eager run's losses, up to inductor's reordered fp32 sums (2 steps of a 192-wide, 4-deep

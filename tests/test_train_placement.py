@@ -80,6 +80,7 @@ def _stream_worker(rank: int, world: int, port: int, folder: str, out: str) -> N
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_two_gloo_ranks_stream_the_weights_one_process_loads(tiny_folder, tmp_path):
     import socket
 

@@ -87,6 +87,7 @@ def test_sizes_parse_with_their_units():
         memory.parse_size("lots", "--device-memory")
 
 
+@pytest.mark.slow
 def test_train_plan_prints_without_data_or_weights(capsys):
     from wamkit.cli import main as wamkit
 
@@ -100,6 +101,7 @@ def test_train_plan_prints_without_data_or_weights(capsys):
     assert "does not fit" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_full_nano_sft_fits_one_80gb_gpu_reading_a_text_cache(capsys):
     """The recipe on one 80 GB GPU and a 128 GB host: refused with the understanding tower on the
     device, planned to fit when the run reads its captions' keys/values (the tower left out)."""

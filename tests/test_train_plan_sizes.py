@@ -98,6 +98,7 @@ def _named_overrides(err: str, first: str) -> list[str]:
     raise AssertionError(f"no suggestion starting with {first!r} in:\n{err}")
 
 
+@pytest.mark.slow
 def test_a_refusal_names_lora_and_a_micro_batch_that_fit_when_applied(capsys):
     """24 GB reading a text cache: full SFT is refused, naming LoRA with a smaller micro-batch (two
     changes); LoRA alone is refused naming that micro-batch (one change); both applied fit, and peft's

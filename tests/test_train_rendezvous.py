@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
@@ -69,6 +70,7 @@ def _first_step_loss(saved_model: dict) -> float:
     return sum(losses) / 2
 
 
+@pytest.mark.slow
 def test_two_node_rendezvous_resumes_a_one_process_checkpoint(tmp_path):
     one = tmp_path / "one"
     first = subprocess.run(

@@ -153,6 +153,7 @@ def test_two_process_sigkill_mid_run_then_resume_auto_is_exact_and_serves(tmp_pa
     assert result["served_action_shape"][0] > 0
 
 
+@pytest.mark.slow
 def test_sigkill_while_an_async_save_is_writing_resumes_exactly(tmp_path, libero_tiny):
     """``train.async_save``: the shards of step N are written while step N+1's micro-batches run; a
     SIGKILL in that window leaves ``.tmp_step_N`` without its marker, and ``--resume auto`` continues

@@ -20,6 +20,7 @@ def _ratio_tolerance(a: float, b: float) -> float:
     return 0.05 / b * (1 + a / b) + 0.005 + 1e-9
 
 
+@pytest.mark.slow
 def test_bench_train_processes_prints_rows_and_ratios_that_add_up():
     cmd = [
         sys.executable, "-m", "wamkit", "bench", "train", "--model", "tiny", "--preset", "small",
