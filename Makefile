@@ -36,9 +36,12 @@ lint: $(STAMP)
 
 # Fast suite (under ~15 minutes on 2 cores). Slow tests run with `make test-slow`. The numerically
 # sensitive tests run a second time under the generic CPU kernels and one thread (tests/conftest.py).
+# TEST_WORKERS pytest-xdist processes, each given whole files (a module's fixtures are built once): a
+# test mostly waits on one core (a subprocess, a server, a simulator), so two share two cores well
+TEST_WORKERS ?= 2
 test: lint setup-libero setup-libero-pro setup-engines
-	$(PY) -m pytest -m "not slow" -q
-	ATEN_CPU_CAPABILITY=default OMP_NUM_THREADS=1 $(PY) -m pytest -m "numerics and not slow" -q -p no:cacheprovider
+	$(PY) -m pytest -m "not slow" -q -n $(TEST_WORKERS) --dist loadfile
+	ATEN_CPU_CAPABILITY=default OMP_NUM_THREADS=1 $(PY) -m pytest -m "numerics and not slow" -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile
 
 test-slow: setup-libero setup-libero-pro
 	$(PY) -m pytest -m slow -q

@@ -28,13 +28,13 @@ def test_recipe_numbers(name: str, steps: int):
             cosmos, abs=1e-5
         )
     opts = resolve_options(cfg.model.options)
-    assert (opts["action_lr_mult"], opts["caption_dropout"], opts["train_shift"], opts["sampling_shift"]) == (
+    assert (opts.action_lr_mult, opts.caption_dropout, opts.train_shift, opts.sampling_shift) == (
         5.0,
         0.1,
         3.0,
         5.0,
     )
-    assert (opts["num_inference_steps"], opts["action_loss_weight"], opts["vision_loss_weight"]) == (
+    assert (opts.num_inference_steps, opts.action_loss_weight, opts.vision_loss_weight) == (
         30,
         10.0,
         10.0,

@@ -152,7 +152,7 @@ def test_auto_attention_is_flex_on_cuda_and_mask_elsewhere():
     from wamkit.models.cosmos3.packing import resolve_attention
     from wamkit.models.cosmos3.presets import resolve_options
 
-    assert resolve_options({})["attention"] == "auto"
+    assert resolve_options({}).attention == "auto"
     assert resolve_attention("auto", torch.device("cuda")) == "flex"
     assert resolve_attention("auto", torch.device("cpu")) == "mask"
     assert [resolve_attention(m, torch.device("cuda")) for m in ("mask", "loop", "flex")] == [

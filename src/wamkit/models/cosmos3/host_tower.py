@@ -27,7 +27,7 @@ instruction with its view and timing fields):
   concurrent CPU encode would slow for every request in flight;
 - and the CPU's kernels round differently from the GPU's, where the streamed layers run the very
   kernels of the default server (bit-equal keys/values, below);
-- so with the denoising of the first batch (0.29 s at batch 1 on the H200) the streamed path should
+- so with the denoising of the first batch (docs/benchmarks.md, "Cosmos3") the streamed path should
   answer a new prompt in about 0.9 s, inside the 2 s target with room (``maintainers/gpu_serve24.py``
   measures it); the CPU path would be at or past the target, and host-dependent.
 

@@ -156,7 +156,7 @@ class Cosmos3Options:
     # (one flash call per request and pathway) or "flex" (one flex-attention call per pathway that skips
     # the masked-out blocks; compiled on CUDA; on the CPU its calls with gradients take "mask", flex
     # attention having no CPU backward); "auto": flex on CUDA (faster than mask in SFT:
-    # docs/benchmarks.md, "Cosmos3 packed attention"), mask elsewhere. A single request always takes
+    # docs/benchmarks.md, "Cosmos3 SFT with cached latents"), mask elsewhere. A single request always takes
     # the stock path. models/cosmos3/packing.py
     attention: AttentionMode = "auto"
     # policy inference (serve, infer, eval): true = the fast path (text keys/values cached per prompt,
@@ -166,11 +166,11 @@ class Cosmos3Options:
     # prompts whose per-layer text keys/values the fast path keeps (LRU; Nano bf16: ~19 MB per prompt)
     text_cache_size: int = 128
     # the fast path's denoising step on CUDA: "none" (eager), "cuda_graph" (captured once per batch
-    # bucket), "compile" (the whole step torch.compile'd, mode reduce-overhead: a minute of compiling per
-    # bucket on a first start), "compile_layers" (one decoder layer compiled, shared by all layers, the
+    # bucket), "compile" (experimental: the whole step torch.compile'd, mode reduce-overhead, no faster
+    # than compile_layers and a minute of compiling per bucket on a first start), "compile_layers" (one decoder layer compiled, shared by all layers, the
     # step captured around it as a CUDA graph: as fast as compile, compiled in seconds per bucket),
     # "auto" (compile_layers); compiles are kept between starts (wamkit.models.compile_cache); ignored
-    # on CPU. Timings: docs/benchmarks.md, "Cosmos3 serving"
+    # on CPU. Timings: docs/benchmarks.md, "Cosmos3" and "Cosmos3-Nano server start"
     step_graph: StepGraph = "auto"
     # training: a folder written by `wamkit cache-latents` for this run's data and settings; sft_loss
     # then reads each clip's VAE latents from it instead of encoding them ("": encode on every step).
