@@ -209,3 +209,10 @@ def test_prefix_training_leaves_the_committed_actions_out_of_the_loss(monkeypatc
         torch.manual_seed(0)
         got = prefixed.sft_loss(batch)["action_loss"]
         assert_rounding_close(got.detach().numpy(), expect.detach().numpy(), length=LENGTH)
+
+
+def test_a_prefix_as_long_as_the_chunk_is_refused():
+    from wamkit.config import ConfigError
+
+    with pytest.raises(ConfigError, match="prefix_max_delay: 16 leaves no action of the 16-action chunk"):
+        random_init("tiny", "small", options={"prefix_max_delay": 16}, device="cpu")

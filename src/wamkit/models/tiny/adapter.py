@@ -52,6 +52,11 @@ class TinyAdapter:
 
     def __init__(self, cfg: TinyConfig, io: ModelIO, preset: str):
         self.cfg, self.io, self.preset = cfg, io, preset
+        if cfg.prefix_max_delay >= io.chunk:
+            raise ConfigError(
+                f"model.options.prefix_max_delay: {cfg.prefix_max_delay} leaves no action of the "
+                f"{io.chunk}-action chunk to learn; expected at most {io.chunk - 1}"
+            )
         self.module = TinyWAM(cfg, io)
         if cfg.keys_to_select:
             names = [n for n, _ in self.module.named_parameters()]
