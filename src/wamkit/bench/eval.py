@@ -45,9 +45,11 @@ import argparse
 import contextlib
 import json
 import os
+import signal
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -416,6 +418,11 @@ def main(args: argparse.Namespace) -> int:
     workers = args.workers or os.cpu_count() or 1
     servers = _server_count(args)
     modes = _modes(args, servers)
+    if threading.current_thread() is threading.main_thread():
+        # Ctrl-C (or `timeout -s INT`) ends the benchmark with the medians of the runs that finished,
+        # also when it was started with SIGINT ignored (a background job of a non-interactive shell,
+        # whose servers, given SIGINT with it, would otherwise stop under a benchmark that goes on)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     with contextlib.ExitStack() as stack:
         root = Path(args.out) if args.out else Path(stack.enter_context(tempfile.TemporaryDirectory()))
         root.mkdir(parents=True, exist_ok=True)  # --out may name a folder that does not exist yet
