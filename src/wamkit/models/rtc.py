@@ -88,11 +88,15 @@ def guided_velocity(
     return u.detach() - w[:, None, None] * g
 
 
+def held(delay: torch.Tensor, horizon: int, device: torch.device) -> torch.Tensor:
+    """[B, horizon] bool: each row's first ``delay[b]`` actions (those committed before it arrives)."""
+    return torch.arange(horizon, device=device)[None, :] < delay.to(device)[:, None]
+
+
 def committed(x: torch.Tensor, target: torch.Tensor, delay: torch.Tensor) -> torch.Tensor:
     """The sampled chunk ``x`` [B, H, D] with each row's first ``delay[b]`` actions replaced by the
     target's: those run before the chunk arrives, so the chunk states them as they are executed."""
-    keep = torch.arange(x.shape[1], device=x.device)[None, :] < delay.to(x.device)[:, None]
-    return torch.where(keep[..., None], target.to(x.dtype), x)
+    return torch.where(held(delay, x.shape[1], x.device)[..., None], target.to(x.dtype), x)
 
 
 def request_rows(

@@ -24,6 +24,7 @@ from wamkit.config import ConfigError
 from wamkit.constants import ACTION, ACTION_IS_PAD, OBS_STATE, TASK, future_image_key, image_key
 from wamkit.models.base import ActivationShape, Mode, ModelIO, ParamGroup, row_seeds, seeded_noise
 from wamkit.models.rtc import committed, guide_input, guided_velocity
+from wamkit.models.rtc import held as rtc_held
 from wamkit.models.text import encode_texts
 from wamkit.models.tiny.config import TinyConfig
 from wamkit.models.tiny.network import TinyWAM, patchify, to_unit_range, unpatchify
@@ -229,7 +230,9 @@ class TinyAdapter:
         prefix = self._prefix(batch)
         weight = (~is_fd).float()[:, None].expand(b, self.io.chunk)
         if self.cfg.prefix_max_delay:  # training-time RTC: a clean prefix of d actions, out of the loss
-            held = self._held(torch.randint(0, self.cfg.prefix_max_delay + 1, (b,), device=dev))
+            held = rtc_held(
+                torch.randint(0, self.cfg.prefix_max_delay + 1, (b,), device=dev), self.io.chunk, dev
+            )
             t_act = torch.where(held, 0.0, t_act[:, None])  # [B, chunk]
             weight = weight * (~held).float()
         tt = t_act[..., None] if t_act.dim() == 2 else t_act[:, None, None]
@@ -280,10 +283,6 @@ class TinyAdapter:
     # ---------------------------------------------------------------------------------------------
 
     supports_rtc = True  # predict(policy) takes rtc=: wamkit.models.rtc
-
-    def _held(self, delay: torch.Tensor) -> torch.Tensor:
-        """[B, chunk] bool: each row's first ``delay[b]`` action tokens."""
-        return torch.arange(self.io.chunk, device=self.device)[None, :] < delay.to(self.device)[:, None]
 
     def _guided_step(
         self, gen: dict[str, Any], cache: Any, guide: dict[str, torch.Tensor], t_now: float
@@ -366,7 +365,7 @@ class TinyAdapter:
         held = None
         if guide is not None and self.cfg.prefix_max_delay:
             # trained with clean prefixes: the committed actions enter as they are (flow time 0)
-            held = self._held(guide["delay"].long())
+            held = rtc_held(guide["delay"].long(), self.io.chunk, dev)
         for t_now, t_next in zip(times[:-1], times[1:]):
             t = torch.full((b,), t_now, device=dev)
             gen = {"actions": x_act, "t_actions": t if denoise_act else zero, "state": prefix["state"]}
