@@ -6,7 +6,9 @@ DEMO_STAMP := $(VENV)/.wamkit-setup-demo
 export MUJOCO_GL ?= egl
 export PYOPENGL_PLATFORM ?= egl
 
-.PHONY: setup setup-libero setup-libero-pro setup-engines test test-slow lint demo clean
+LEROBOT_VENV ?= .venv-lerobot
+
+.PHONY: setup setup-libero setup-libero-pro setup-engines setup-lerobot test test-slow lint demo clean
 
 $(STAMP): pyproject.toml scripts/setup.sh
 	bash scripts/setup.sh
@@ -30,6 +32,11 @@ setup-libero-pro: setup-libero
 setup-engines: $(STAMP)
 	bash scripts/setup_engines.sh
 
+# LeRobot's policies (model.name=lerobot): LeRobot 0.6.1 needs Python 3.12 and torch < 2.12, so it
+# gets a venv of its own with wamkit in it (scripts/setup_lerobot.sh; docs/lerobot.md)
+setup-lerobot:
+	LEROBOT_VENV=$(LEROBOT_VENV) bash scripts/setup_lerobot.sh
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests
 	$(VENV)/bin/ruff format --check src tests
@@ -39,9 +46,11 @@ lint: $(STAMP)
 # TEST_WORKERS pytest-xdist processes, each given whole files (a module's fixtures are built once): a
 # test mostly waits on one core (a subprocess, a server, a simulator), so two share two cores well
 TEST_WORKERS ?= 2
-test: lint setup-libero setup-libero-pro setup-engines
+# The LeRobot tests (tests/test_lerobot_*.py) run in $(LEROBOT_VENV); the project's venv leaves them out.
+test: lint setup-libero setup-libero-pro setup-engines setup-lerobot
 	$(PY) -m pytest -m "not slow" -q -n $(TEST_WORKERS) --dist loadfile
 	ATEN_CPU_CAPABILITY=default OMP_NUM_THREADS=1 $(PY) -m pytest -m "numerics and not slow" -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile
+	$(LEROBOT_VENV)/bin/python -m pytest -m "not slow" -q -p no:cacheprovider tests/test_lerobot_policies.py
 
 test-slow: setup-libero setup-libero-pro
 	$(PY) -m pytest -m slow -q
@@ -50,4 +59,4 @@ demo: $(DEMO_STAMP)
 	$(VENV)/bin/wamkit demo
 
 clean:
-	rm -rf $(VENV) .pytest_cache runs .engines
+	rm -rf $(VENV) $(LEROBOT_VENV) .pytest_cache runs .engines

@@ -3,6 +3,7 @@ mistake whichever model it is made on, and no stage probes an adapter for an att
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from pathlib import Path
 
@@ -61,3 +62,17 @@ def test_no_stage_probes_an_adapter_for_an_attribute():
         if probe.search(line)
     ]
     assert not found, found
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("lerobot") is not None, reason="LeRobot is installed in this Python"
+)
+def test_lerobot_in_a_python_without_it_says_how_to_get_it():
+    """The project's venv has no LeRobot (it needs Python 3.12 and torch < 2.12): a run naming it is
+    refused before anything is built or read, saying where it runs."""
+    from wamkit.models.registry import check_model_config
+
+    with pytest.raises(ConfigError) as err:
+        check_model_config(ModelConfig(name="lerobot", preset="act"))
+    assert "model.name=lerobot needs LeRobot 0.6.1 in this Python" in str(err.value)
+    assert "make setup-lerobot" in str(err.value)

@@ -247,7 +247,7 @@ def serving_to_extra(
     out = Path(out_dir)
     spec = PreprocessSpec.load(Path(serve_dir) / SPEC_FILE)
     tmp = _fresh_tmp(out)
-    adapter.export_extra(tmp)
+    adapter.export_extra(tmp, spec=spec)
     spec.save(tmp / SPEC_FILE)  # the export carries the transforms its model needs, like every artifact
     _verify_spec(spec, tmp)
     return _commit(tmp, out, overwrite)

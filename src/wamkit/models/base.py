@@ -424,9 +424,10 @@ class NamesLoraTargets(Protocol):
 
 @runtime_checkable
 class ExportsFormat(Protocol):
-    """``wamkit convert --to extra``: writes (and verifies) the model in its upstream format."""
+    """``wamkit convert --to extra``: writes (and verifies) the model in its upstream format; ``spec``
+    (the serving directory's PreprocessSpec) for a format that carries its normalisation."""
 
-    def export_extra(self, out_dir: Any) -> None: ...
+    def export_extra(self, out_dir: Any, spec: Any = None) -> None: ...
 
 
 @runtime_checkable

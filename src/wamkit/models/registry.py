@@ -86,6 +86,8 @@ register_model("tiny", "wamkit.models.tiny:build", check="wamkit.models.tiny:che
 register_model(
     "cosmos3", "wamkit.models.cosmos3:build", meta=True, check="wamkit.models.cosmos3:check_config"
 )
+# LeRobot's own policies (ACT, Diffusion Policy) through its code: needs `make setup-lerobot`
+register_model("lerobot", "wamkit.models.lerobot:build", check="wamkit.models.lerobot:check_config")
 # A model whose inference is a fixed, configurable delay and a deterministic function of its input:
 # for measuring the server and the evaluator alone, clearly labelled as such in benchmark output.
 register_model("delay", "wamkit.models.delay:build")

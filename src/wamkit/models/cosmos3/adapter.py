@@ -422,8 +422,9 @@ class Cosmos3Adapter(Cosmos3Inference):
         req = self._requests(texts, hw, shape, (0,), ())[0]
         return req.und_len, req.gen_len
 
-    def export_extra(self, out_dir) -> None:
-        """``wamkit convert --to extra``: a diffusers pipeline folder, verified by reloading it."""
+    def export_extra(self, out_dir, spec: Any = None) -> None:
+        """``wamkit convert --to extra``: a diffusers pipeline folder, verified by reloading it (the
+        spec travels beside it as every export's does)."""
         from wamkit.models.cosmos3.components import export_diffusers, verify_export
 
         export_diffusers(self, out_dir)

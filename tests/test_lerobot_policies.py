@@ -1,0 +1,260 @@
+"""LeRobot's ACT and Diffusion Policy through wamkit's adapter, checked against LeRobot 0.6.1's own code.
+
+These run in .venv-lerobot (``make setup-lerobot``; ``make test`` runs them there): LeRobot needs Python
+3.12 and torch < 2.12. The LeRobot side of every comparison is LeRobot's function: the env-frame
+conversion (``lerobot.envs.utils.preprocess_observation``), the policy's ``forward`` and
+``predict_action_chunk``, ``from_pretrained`` and the processor pipelines loaded from the folder.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+lerobot = pytest.importorskip("lerobot")  # tests/conftest.py leaves this file out where it is missing
+
+from lerobot.envs.utils import preprocess_observation  # noqa: E402
+from lerobot.policies.factory import get_policy_class, make_pre_post_processors  # noqa: E402
+
+from tests.test_train_support import kill_at_step  # noqa: E402
+from wamkit.actions.spec import PreprocessSpec  # noqa: E402
+from wamkit.config import ConfigError, ModelConfig  # noqa: E402
+from wamkit.models import build_model  # noqa: E402
+from wamkit.models.base import ModelIO  # noqa: E402
+from wamkit.models.pretrained import load_pretrained  # noqa: E402
+from wamkit.train.metrics import read_losses  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+IO = ModelIO(cameras=("corner", "wrist"), image_size=64, state_dim=5, action_dim=4, chunk=16)
+SMALL = {
+    "act": {"dim_model": 64, "dim_feedforward": 128, "n_encoder_layers": 2, "n_vae_encoder_layers": 1},
+    "diffusion": {"down_dims": [32, 64], "num_inference_steps": 6, "crop_shape": [56, 56], "diffusion_step_embed_dim": 32},
+}  # fmt: skip
+
+
+def _build(policy: str, **options) -> object:
+    return build_model(ModelConfig(name="lerobot", preset=policy, options={**SMALL[policy], **options}), IO)
+
+
+def _batch(b: int = 3, seed: int = 0) -> dict:
+    rng = np.random.default_rng(seed)
+    return {
+        **{
+            f"observation.images.{c}": rng.integers(0, 256, (b, 64, 64, 3), dtype=np.uint8)
+            for c in IO.cameras
+        },
+        "observation.state": rng.standard_normal((b, IO.state_dim)).astype(np.float32),
+        "action": rng.standard_normal((b, IO.chunk, IO.action_dim)).astype(np.float32),
+        "action_is_pad": np.arange(IO.chunk)[None].repeat(b, 0) >= np.array([16, 11, 5])[:b, None],
+        "task": ["reach"] * b,
+    }
+
+
+def _theirs(policy: str, batch: dict) -> dict:
+    """The batch as LeRobot's env conversion makes it (and its policy's history axis for Diffusion)."""
+    obs = preprocess_observation(
+        {
+            "pixels": {c: batch[f"observation.images.{c}"] for c in IO.cameras},
+            "agent_pos": batch["observation.state"],
+        }
+    )
+    if policy == "diffusion":
+        obs["observation.state"] = obs["observation.state"].unsqueeze(1)
+    return obs
+
+
+@pytest.mark.parametrize("policy", ["act", "diffusion"])
+def test_the_loss_is_the_policys_forward_loss_bit_for_bit(policy):
+    adapter = _build(policy)
+    batch = _batch()
+    adapter.module.train()
+    torch.manual_seed(11)
+    mine = adapter.sft_loss({**batch, "action": torch.from_numpy(batch["action"])})
+    theirs_batch = {
+        **_theirs(policy, batch),
+        "action": torch.from_numpy(batch["action"]),
+        "action_is_pad": torch.from_numpy(batch["action_is_pad"]),
+    }
+    torch.manual_seed(11)
+    loss, info = adapter.module.forward(theirs_batch)
+    assert torch.equal(mine["loss"], loss)
+    if policy == "act":  # the terms beside it, as LeRobot logs them
+        assert float(mine["l1_loss"]) == pytest.approx(info["l1_loss"], rel=1e-6)
+        assert float(mine["kld_loss"]) == pytest.approx(info["kld_loss"], rel=1e-6)
+    if policy == "diffusion":  # LeRobot's Diffusion Policy keeps padded steps in its loss by default
+        assert adapter.config.do_mask_loss_for_padding is False
+        return
+    # ACT leaves padded steps out of the loss: changing their targets changes nothing
+    changed = batch["action"].copy()
+    changed[batch["action_is_pad"]] += 5.0
+    torch.manual_seed(11)
+    again = adapter.sft_loss({**batch, "action": torch.from_numpy(changed)})
+    assert torch.equal(again["loss"], mine["loss"])
+
+
+@pytest.mark.parametrize("policy", ["act", "diffusion"])
+def test_actions_are_lerobots_inference_path_bit_for_bit(policy):
+    adapter = _build(policy)
+    batch = _batch()
+    torch.manual_seed(5)
+    mine = adapter.predict(batch)["actions"]
+    adapter.module.reset()
+    torch.manual_seed(5)
+    theirs = adapter.module.predict_action_chunk(_theirs(policy, batch)).numpy()
+    n = adapter.config.n_action_steps
+    assert mine.shape == (3, IO.chunk, IO.action_dim) and theirs.shape == (3, n, IO.action_dim)
+    assert np.array_equal(mine[:, :n], theirs)
+
+
+def test_a_diffusion_rows_seeded_actions_depend_on_its_own_seed_alone():
+    adapter = _build("diffusion")
+    batch = _batch()
+    both = adapter.predict(batch, seed=[7, 8, 9])["actions"]
+    alone = adapter.predict({k: v[1:2] for k, v in batch.items()}, seed=[8])["actions"]
+    assert np.array_equal(both[1:2], alone)
+    assert not np.array_equal(both[0], both[1])
+    assert np.array_equal(adapter.predict(batch, seed=7)["actions"], both)  # an int s seeds row i with s + i
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"dim_modle": 64}, "unknown key 'model.options.dim_modle'; did you mean 'dim_model'? (valid here: "),
+        ({"dim_model": "wide"}, "model.options.dim_model: expected an integer, got 'wide'"),
+        ({"chunk_size": 20}, "model.options.chunk_size: 20, but the data's action chunk (data.chunk) is 16"),
+        ({"input_features": {}}, "model.options.input_features: set by wamkit from the data and the run"),
+    ],
+)
+def test_bad_options_are_refused_naming_the_field(options, message):
+    with pytest.raises(ConfigError) as err:
+        _build("act", **options)
+    assert message in str(err.value)
+
+
+def test_an_unknown_policy_and_observation_history_are_refused():
+    with pytest.raises(
+        ConfigError, match=r"model.preset: 'actt' is not a LeRobot policy .*did you mean 'act'"
+    ):
+        build_model(ModelConfig(name="lerobot", preset="actt"), IO)
+    with pytest.raises(ConfigError, match="model.options.n_obs_steps: 2; .* the current observation only"):
+        _build("diffusion", n_obs_steps=2)
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+
+
+def _train(run: Path, root: Path, *extra: str) -> list[str]:
+    return [
+        sys.executable, "-m", "wamkit", "train", f"data.root={root}", "data.num_workers=1", "model.name=lerobot",
+        "model.preset=act", "model.options.dim_model=64", "model.options.dim_feedforward=128",
+        "model.options.n_encoder_layers=2", "model.options.n_vae_encoder_layers=1",
+        "train.max_steps=10", "train.micro_batch=2", "train.global_batch=4", "train.save_interval=5",
+        "train.log_interval=1", "train.warmup_steps=2", "train.lr=1e-4", "train.ema=true",
+        f"train.run_dir={run}", *extra,
+    ]  # fmt: skip
+
+
+def test_act_trains_in_wamkit_resumes_exactly_after_sigkill_and_exports_a_folder_lerobot_runs(
+    tmp_path, libero_tiny
+):
+    """``wamkit train`` as a user types it (LIBERO's fixture, LeRobot's ACT): killed after its first
+    checkpoint and resumed, the same losses as an uninterrupted run; then ``wamkit convert --to extra``
+    writes a LeRobot folder whose processors and policy, loaded by LeRobot, give the actions of
+    wamkit's own path (spec, adapter, decode) for the same raw observation."""
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    ref = subprocess.Popen(
+        _train(full, libero_tiny), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    proc = subprocess.Popen(
+        _train(cut, libero_tiny), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    kill_at_step(proc, cut, 7, 300)
+    assert ref.wait(timeout=400) == 0, ref.stderr.read().decode()[-3000:]
+    done = subprocess.run(
+        [*_train(cut, libero_tiny), "--resume", "auto"],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    want, got = read_losses(full), read_losses(cut)
+    assert [r["step"] for r in got] == list(range(1, 11))
+    assert got == want
+    assert want[-1]["loss"] < want[0]["loss"]
+
+    serve, folder = tmp_path / "serve", tmp_path / "lerobot_act"
+    for args in (
+        [str(full / "checkpoints" / "step_000010"), "--out", str(serve)],
+        [str(serve), "--to", "extra", "--out", str(folder)],
+    ):
+        conv = subprocess.run(
+            [sys.executable, "-m", "wamkit", "convert", *args],
+            env=_env(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert conv.returncode == 0, conv.stderr[-3000:]
+    assert {"config.json", "model.safetensors", "policy_preprocessor.json", "policy_postprocessor.json"} <= {
+        p.name for p in folder.iterdir()
+    }
+
+    adapter = load_pretrained(serve)
+    spec = PreprocessSpec.load(serve / "preprocess.json")
+    rng = np.random.default_rng(3)
+    s = spec.stats["observation.state"]
+    state = (
+        np.asarray(s.min) + rng.random((2, len(s.min))) * (np.asarray(s.max) - np.asarray(s.min))
+    ).astype(np.float32)
+    size = adapter.io.image_size
+    images = {c: rng.integers(0, 256, (2, size, size, 3), dtype=np.uint8) for c in adapter.io.cameras}
+    mine = adapter.predict(
+        {**{f"observation.images.{c}": v for c, v in images.items()}, "observation.state": spec.encode_state(state),
+         "task": ["x", "x"]}
+    )["actions"]  # fmt: skip
+    mine = spec.decode_actions(mine)
+
+    policy = get_policy_class("act").from_pretrained(str(folder))
+    pre, post = make_pre_post_processors(
+        policy.config, pretrained_path=str(folder)
+    )  # as lerobot-eval loads them
+    obs = pre(preprocess_observation({"pixels": images, "agent_pos": state}))
+    theirs = post(policy.predict_action_chunk(obs)).numpy()
+    # the same network on inputs normalised by two float32 implementations of one affine map (LeRobot
+    # divides by std + 1e-8, wamkit by max(std, 1e-8); float64 then float32 here): the actions agree to
+    # a few float32 roundings of each action's scale, amplified by the network's gain
+    scale = np.asarray(spec.stats["action"].q99) - np.asarray(spec.stats["action"].q01)
+    assert mine.shape == theirs.shape
+    np.testing.assert_allclose(mine, theirs, rtol=0, atol=float(np.max(np.abs(scale))) * 1e-4)
+
+
+def test_act_under_fsdp2_on_two_gloo_processes_resumes_exactly(tmp_path, libero_tiny):
+    """``torchrun`` with two processes (gloo): ACT's transformer layers and the rest sharded by FSDP2,
+    a checkpoint at step 3; resumed from it, the run logs the losses of the uninterrupted one."""
+    run = tmp_path / "run"
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "wamkit",
+        *_train(run, libero_tiny, "train.max_steps=6", "train.save_interval=3", "train.global_batch=8",
+                "train.keep_last=3")[3:],
+    ]  # fmt: skip
+    first = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=400)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "2 process(es)" in first.stderr and "= 2 x 2 x 2" in first.stderr  # accumulation 2
+    want = read_losses(run)
+    assert [r["step"] for r in want] == list(range(1, 7))
+    shutil.rmtree(run / "checkpoints" / "step_000006")
+    again = subprocess.run(
+        [*cmd, "--resume", "auto"], env=_env(), capture_output=True, text=True, timeout=400
+    )
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resumed from" in again.stderr and "step_000003" in again.stderr
+    assert read_losses(run) == want
