@@ -9,6 +9,7 @@ conversion (``lerobot.envs.utils.preprocess_observation``), the policy's ``forwa
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -258,3 +259,61 @@ def test_act_under_fsdp2_on_two_gloo_processes_resumes_exactly(tmp_path, libero_
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resumed from" in again.stderr and "step_000003" in again.stderr
     assert read_losses(run) == want
+
+
+def test_a_folder_lerobot_train_wrote_is_served_as_it_is(tmp_path, libero_tiny):
+    """``lerobot-train`` (LeRobot's own trainer, offline, on LIBERO's fixture) writes a folder;
+    ``wamkit serve FOLDER`` serves it with no conversion (its processors normalise; the spec is the
+    identity), and over a real socket a raw observation gets the actions LeRobot's own pipeline gives
+    (preprocessor, ``predict_action_chunk``, postprocessor) in this process."""
+    from wamkit.serve.client import PolicyClient
+
+    out = tmp_path / "lerobot_train"
+    train = subprocess.run(
+        [str(Path(sys.executable).with_name("lerobot-train")), "--dataset.repo_id=local/libero_tiny",
+         f"--dataset.root={libero_tiny}", "--policy.type=act", "--policy.pretrained_backbone_weights=null",
+         "--policy.dim_model=64", "--policy.dim_feedforward=128", "--policy.n_encoder_layers=2",
+         "--policy.n_vae_encoder_layers=1", "--policy.chunk_size=16", "--policy.n_action_steps=8",
+         "--policy.push_to_hub=false", "--policy.device=cpu", "--steps=3", "--batch_size=2", "--save_freq=3",
+         "--num_workers=0", f"--output_dir={out}", "--wandb.enable=false"],
+        env={**_env(), "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=400,
+    )  # fmt: skip
+    assert train.returncode == 0, train.stderr[-3000:]
+    folder = out / "checkpoints" / "000003" / "pretrained_model"
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "wamkit", "serve", str(folder), "--port", "0", "--device", "cpu"],
+        env=_env(), stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        port = None
+        for line in proc.stderr:
+            if m := re.search(r"serving \S+ on ws://127\.0\.0\.1:(\d+)", line):
+                port = int(m.group(1))
+                break
+        assert port, f"the server never logged its port (exit code {proc.poll()})"
+        client = PolicyClient(f"ws://127.0.0.1:{port}")
+        rng = np.random.default_rng(4)
+        images = {c: rng.integers(0, 256, (64, 64, 3), dtype=np.uint8) for c in ("image", "wrist_image")}
+        state = rng.standard_normal(8).astype(np.float32)
+        got = client.infer(
+            {
+                **{f"observation.images.{c}": v for c, v in images.items()},
+                "observation.state": state,
+                "prompt": "x",
+            }
+        )["actions"]
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+    policy = get_policy_class("act").from_pretrained(str(folder))
+    pre, post = make_pre_post_processors(policy.config, pretrained_path=str(folder))
+    obs = pre(
+        preprocess_observation({"pixels": {c: v[None] for c, v in images.items()}, "agent_pos": state[None]})
+    )
+    want = post(policy.predict_action_chunk(obs)).numpy()[0]
+    assert got.shape == want.shape == (16, 7)
+    # the same code on the same inputs, but in another process (one thread, the server's batch bucket):
+    # sums in other orders differ by float32 roundings, a few ulps through ACT's dozen layers
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

@@ -61,6 +61,18 @@ def load_served(
     root = Path(export_dir)
     if not root.is_dir():
         raise ConfigError(f"serving directory {root} does not exist")
+    from wamkit.models.lerobot.adapter import is_lerobot_folder
+
+    if is_lerobot_folder(root):  # LeRobot's own pretrained folder, served as it is (docs/lerobot.md)
+        from wamkit.models.pretrained import load_pretrained
+
+        dev = resolve_device(device)
+        adapter = load_pretrained(root, device=dev)
+        log.info(
+            "loaded LeRobot's %s from %s on %s (its processors normalise)", adapter.config.type, root, dev
+        )
+        return ServedPolicy(adapter, identity_spec(adapter.io), raw_actions=raw_actions, source=str(root),
+                            precision=precision)  # fmt: skip
     missing = [f for f in SERVING_FILES if not (root / f).is_file()]
     if missing == [SPEC_FILE] and (root / STATS_FILE).is_file():
         raise ConfigError(

@@ -27,10 +27,12 @@ def check_config(cfg: ModelConfig) -> None:
 def build(cfg: ModelConfig, io: ModelIO | None = None, device: Any = None) -> Any:
     """LeRobot's ``cfg.preset`` policy for inputs ``io`` (default: MetaWorld's), its config from
     ``cfg.options``; with ``cfg.pretrained``, a wamkit model directory of it (``model.json``)."""
+    from wamkit.models.lerobot.adapter import LeRobotAdapter, is_lerobot_folder
+
+    if cfg.pretrained and is_lerobot_folder(cfg.pretrained):  # written by lerobot-train or exported
+        return LeRobotAdapter.from_folder(cfg.pretrained, device=device or "cpu")
     if cfg.pretrained:
         from wamkit.models.pretrained import load_pretrained
 
         return load_pretrained(cfg.pretrained, device=device or "cpu", options=cfg.options, io=io)
-    from wamkit.models.lerobot.adapter import LeRobotAdapter
-
     return LeRobotAdapter(cfg.preset, dict(cfg.options), io or ModelIO(), device=device or "cpu")

@@ -29,8 +29,10 @@ data stage and the evaluator supply one frame.
 from __future__ import annotations
 
 import dataclasses
+import json
 import typing
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -151,6 +153,59 @@ def build_config(policy_type: str, options: dict[str, Any], io: ModelIO, device:
     return config
 
 
+def is_lerobot_folder(path: str | Path) -> bool:
+    """A LeRobot pretrained folder: LeRobot's ``config.json`` (with its policy ``type``) and its
+    processors, and no wamkit ``model.json``."""
+    root = Path(path)
+    if not (root / "config.json").is_file() or (root / "model.json").is_file():
+        return False
+    try:
+        meta = json.loads((root / "config.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return False
+    return isinstance(meta, dict) and "type" in meta and (root / "policy_preprocessor.json").is_file()
+
+
+def folder_io(folder: Path) -> tuple[str, ModelIO]:
+    """The policy type and the inputs of a LeRobot folder's ``config.json``; what wamkit cannot supply is
+    refused, naming the field."""
+    where = folder / "config.json"
+    meta = json.loads(where.read_text())
+    policy_type = meta["type"]
+    if policy_type not in HORIZON_FIELD:
+        raise ConfigError(
+            f"{where}: type '{policy_type}' is not a policy this adapter runs (have: {', '.join(HORIZON_FIELD)})"
+        )
+    if int(meta.get("n_obs_steps", 1)) != 1:
+        raise ConfigError(
+            f"{where}: n_obs_steps {meta['n_obs_steps']}; wamkit supplies the current observation only (1)"
+        )
+    feats = meta.get("input_features") or {}
+    cams, size, state_dim = [], None, None
+    prefix = image_key("")
+    for key, f in feats.items():
+        shape = list(f.get("shape", []))
+        if f.get("type") == "VISUAL" and key.startswith(prefix):
+            if len(shape) != 3 or shape[0] != 3 or shape[1] != shape[2] or size not in (None, shape[1]):
+                raise ConfigError(
+                    f"{where}: input_features.{key}: shape {shape}; wamkit serves square images of one size, channels first (3, S, S)"
+                )
+            cams.append(key[len(prefix) :])
+            size = shape[1]
+        elif key == OBS_STATE and f.get("type") == "STATE":
+            state_dim = shape[0]
+        else:
+            raise ConfigError(
+                f"{where}: input_features.{key} ({f.get('type')}): not a feature wamkit supplies (cameras and observation.state)"
+            )
+    action = (meta.get("output_features") or {}).get(ACTION)
+    if not cams or state_dim is None or action is None:
+        raise ConfigError(f"{where}: expected cameras, observation.state and action features")
+    io = ModelIO(cameras=tuple(cams), image_size=int(size), state_dim=int(state_dim),
+                 action_dim=int(action["shape"][0]), chunk=int(meta[HORIZON_FIELD[policy_type]]))  # fmt: skip
+    return policy_type, io
+
+
 class LeRobotAdapter:
     """A LeRobot policy as a wamkit model (see the module docstring)."""
 
@@ -167,6 +222,33 @@ class LeRobotAdapter:
         self.module = get_policy_class(policy_type)(self.config)
         self.module.to(device)
         self._flops: float | None = None
+        self.processors: tuple[Any, Any] | None = None  # a LeRobot folder's (pre, post), from_folder
+        self.source = ""
+
+    @classmethod
+    def from_folder(cls, folder: str | Path, device: Any = "cpu") -> LeRobotAdapter:
+        """A LeRobot pretrained folder (``lerobot-train``'s ``pretrained_model``, or one wamkit exported)
+        as it is: LeRobot's ``from_pretrained`` builds the policy and ``make_pre_post_processors`` its
+        processors, as ``lerobot-eval`` loads them. Its preprocessor normalises raw state and its
+        postprocessor returns raw actions, so the folder is served with the identity spec
+        (:func:`folder_io`): normalisation happens once, LeRobot's."""
+        from lerobot.policies.factory import get_policy_class, make_pre_post_processors
+
+        folder = Path(folder)
+        policy_type, io = folder_io(folder)
+        dev = str(torch.device(device))
+        self = cls.__new__(cls)
+        self.policy_type, self.io, self.options, self._flops = policy_type, io, {}, None
+        self.module = get_policy_class(policy_type).from_pretrained(str(folder))
+        self.module.to(dev)
+        self.config = self.module.config
+        self.processors = make_pre_post_processors(
+            self.config,
+            pretrained_path=str(folder),
+            preprocessor_overrides={"device_processor": {"device": dev}},
+        )
+        self.source = str(folder)
+        return self
 
     @property
     def device(self) -> torch.device:
@@ -216,16 +298,26 @@ class LeRobotAdapter:
             img = torch.as_tensor(np.asarray(img)) if not torch.is_tensor(img) else img
             # as lerobot.envs.utils.preprocess_observation: channels first, float32, divided by 255
             obs[image_key(cam)] = img.to(dev).permute(0, 3, 1, 2).contiguous().to(torch.float32) / 255
-        if self.policy_type == "diffusion":  # the history axis, one step long
-            obs[OBS_STATE] = obs[OBS_STATE].unsqueeze(1)
-            for cam in self.io.cameras:
-                obs[image_key(cam)] = obs[image_key(cam)].unsqueeze(1)
         return obs
+
+    def _history(self, obs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Diffusion Policy's observations with their history axis, one step long."""
+        if self.policy_type != "diffusion":
+            return obs
+        return {
+            k: v.unsqueeze(1) if k == OBS_STATE or k in self.config.image_features else v
+            for k, v in obs.items()
+        }
 
     def lerobot_batch(self, batch: dict[str, Any], training: bool = False) -> dict[str, torch.Tensor]:
         """The batch LeRobot's policy is given (actions and their padding too when ``training``)."""
         b = self.io.check_batch(batch, training=training)
-        out = self._observation(batch)
+        if self.processors is not None:
+            raise ValueError(
+                f"model lerobot/{self.policy_type} from {self.source}: a LeRobot folder is served as it is "
+                "(its processors run); training starts from a wamkit model (model.preset and options)"
+            )
+        out = self._history(self._observation(batch))
         if training:
             act = batch[ACTION]
             out[ACTION] = torch.as_tensor(act).to(self.device, torch.float32)
@@ -264,10 +356,15 @@ class LeRobotAdapter:
         b = self.io.check_batch(batch)
         self.module.eval()
         obs = self._observation(batch)
+        if self.processors is not None:  # a LeRobot folder: its preprocessor normalises (see from_folder)
+            obs = self.processors[0](obs)
+        obs = self._history(obs)
         if self.policy_type == "act":
             actions = self.module.predict_action_chunk(obs)
         else:
             actions = self._diffusion_sample(obs, row_seeds(seed, b))
+        if self.processors is not None:
+            actions = self.processors[1](actions)
         return {"actions": actions.float().cpu().numpy().astype(np.float32)}
 
     def _diffusion_sample(self, obs: dict[str, torch.Tensor], seeds: list[int] | None) -> torch.Tensor:
@@ -295,6 +392,9 @@ class LeRobotAdapter:
     def config_dict(self) -> dict[str, Any]:
         """The policy type, the options as given (checked), and the inputs: ``build`` rebuilds the same
         config from them (LeRobot's defaults are pinned by its version)."""
+        if self.processors is not None:  # rebuilt from its folder (build's model.pretrained)
+            return {"name": self.name, "preset": self.policy_type, "options": {}, "io": self.io.to_dict(),
+                    "pretrained": self.source}  # fmt: skip
         return {
             "name": self.name,
             "preset": self.policy_type,
