@@ -11,6 +11,10 @@
 #   carry .whl/av .whl/serve:  source maintainers/gpu_env.sh
 #   carry .whl/sim .gl:        source maintainers/gpu_env.sh >/dev/null && bash maintainers/gpu_cosmos3_learns.sh start && bash maintainers/gpu_cosmos3_learns.sh wait 560
 #   then, until it prints "finished":  export PYTHONPATH=$PWD/src:/tmp/site MUJOCO_GL=egl PYOPENGL_PLATFORM=egl; bash maintainers/gpu_cosmos3_learns.sh wait 580
+# Nothing survives a machine given back: on 2026-12-06 one was given back between the second and third
+# calls (the third found a fresh machine and printed "no run on this machine") and the ten minutes of
+# the second were lost. Make each next call at once; one variant alone (JOBS=1 THREADS=12, a
+# one-line VARIANTS file) takes about 15 minutes of device time in all.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 RESULTS=${RESULTS:-/tmp/c3_out}
