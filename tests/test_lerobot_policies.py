@@ -58,16 +58,27 @@ def _batch(b: int = 3, seed: int = 0) -> dict:
     }
 
 
-def _theirs(policy: str, batch: dict) -> dict:
-    """The batch as LeRobot's env conversion makes it (and its policy's history axis for Diffusion)."""
+def _theirs(adapter, batch: dict) -> dict:
+    """The batch as LeRobot makes it: its env conversion, then its own normaliser with ImageNet's
+    statistics on the cameras (lerobot-train's default; the state here is normalised already, so the
+    pipeline has no statistics for it and passes it through), and Diffusion's history axis."""
+    from lerobot.utils.constants import IMAGENET_STATS
+
     obs = preprocess_observation(
         {
             "pixels": {c: batch[f"observation.images.{c}"] for c in IO.cameras},
             "agent_pos": batch["observation.state"],
         }
     )
-    if policy == "diffusion":
-        obs["observation.state"] = obs["observation.state"].unsqueeze(1)
+    stats = {
+        f"observation.images.{c}": {k: torch.tensor(v) for k, v in IMAGENET_STATS.items()} for c in IO.cameras
+    }
+    pre, _ = make_pre_post_processors(adapter.config, dataset_stats=stats)
+    done = pre(obs)
+    obs = {k: done[k] for k in obs}
+    assert torch.equal(obs["observation.state"], torch.from_numpy(batch["observation.state"]))
+    if adapter.policy_type == "diffusion":
+        obs = {k: v.unsqueeze(1) if k == "observation.state" else v for k, v in obs.items()}
     return obs
 
 
@@ -79,7 +90,7 @@ def test_the_loss_is_the_policys_forward_loss_bit_for_bit(policy):
     torch.manual_seed(11)
     mine = adapter.sft_loss({**batch, "action": torch.from_numpy(batch["action"])})
     theirs_batch = {
-        **_theirs(policy, batch),
+        **_theirs(adapter, batch),
         "action": torch.from_numpy(batch["action"]),
         "action_is_pad": torch.from_numpy(batch["action_is_pad"]),
     }
@@ -106,9 +117,11 @@ def test_actions_are_lerobots_inference_path_bit_for_bit(policy):
     batch = _batch()
     torch.manual_seed(5)
     mine = adapter.predict(batch)["actions"]
+    adapter.module.eval()  # as lerobot-eval runs it (predict leaves the module's mode as it found it)
     adapter.module.reset()
+    obs = _theirs(adapter, batch)
     torch.manual_seed(5)
-    theirs = adapter.module.predict_action_chunk(_theirs(policy, batch)).numpy()
+    theirs = adapter.module.predict_action_chunk(obs).numpy()
     n = adapter.config.n_action_steps
     assert mine.shape == (3, IO.chunk, IO.action_dim) and theirs.shape == (3, n, IO.action_dim)
     assert np.array_equal(mine[:, :n], theirs)
@@ -119,9 +132,13 @@ def test_a_diffusion_rows_seeded_actions_depend_on_its_own_seed_alone():
     batch = _batch()
     both = adapter.predict(batch, seed=[7, 8, 9])["actions"]
     alone = adapter.predict({k: v[1:2] for k, v in batch.items()}, seed=[8])["actions"]
-    assert np.array_equal(both[1:2], alone)
-    assert not np.array_equal(both[0], both[1])
+    # the same noise (row 1's generators); the network's sums over a batch of 3 against 1 may round
+    # otherwise in float32: a few ulps of each action, through 6 denoising steps
+    np.testing.assert_allclose(both[1:2], alone, rtol=1e-5, atol=1e-5)
     assert np.array_equal(adapter.predict(batch, seed=7)["actions"], both)  # an int s seeds row i with s + i
+    same = {k: v[[0, 0]] if k != "task" else ["reach", "reach"] for k, v in batch.items()}
+    two = adapter.predict(same, seed=[3, 4])["actions"]
+    assert np.abs(two[0] - two[1]).max() > 1e-2  # one observation, two seeds: two samples
 
 
 @pytest.mark.parametrize(
@@ -131,6 +148,8 @@ def test_a_diffusion_rows_seeded_actions_depend_on_its_own_seed_alone():
         ({"dim_model": "wide"}, "model.options.dim_model: expected an integer, got 'wide'"),
         ({"chunk_size": 20}, "model.options.chunk_size: 20, but the data's action chunk (data.chunk) is 16"),
         ({"input_features": {}}, "model.options.input_features: set by wamkit from the data and the run"),
+        ({"optimizer_lr": 1e-4}, "model.options.optimizer_lr: the optimizer is wamkit's: train.lr"),
+        ({"temporal_ensemble_coeff": 0.01}, "ensembling is the evaluator's: eval.chunk_blend=ensemble"),
     ],
 )
 def test_bad_options_are_refused_naming_the_field(options, message):
@@ -146,6 +165,85 @@ def test_an_unknown_policy_and_observation_history_are_refused():
         build_model(ModelConfig(name="lerobot", preset="actt"), IO)
     with pytest.raises(ConfigError, match="model.options.n_obs_steps: 2; .* the current observation only"):
         _build("diffusion", n_obs_steps=2)
+
+
+def _spec(kind: str, seed: int = 0) -> PreprocessSpec:
+    """A spec of ``kind`` normalisation over made-up statistics of IO's state and actions."""
+    from wamkit.actions.stats import FeatureStats, StatsFile
+
+    rng = np.random.default_rng(seed)
+
+    def feature(dim: int) -> FeatureStats:
+        mean = rng.normal(0, 2, dim)
+        std = rng.uniform(0.2, 3, dim)
+        lo, hi = mean - 2.5 * std, mean + 2.5 * std
+        return FeatureStats(
+            list(mean), list(std), list(lo), list(hi), list(lo + 0.3 * std), list(hi - 0.3 * std), 100
+        )
+
+    stats = StatsFile(
+        {"action": feature(IO.action_dim), "observation.state": feature(IO.state_dim)},
+        {"representation": "raw", "chunk": IO.chunk, "action_dim": IO.action_dim, "gripper": "env"},
+    )
+    return PreprocessSpec.create(stats, normalization=kind, clip=False, image_size=64, resize="bilinear_antialias",
+                                 cameras=IO.cameras, chunk=IO.chunk)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("policy", "kind"), [("act", "mean_std"), ("act", "min_max"), ("diffusion", "quantile")]
+)
+def test_an_exported_folder_gives_wamkits_actions_in_lerobots_pipeline_and_served_as_it_is(
+    tmp_path, policy, kind
+):
+    """``export_extra`` (``wamkit convert --to extra``) for each normalisation kind: LeRobot's
+    ``from_pretrained`` and processors turn a raw observation into the env actions of wamkit's path
+    (spec, adapter, decode); the folder served as it is (its processors run) with per-row seeds gives
+    LeRobot's pipeline's actions."""
+    from wamkit.models.lerobot.adapter import LeRobotAdapter
+
+    adapter, spec = _build(policy), _spec(kind)
+    adapter.export_extra(tmp_path / "folder", spec=spec)
+    rng = np.random.default_rng(1)
+    s = spec.stats["observation.state"]
+    state = (
+        np.asarray(s.min) + rng.random((2, IO.state_dim)) * (np.asarray(s.max) - np.asarray(s.min))
+    ).astype(np.float32)
+    images = {c: rng.integers(0, 256, (2, 64, 64, 3), dtype=np.uint8) for c in IO.cameras}
+    raw = {**{f"observation.images.{c}": v for c, v in images.items()}, "task": ["x", "x"]}
+    torch.manual_seed(2)
+    mine = spec.decode_actions(
+        adapter.predict({**raw, "observation.state": spec.encode_state(state)})["actions"]
+    )
+
+    policy_cls = get_policy_class(policy)
+    loaded = policy_cls.from_pretrained(str(tmp_path / "folder"))
+    loaded.eval()
+    pre, post = make_pre_post_processors(loaded.config, pretrained_path=str(tmp_path / "folder"))
+    obs = pre(preprocess_observation({"pixels": images, "agent_pos": state}))
+    normalised = spec.encode_state(state)
+    # the state, normalised by the two: float64 then float32 against float32 throughout (MEAN_STD's
+    # divisor std + 1e-8 against max(std, 1e-8), 1e-8 / std < 1e-7 here): a few float32 ulps
+    np.testing.assert_allclose(obs["observation.state"].numpy(), normalised, rtol=1e-6, atol=1e-6)
+    obs = {k: obs[k] for k in ("observation.state", *[f"observation.images.{c}" for c in IO.cameras])}
+    if policy == "diffusion":
+        obs["observation.state"] = obs["observation.state"].unsqueeze(1)
+    torch.manual_seed(2)
+    theirs = post(loaded.predict_action_chunk(obs)).numpy()
+    n = loaded.config.n_action_steps
+    # the same network on inputs that differ by those ulps, its output unnormalised by each side's map:
+    # within 1e-4 of each action dimension's range
+    scale = np.asarray(spec.stats["action"].max) - np.asarray(spec.stats["action"].min)
+    np.testing.assert_allclose(mine[:, :n], theirs, rtol=0, atol=float(scale.max()) * 1e-4)
+
+    served = LeRobotAdapter.from_folder(tmp_path / "folder")
+    seeded = served.predict({**raw, "observation.state": state}, seed=[5, 6])["actions"]
+    again = served.predict({k: v[1:] for k, v in {**raw, "observation.state": state}.items()}, seed=[6])[
+        "actions"
+    ]
+    assert seeded.shape == (2, IO.chunk, IO.action_dim)
+    np.testing.assert_allclose(seeded[1:], again, rtol=1e-5, atol=1e-5 * float(scale.max()))
+    if policy == "act":  # deterministic: LeRobot's pipeline, in this process, on the same tensors
+        assert np.array_equal(seeded[:, :n], theirs)
 
 
 def _env() -> dict[str, str]:

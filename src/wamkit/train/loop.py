@@ -129,6 +129,7 @@ class _Loop:
         _seed_all(t.seed)  # the same initial weights on every rank: each keeps its shard of them
         self.adapter = adapter_fn(cfg, io)
         module = self.adapter.module
+        module.train()  # a model loaded from a folder comes in eval mode (dropout, a VAE's sampling off)
         # the base is named (and hashed) before LoRA renames the layers it adapts: their weights are the base's
         self.base = self._base()
         if t.lora.base != "bf16" and self.base is None:

@@ -15,12 +15,17 @@ What the adapter does, and nothing more:
   observation gets its history axis (``n_obs_steps`` = 1). ``sft_loss`` is the policy's ``forward``
   loss (ACT also reports ``l1_loss`` and ``kld_loss``).
 - **Normalisation once.** wamkit's preprocessing spec normalises state and actions before the policy
-  sees them, as LeRobot's preprocessor would; images enter unnormalised in [0, 1] (the config's
-  ``VISUAL`` mode is ``IDENTITY``). ``export_extra`` writes a LeRobot pretrained folder whose
-  processors carry the spec's statistics and modes instead (:mod:`wamkit.models.lerobot.export`).
+  sees them, as LeRobot's preprocessor would; the adapter normalises the images as lerobot-train's
+  preprocessor does by default (MEAN_STD on ImageNet's statistics, its ``dataset.use_imagenet_stats``).
+  ``export_extra`` writes a LeRobot pretrained folder whose processors do all three instead
+  (:mod:`wamkit.models.lerobot.export`); a folder served as it is (:meth:`LeRobotAdapter.from_folder`)
+  runs its own processors, and wamkit's spec is the identity.
 - **Sampling.** ACT's chunk is deterministic (its latent is zero at inference). Diffusion Policy
   samples the whole horizon with LeRobot's own ``conditional_sample``; with seeds, each row draws its
-  initial noise and (DDPM) its step noise from a generator seeded with its own seed, one row at a time.
+  initial noise and (DDPM) its step noise from CPU generators seeded with its own seed.
+- **Refused options.** What wamkit's settings replace: LeRobot's optimizer and scheduler presets
+  (``train.*`` set them), ``use_amp``, ``drop_n_last_frames``, ACT's temporal ensembling (the
+  evaluator's ``eval.chunk_blend=ensemble``).
 
 Observation history beyond the current frame (Diffusion's ``n_obs_steps`` > 1) is refused for now: the
 data stage and the evaluator supply one frame.
@@ -45,6 +50,14 @@ from wamkit.models.base import Mode, ModelIO, ParamGroup, row_seeds, seeded_nois
 LEROBOT_VERSION = "0.6.1"  # what make setup-lerobot installs and the tests run against
 # the policy types this adapter runs, and the config field that holds each one's action horizon
 HORIZON_FIELD = {"act": "chunk_size", "diffusion": "horizon"}
+# config fields wamkit's own settings replace (an option naming one is refused, saying which)
+REPLACED = {
+    "optimizer_": "the optimizer is wamkit's: train.lr, train.weight_decay, train.grad_clip and the schedule",
+    "scheduler_": "the learning-rate schedule is wamkit's: train.warmup_steps, train.max_steps",
+    "use_amp": "precision is wamkit's: train.precision, serve.precision",
+    "drop_n_last_frames": "sampling is wamkit's data stage's (its action padding)",
+    "temporal_ensemble_coeff": "ensembling is the evaluator's: eval.chunk_blend=ensemble (docs/eval.md)",
+}
 # config fields wamkit sets from the data and the run (an option naming one is refused)
 MANAGED = ("input_features", "output_features", "device", "normalization_mapping", "pretrained_path",
            "pretrained_revision", "push_to_hub", "repo_id", "private", "tags", "license", "type")  # fmt: skip
@@ -95,6 +108,9 @@ def resolve_options(policy_type: str, options: dict[str, Any]) -> dict[str, Any]
         dotted = f"model.options.{key}"
         if key in MANAGED:
             raise ConfigError(f"{dotted}: set by wamkit from the data and the run; leave it out")
+        for prefix, why in REPLACED.items():
+            if key.startswith(prefix):
+                raise ConfigError(f"{dotted}: {why}; leave it out")
         if key not in names:
             raise ConfigError(
                 f"unknown key '{dotted}'{_suggest(key, names)} (valid here: {', '.join(names)})"
@@ -142,7 +158,7 @@ def build_config(policy_type: str, options: dict[str, Any], io: ModelIO, device:
         **{image_key(c): PolicyFeature(FeatureType.VISUAL, (3, size, size)) for c in io.cameras},
     }
     config.output_features = {ACTION: PolicyFeature(FeatureType.ACTION, (io.action_dim,))}
-    config.normalization_mapping = {**config.normalization_mapping, "VISUAL": NormalizationMode.IDENTITY}
+    config.normalization_mapping = {**config.normalization_mapping, "VISUAL": NormalizationMode.MEAN_STD}
     config.device = str(torch.device(device))
     try:
         config.validate_features()
@@ -175,6 +191,11 @@ def folder_io(folder: Path) -> tuple[str, ModelIO]:
     if policy_type not in HORIZON_FIELD:
         raise ConfigError(
             f"{where}: type '{policy_type}' is not a policy this adapter runs (have: {', '.join(HORIZON_FIELD)})"
+        )
+    if meta.get("temporal_ensemble_coeff") is not None:
+        raise ConfigError(
+            f"{where}: temporal_ensemble_coeff {meta['temporal_ensemble_coeff']}; ensembling is the evaluator's "
+            "(eval.chunk_blend=ensemble): set it to null in a copy of the folder"
         )
     if int(meta.get("n_obs_steps", 1)) != 1:
         raise ConfigError(
@@ -214,6 +235,7 @@ class LeRobotAdapter:
     future_frame_offsets: tuple[int, ...] = ()
 
     def __init__(self, policy_type: str, options: dict[str, Any], io: ModelIO, device: Any = "cpu"):
+        require_lerobot()
         from lerobot.policies.factory import get_policy_class
 
         self.policy_type, self.io = policy_type, io
@@ -232,6 +254,7 @@ class LeRobotAdapter:
         processors, as ``lerobot-eval`` loads them. Its preprocessor normalises raw state and its
         postprocessor returns raw actions, so the folder is served with the identity spec
         (:func:`folder_io`): normalisation happens once, LeRobot's."""
+        require_lerobot()
         from lerobot.policies.factory import get_policy_class, make_pre_post_processors
 
         folder = Path(folder)
@@ -257,9 +280,9 @@ class LeRobotAdapter:
     # --- protocol -----------------------------------------------------------------------------------
 
     def param_groups(self) -> list[ParamGroup]:
-        """LeRobot's own optimizer groups (``get_optim_params``): ACT's backbone at
-        ``optimizer_lr_backbone`` is a group with that rate relative to ``optimizer_lr``; AdamW's weight
-        decay on every parameter, as LeRobot's preset applies it."""
+        """LeRobot's own parameter groups (``get_optim_params``): ACT's backbone is a group of its own,
+        at LeRobot's ratio of ``optimizer_lr_backbone`` to ``optimizer_lr`` (1 by default). The
+        optimizer, its rate and decay are wamkit's (``train.*``): LeRobot's presets are not used."""
         params = self.module.get_optim_params()
         if isinstance(params, dict) or not isinstance(params, list | tuple) or not params:
             params = [{"params": list(params.values() if isinstance(params, dict) else params)}]
@@ -298,7 +321,20 @@ class LeRobotAdapter:
             img = torch.as_tensor(np.asarray(img)) if not torch.is_tensor(img) else img
             # as lerobot.envs.utils.preprocess_observation: channels first, float32, divided by 255
             obs[image_key(cam)] = img.to(dev).permute(0, 3, 1, 2).contiguous().to(torch.float32) / 255
+        if self.processors is None:  # then ImageNet's statistics, as lerobot-train's preprocessor does
+            mean, denom = self._imagenet(dev)
+            for cam in self.io.cameras:
+                obs[image_key(cam)] = (obs[image_key(cam)] - mean) / denom
         return obs
+
+    def _imagenet(self, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """ImageNet's mean and LeRobot's MEAN_STD divisor (std + 1e-8), [3, 1, 1] float32: what
+        lerobot-train normalises every camera with (its ``dataset.use_imagenet_stats``, on by default)."""
+        from lerobot.utils.constants import IMAGENET_STATS
+
+        mean = torch.tensor(IMAGENET_STATS["mean"], dtype=torch.float32, device=dev)
+        std = torch.tensor(IMAGENET_STATS["std"], dtype=torch.float32, device=dev)
+        return mean, std + 1e-8
 
     def _history(self, obs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Diffusion Policy's observations with their history axis, one step long."""
@@ -354,17 +390,22 @@ class LeRobotAdapter:
         if inputs:
             raise ValueError(f"model lerobot/{self.policy_type}: unexpected inputs {sorted(inputs)}")
         b = self.io.check_batch(batch)
+        was_training = self.module.training
         self.module.eval()
-        obs = self._observation(batch)
-        if self.processors is not None:  # a LeRobot folder: its preprocessor normalises (see from_folder)
-            obs = self.processors[0](obs)
-        obs = self._history(obs)
-        if self.policy_type == "act":
-            actions = self.module.predict_action_chunk(obs)
-        else:
-            actions = self._diffusion_sample(obs, row_seeds(seed, b))
-        if self.processors is not None:
-            actions = self.processors[1](actions)
+        try:
+            obs = self._observation(batch)
+            if self.processors is not None:  # a LeRobot folder: its preprocessor normalises (from_folder)
+                done = self.processors[0](obs)  # (it adds keys of its own: the policy's inputs are kept)
+                obs = {k: done[k] for k in obs}
+            obs = self._history(obs)
+            if self.policy_type == "act":
+                actions = self.module.predict_action_chunk(obs)
+            else:
+                actions = self._diffusion_sample(obs, row_seeds(seed, b))
+            if self.processors is not None:
+                actions = self.processors[1](actions)
+        finally:
+            self.module.train(was_training)
         return {"actions": actions.float().cpu().numpy().astype(np.float32)}
 
     def _diffusion_sample(self, obs: dict[str, torch.Tensor], seeds: list[int] | None) -> torch.Tensor:
@@ -374,20 +415,15 @@ class LeRobotAdapter:
         diffusion = self.module.diffusion
         obs = dict(obs)
         obs[OBS_IMAGES] = torch.stack([obs[k] for k in self.config.image_features], dim=-4)
-        shape = (self.io.chunk, self.io.action_dim)
+        cond = diffusion._prepare_global_conditioning(obs)
         if seeds is None:
-            cond = diffusion._prepare_global_conditioning(obs)
             return diffusion.conditional_sample(cond.shape[0], global_cond=cond)
-        rows = []
-        for i, s in enumerate(seeds):
-            one = {k: v[i : i + 1] for k, v in obs.items()}
-            (noise,) = seeded_noise([s], [shape], self.device)
-            g = torch.Generator(self.device).manual_seed(
-                int(s) + 1
-            )  # the steps' noise (DDPM), its own stream
-            cond = diffusion._prepare_global_conditioning(one)
-            rows.append(diffusion.conditional_sample(1, global_cond=cond, generator=g, noise=noise))
-        return torch.cat(rows)
+        # row i: its initial noise from seeded_noise, its step noise (DDPM) from a CPU generator of its
+        # own (diffusers' randn_tensor draws row i from generator i): the same numbers on every device,
+        # whatever else shares the call
+        (noise,) = seeded_noise(seeds, [(self.io.chunk, self.io.action_dim)], self.device)
+        gens = [torch.Generator("cpu").manual_seed(int(s) + 1) for s in seeds]
+        return diffusion.conditional_sample(len(seeds), global_cond=cond, generator=gens, noise=noise)
 
     def config_dict(self) -> dict[str, Any]:
         """The policy type, the options as given (checked), and the inputs: ``build`` rebuilds the same
@@ -419,6 +455,7 @@ class LeRobotAdapter:
                 },
             }
             was_training = self.module.training
+            buffers = {k: v.detach().clone() for k, v in self.module.named_buffers()}  # BatchNorm's stats
             with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
                 self.module.train()
                 counter = FlopCounterMode(display=False)
@@ -427,6 +464,9 @@ class LeRobotAdapter:
                     params = [p for p in self.module.parameters() if p.requires_grad]
                     torch.autograd.grad(loss, params, allow_unused=True)
             self.module.train(was_training)
+            with torch.no_grad():
+                for k, v in self.module.named_buffers():
+                    v.copy_(buffers[k])
             self._flops = float(counter.get_total_flops())
         return self._flops
 
