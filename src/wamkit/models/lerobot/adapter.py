@@ -147,6 +147,10 @@ def build_config(policy_type: str, options: dict[str, Any], io: ModelIO, device:
     else:
         fields["n_obs_steps"] = 1
         fields["n_action_steps"] = min(int(fields["n_action_steps"]), io.chunk)
+        # a backbone trained from scratch gets GroupNorm, as Diffusion Policy's own from-scratch encoder
+        # (LeRobot keeps BatchNorm for its ImageNet default, which GroupNorm would spoil); it also keeps
+        # FSDP2's ranks from each holding running statistics of their own
+        fields["use_group_norm"] = opts.get("pretrained_backbone_weights") is None
     fields.update(opts)
     try:
         config = draccus.decode(cls, fields)
