@@ -71,8 +71,10 @@ def load_served(
         log.info(
             "loaded LeRobot's %s from %s on %s (its processors normalise)", adapter.config.type, root, dev
         )
+        # serve.precision=auto: fp32, as lerobot-eval runs a folder (bf16 autocast only with its use_amp)
+        auto = "bf16" if adapter.config.use_amp and torch.device(dev).type == "cuda" else "fp32"
         return ServedPolicy(adapter, identity_spec(adapter.io), raw_actions=raw_actions, source=str(root),
-                            precision=precision)  # fmt: skip
+                            precision=auto if precision == "auto" else precision)  # fmt: skip
     missing = [f for f in SERVING_FILES if not (root / f).is_file()]
     if missing == [SPEC_FILE] and (root / STATS_FILE).is_file():
         raise ConfigError(
