@@ -10,13 +10,15 @@
 #   bash maintainers/gpu_carry.sh serve  # core without PyAV (9 MB): fits in one call beside sim
 #   bash maintainers/gpu_carry.sh ao     # torchao (3 MB), for bench cosmos3's fast+compile+fp8_torchao
 #   bash maintainers/gpu_carry.sh av     # PyAV alone (35 MB): with sim and serve, for maintainers/demo_sweep.sh
+#   bash maintainers/gpu_carry.sh lerobot  # LeRobot 0.6.1 without torch (the machine's torch 2.11 and
+#                                          Python 3.12 are what it needs): model.name=lerobot, lerobot-eval
 #
 # On the GPU machine, `source maintainers/gpu_env.sh` installs what was carried into /tmp/site and sets
 # PYTHONPATH (src/ first, so the checkout's wamkit is the one imported).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-group=${1:?usage: gpu_carry.sh core|serve|sim|ao|av}
+group=${1:?usage: gpu_carry.sh core|serve|sim|ao|av|lerobot}
 
 download() {  # download DEST NAME==VERSION ...
   local dest=$1; shift
@@ -50,8 +52,15 @@ case "$group" in
     # shellcheck disable=SC2086
     (cd .gl && apt-get $o download -qq libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2)
     ;;
+  lerobot)
+    # lerobot and what its import and ACT/Diffusion need beyond the image (not yet tried on the machine:
+    # the first call should `python3 -c "import lerobot.policies.act.modeling_act"` and report)
+    download .whl/lerobot "lerobot==0.6.1" "draccus==0.11.6" "mergedeep==1.3.4" \
+      "toml==0.10.2" "typing-inspect==0.9.0" "mypy-extensions==1.2.0" "einops==0.8.2" "termcolor==3.3.0" \
+      "diffusers==0.39.0"
+    ;;
   *)
-    echo "unknown group '$group' (core | serve | sim | ao | av)" >&2
+    echo "unknown group '$group' (core | serve | sim | ao | av | lerobot)" >&2
     exit 2
     ;;
 esac
