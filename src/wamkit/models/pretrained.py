@@ -49,7 +49,7 @@ def read_model_json(model_dir: str | Path) -> dict[str, Any]:
         if is_lerobot_folder(model_dir):  # LeRobot's own folder: its config.json says what it is
             policy_type, io = folder_io(Path(model_dir))
             return {"format": FORMAT, "name": "lerobot", "preset": policy_type, "options": {},
-                    "io": io.to_dict(), "pretrained": str(model_dir)}  # fmt: skip
+                    "io": io.to_dict(), "lerobot_folder": str(model_dir)}  # fmt: skip
         raise FileNotFoundError(f"{path} does not exist; expected a directory written by save_pretrained")
     try:
         meta = json.loads(path.read_text())
@@ -77,8 +77,10 @@ def load_pretrained(
     """
     model_dir = Path(model_dir)
     meta = read_model_json(model_dir)
-    if meta.get("pretrained"):  # a folder in its own format (LeRobot's): its model loads it
-        return build_model(ModelConfig(name=meta["name"], pretrained=meta["pretrained"]), io, device=device)
+    if meta.get("lerobot_folder"):  # LeRobot's own folder (read_model_json): its model loads it
+        return build_model(
+            ModelConfig(name=meta["name"], pretrained=meta["lerobot_folder"]), io, device=device
+        )
     saved_io = ModelIO.from_dict(meta["io"])
     if io is not None and io != saved_io:
         raise ValueError(f"{model_dir / CONFIG}: the model expects inputs {saved_io}, but {io} was asked for")

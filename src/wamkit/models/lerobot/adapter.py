@@ -434,7 +434,7 @@ class LeRobotAdapter:
         config from them (LeRobot's defaults are pinned by its version)."""
         if self.processors is not None:  # rebuilt from its folder (build's model.pretrained)
             return {"name": self.name, "preset": self.policy_type, "options": {}, "io": self.io.to_dict(),
-                    "pretrained": self.source}  # fmt: skip
+                    "lerobot_folder": self.source}  # fmt: skip
         return {
             "name": self.name,
             "preset": self.policy_type,
