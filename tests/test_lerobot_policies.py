@@ -167,6 +167,13 @@ def test_an_unknown_policy_and_observation_history_are_refused():
         _build("diffusion", n_obs_steps=2)
 
 
+def _raw_state(spec: PreprocessSpec, rng: np.random.Generator, b: int = 2) -> np.ndarray:
+    """``b`` raw states drawn uniformly inside the spec's min/max statistics."""
+    s = spec.stats["observation.state"]
+    lo, hi = np.asarray(s.min), np.asarray(s.max)
+    return (lo + rng.random((b, len(lo))) * (hi - lo)).astype(np.float32)
+
+
 def _spec(kind: str, seed: int = 0) -> PreprocessSpec:
     """A spec of ``kind`` normalisation over made-up statistics of IO's state and actions."""
     from wamkit.actions.stats import FeatureStats, StatsFile
@@ -204,10 +211,7 @@ def test_an_exported_folder_gives_wamkits_actions_in_lerobots_pipeline_and_serve
     adapter, spec = _build(policy), _spec(kind)
     adapter.export_extra(tmp_path / "folder", spec=spec)
     rng = np.random.default_rng(1)
-    s = spec.stats["observation.state"]
-    state = (
-        np.asarray(s.min) + rng.random((2, IO.state_dim)) * (np.asarray(s.max) - np.asarray(s.min))
-    ).astype(np.float32)
+    state = _raw_state(spec, rng)
     images = {c: rng.integers(0, 256, (2, 64, 64, 3), dtype=np.uint8) for c in IO.cameras}
     raw = {**{f"observation.images.{c}": v for c, v in images.items()}, "task": ["x", "x"]}
     torch.manual_seed(2)
@@ -310,10 +314,7 @@ def test_act_trains_in_wamkit_resumes_exactly_after_sigkill_and_exports_a_folder
     adapter = load_pretrained(serve)
     spec = PreprocessSpec.load(serve / "preprocess.json")
     rng = np.random.default_rng(3)
-    s = spec.stats["observation.state"]
-    state = (
-        np.asarray(s.min) + rng.random((2, len(s.min))) * (np.asarray(s.max) - np.asarray(s.min))
-    ).astype(np.float32)
+    state = _raw_state(spec, rng)
     size = adapter.io.image_size
     images = {c: rng.integers(0, 256, (2, size, size, 3), dtype=np.uint8) for c in adapter.io.cameras}
     mine = adapter.predict(

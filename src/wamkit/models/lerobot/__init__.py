@@ -26,11 +26,17 @@ def check_config(cfg: ModelConfig) -> None:
 
 def build(cfg: ModelConfig, io: ModelIO | None = None, device: Any = None) -> Any:
     """LeRobot's ``cfg.preset`` policy for inputs ``io`` (default: MetaWorld's), its config from
-    ``cfg.options``; with ``cfg.pretrained``, a wamkit model directory of it (``model.json``)."""
+    ``cfg.options``; with ``cfg.pretrained``, a wamkit model directory of it (``model.json``) or a
+    LeRobot pretrained folder as it is."""
     from wamkit.models.lerobot.adapter import LeRobotAdapter, is_lerobot_folder
 
     if cfg.pretrained and is_lerobot_folder(cfg.pretrained):  # written by lerobot-train or exported
-        return LeRobotAdapter.from_folder(cfg.pretrained, device=device or "cpu")
+        adapter = LeRobotAdapter.from_folder(cfg.pretrained, device=device or "cpu")
+        if io is not None and io != adapter.io:  # as load_pretrained refuses for a wamkit folder
+            raise ValueError(
+                f"{cfg.pretrained}: the policy expects inputs {adapter.io}, but {io} was asked for"
+            )
+        return adapter
     if cfg.pretrained:
         from wamkit.models.pretrained import load_pretrained
 

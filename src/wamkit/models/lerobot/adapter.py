@@ -125,13 +125,13 @@ def resolve_options(policy_type: str, options: dict[str, Any]) -> dict[str, Any]
     return out
 
 
-def build_config(policy_type: str, options: dict[str, Any], io: ModelIO, device: Any) -> Any:
-    """The LeRobot config of a policy for inputs ``io``: ``options`` over LeRobot's defaults, the
-    data's features, horizon and device set by wamkit (see the module docstring)."""
+def build_config(policy_type: str, opts: dict[str, Any], io: ModelIO, device: Any) -> Any:
+    """The LeRobot config of a policy for inputs ``io``: ``opts`` (checked by :func:`resolve_options`)
+    over LeRobot's defaults, the data's features, horizon and device set by wamkit (see the module
+    docstring)."""
     import draccus
     from lerobot.configs.types import FeatureType, NormalizationMode, PolicyFeature
 
-    opts = resolve_options(policy_type, options)
     horizon = HORIZON_FIELD[policy_type]
     if horizon in opts and opts[horizon] != io.chunk:
         raise ConfigError(
@@ -142,11 +142,9 @@ def build_config(policy_type: str, options: dict[str, Any], io: ModelIO, device:
     defaults = draccus.encode(cls(device="cpu", pretrained_backbone_weights=None))
     fields = {k: v for k, v in defaults.items() if k not in MANAGED}
     fields.update({"pretrained_backbone_weights": None, horizon: io.chunk})
-    if policy_type == "act":
-        fields["n_action_steps"] = min(int(fields["n_action_steps"]), io.chunk)
-    else:
+    fields["n_action_steps"] = min(int(fields["n_action_steps"]), io.chunk)
+    if policy_type == "diffusion":
         fields["n_obs_steps"] = 1
-        fields["n_action_steps"] = min(int(fields["n_action_steps"]), io.chunk)
         # a backbone trained from scratch gets GroupNorm, as Diffusion Policy's own from-scratch encoder
         # (LeRobot keeps BatchNorm for its ImageNet default, which GroupNorm would spoil); it also keeps
         # FSDP2's ranks from each holding running statistics of their own
@@ -244,7 +242,7 @@ class LeRobotAdapter:
 
         self.policy_type, self.io = policy_type, io
         self.options = resolve_options(policy_type, options)
-        self.config = build_config(policy_type, options, io, device)
+        self.config = build_config(policy_type, self.options, io, device)
         self.module = get_policy_class(policy_type)(self.config)
         self.module.to(device)
         self._flops: float | None = None
@@ -287,10 +285,8 @@ class LeRobotAdapter:
         """LeRobot's own parameter groups (``get_optim_params``): ACT's backbone is a group of its own,
         at LeRobot's ratio of ``optimizer_lr_backbone`` to ``optimizer_lr`` (1 by default). The
         optimizer, its rate and decay are wamkit's (``train.*``): LeRobot's presets are not used."""
-        params = self.module.get_optim_params()
-        if isinstance(params, dict) or not isinstance(params, list | tuple) or not params:
-            params = [{"params": list(params.values() if isinstance(params, dict) else params)}]
-        elif not isinstance(params[0], dict):
+        params = self.module.get_optim_params()  # ACT: a list of groups; Diffusion: its parameters
+        if not isinstance(params, list):
             params = [{"params": list(params)}]
         groups = []
         base_lr = float(self.config.optimizer_lr)
@@ -316,13 +312,9 @@ class LeRobotAdapter:
     def _observation(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
         """wamkit's observation -> LeRobot's (see the module docstring)."""
         dev = self.device
-        state = torch.as_tensor(
-            np.asarray(batch[OBS_STATE]) if not torch.is_tensor(batch[OBS_STATE]) else batch[OBS_STATE]
-        )
-        obs = {OBS_STATE: state.to(dev, torch.float32)}
+        obs = {OBS_STATE: torch.as_tensor(batch[OBS_STATE]).to(dev, torch.float32)}
         for cam in self.io.cameras:
-            img = batch[image_key(cam)]
-            img = torch.as_tensor(np.asarray(img)) if not torch.is_tensor(img) else img
+            img = torch.as_tensor(batch[image_key(cam)])
             # as lerobot.envs.utils.preprocess_observation: channels first, float32, divided by 255
             obs[image_key(cam)] = img.to(dev).permute(0, 3, 1, 2).contiguous().to(torch.float32) / 255
         if self.processors is None:  # then ImageNet's statistics, as lerobot-train's preprocessor does
