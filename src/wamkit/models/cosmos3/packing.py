@@ -304,8 +304,9 @@ def flex_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask: B
         # never inductor's decoding kernel, which it picks for a short query (a small packed batch) and
         # which has no backward: under dynamic shapes it failed with NoValidChoicesError (LoRA at
         # micro-batch 2, H100, torch 2.11)
-        out = _compiled_flex()(q, k, v, block_mask=block_mask, enable_gqa=gqa,
-                               kernel_options={"FORCE_USE_FLEX_ATTENTION": True})
+        out = _compiled_flex()(
+            q, k, v, block_mask=block_mask, enable_gqa=gqa, kernel_options={"FORCE_USE_FLEX_ATTENTION": True}
+        )
     else:
         with warnings.catch_warnings():  # eager is the intended reference off CUDA, not an oversight
             warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
