@@ -116,6 +116,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "row also prints the driver-reported peak (the device's memory in use, CUDA context included)",
     )
     parser.add_argument(
+        "--lora-rank",
+        type=int,
+        default=0,
+        metavar="R",
+        help="the trainer rows train peft's LoRA adapters of rank R (train.lora.rank, alpha = R) and the "
+        "model's heads instead of the full model; the bare row, full SFT's forward+backward, is skipped",
+    )
+    parser.add_argument(
+        "--lora-base",
+        default="bf16",
+        choices=("bf16", "int8"),
+        help="train.lora.base with --lora-rank: the adapted layers' frozen weights in the compute dtype "
+        "(bf16) or torchao's weight-only int8",
+    )
+    parser.add_argument(
         "--text-kv",
         action="store_true",
         help="cosmos3: a third row, the trainer step reading its captions' text keys/values from a text "
@@ -144,8 +159,16 @@ def _batch(adapter, micro_batch: int, device: torch.device, latents: bool) -> di
     from wamkit.constants import future_image_key
     from wamkit.models.cosmos3.latents import LATENTS
 
-    with torch.no_grad():
-        lat = adapter.encode_clips(batch, device).to(device, torch.float32)
+    def rows(i: int) -> dict[str, Any]:  # sample i alone: the VAE's activations for one clip at a time
+        def cut(v):
+            return v[i : i + 1] if isinstance(v, (torch.Tensor, list)) and len(v) == micro_batch else v
+
+        return {k: cut(v) for k, v in batch.items()}
+
+    with torch.no_grad():  # one clip at a time: a 24 GB card holding the model has no room for the batch's
+        lat = torch.cat([adapter.encode_clips(rows(i), device).to(device, torch.float32) for i in range(micro_batch)])
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
     batch = {k: v for k, v in batch.items() if not k.startswith(future_image_key(""))}
     batch[LATENTS] = lat
     return batch
@@ -220,6 +243,8 @@ def _run_config(args: argparse.Namespace, micro_batch: int, world: int, reshard:
     )
     t.global_batch = micro_batch * world * args.accumulation
     t.ema, t.offload, t.device = args.ema, args.offload, args.device
+    if args.lora_rank:
+        t.lora.rank, t.lora.base = args.lora_rank, args.lora_base
     return cfg
 
 
@@ -263,6 +288,7 @@ def _trainer_step(cfg, device: torch.device, args: argparse.Namespace, micro_bat
     the EMA."""
     from wamkit.models import build_model
     from wamkit.models.registry import builds_on_meta
+    from wamkit.train import lora as lora_
     from wamkit.train.dist import init_distributed
     from wamkit.train.optim import PowerEMA, build_optimizer
     from wamkit.train.placement import place, plan_here
@@ -275,8 +301,13 @@ def _trainer_step(cfg, device: torch.device, args: argparse.Namespace, micro_bat
     if cfg.name == "cosmos3" and adapter.text_kv is not None:  # a random preset keeps its tower
         adapter.drop_understanding_tower(force=True)  # nothing is saved here
     n_params, flops = sum(p.numel() for p in adapter.module.parameters()), adapter.flops_per_sample()
-    plan = plan_here(run, info, adapter)
-    placed = place(adapter, info, run, plan)
+    # the trainer's LoRA (wamkit.train.loop): an int8 base of a random preset, which a run refuses for
+    # what its checkpoints would hold, is measured here (nothing is saved)
+    lora = lora_.apply(adapter, run.train.lora, run.train.seed)
+    groups = lora.groups if lora is not None else None
+    int8 = lora.int8_weights(adapter.module) if lora is not None else []
+    plan = plan_here(run, info, adapter, groups=groups, int8=int8)
+    placed = place(adapter, info, run, plan, lora)
     batch = _batch(adapter, micro_batch, device, args.latents)
     root, trainable = placed.root, list(placed.trained.values())
     host = device if plan.offload == "optimizer" else None
@@ -325,7 +356,10 @@ def main(args: argparse.Namespace) -> int:
     cap = _cap_device_memory(args.device_memory, device)
     try:
         try:
-            t_bare, flops, n_params = _measure_bare(cfg, device, bf16, args, mb)
+            if args.lora_rank:  # full SFT's forward+backward is not LoRA's "model alone"
+                t_bare, flops, n_params = None, *_counts(cfg)
+            else:
+                t_bare, flops, n_params = _measure_bare(cfg, device, bf16, args, mb)
         except torch.OutOfMemoryError as err:  # the whole model on a capped device
             log.warning("bare forward+backward: out of memory (%s)", str(err).splitlines()[0])
             t_bare, flops, n_params = None, *_counts(cfg)
@@ -339,7 +373,8 @@ def main(args: argparse.Namespace) -> int:
         host = _host_memory()
         if args.profile and trainer.step is not None:
             _profile(trainer.step, device, args.profile)
-        rows = [("bare forward+backward", t_bare), ("trainer step (FSDP2+clip+AdamW)", t_train)]
+        lora = f", LoRA r{args.lora_rank} {args.lora_base}" if args.lora_rank else ""
+        rows = [("bare forward+backward", t_bare), (f"trainer step (FSDP2+clip+AdamW{lora})", t_train)]
         drivers = [driver.peak_gib]
         if args.text_kv:
             trainer.step = None
@@ -353,7 +388,7 @@ def main(args: argparse.Namespace) -> int:
                 cached = _bench_text_cache(cfg, folder, args.precision)
                 text = _trainer_row(cached, device, args, mb)
                 text.step = None
-            rows.append(("trainer step, text cache", text.seconds))
+            rows.append((f"trainer step, text cache{lora}", text.seconds))
             drivers.append(driver.peak_gib)
             plan = plan or text.plan
             mem_text = (
@@ -370,8 +405,15 @@ def main(args: argparse.Namespace) -> int:
     if cap:
         print(f"device memory capped at {cap / 2**30:.1f} GiB (--device-memory {args.device_memory}); "
               "rows planned for it")  # fmt: skip
+    if args.lora_rank:
+        print(f"LoRA rank {args.lora_rank}, base {args.lora_base}: the bare row (full SFT's forward+backward) "
+              "is skipped; MFU counts full SFT's FLOPs per sample, of which LoRA skips the frozen layers' "
+              "weight gradients")  # fmt: skip
     print(f"{'variant':<34} {'s/step':>9} {'samples/s':>10} {'TFLOP/s':>8} {'MFU':>7}")
     for label, t in rows:
+        if t is None and args.lora_rank and label.startswith("bare"):
+            print(f"{label:<34} {'skipped under LoRA':>36}")
+            continue
         if t is None:
             print(f"{label:<34} {'does not fit (the log says why)':>36}")
             continue
