@@ -198,3 +198,43 @@ def test_the_memory_plan_counts_an_int8_base_as_it_is_stored():
     rows_bf16 = {r[0]: r[1] for r in memory.plan_for(inp, bf16, "none", "never").rows}
     saved = rows_bf16["frozen weights"] - rows["frozen weights"]
     assert saved == 2 * planned.int8_frozen - planned.int8_bytes
+
+
+def test_bench_train_times_the_trainers_lora_over_an_int8_base(capsys):
+    """`wamkit bench train --lora-rank R --lora-base int8` times the trainer's own LoRA step: the
+    optimizer updates the adapters and the heads only (as many parameters as the trainer's LoRA of the
+    same model trains), and full SFT's bare forward+backward is not offered as its comparison."""
+    from wamkit.cli import main
+    from wamkit.config import ModelConfig
+    from wamkit.models import build_model
+    argv = ["bench", "train", "--model", "cosmos3", "--preset", "tiny", "--micro-batch", "2", "--steps", "1",
+            "--warmup", "1", "--device", "cpu", "--lora-rank", "4", "--lora-base", "int8"]  # fmt: skip
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    adapter = build_model(ModelConfig(name="cosmos3", preset="tiny"), None, device="meta")
+    adapted = lora.apply(adapter, LoraConfig(rank=4, base="int8"))
+    expected = sum(p.numel() for g in adapted.groups for p in g.params)
+    assert f"LoRA rank 4, base int8: {expected / 1e6:.2f}M trained parameters" in out
+    assert expected < 0.1 * sum(p.numel() for p in adapter.module.parameters())
+    assert "bare forward+backward" in out and "skipped under LoRA" in out
+    row = next(line for line in out.splitlines() if line.startswith("trainer step (FSDP2+clip+AdamW, LoRA r4 int8)"))
+    assert float(row.split()[-4]) > 0  # its s/step
+
+
+def test_an_int8_base_compiled_under_checkpointing_on_cuda_is_refused_before_anything_is_built(data, tmp_path):
+    """On CUDA the compiled layers' recompute over an int8 base differed from their forward (an H100,
+    torch 2.11): the placement refuses that combination naming the keys, before a weight is allocated
+    (no GPU is touched here: the refusal comes first)."""
+    from wamkit.config import ModelConfig
+    from wamkit.models import build_model
+    from wamkit.train.dist import DistInfo
+    from wamkit.train.placement import place
+
+    cfg = _cfg(data, tmp_path / "run", INT8, "train.compile=true", "model.options.gradient_checkpointing=true")
+    adapter = build_model(ModelConfig(name="cosmos3", preset="tiny", options={"gradient_checkpointing": True}),
+                          None, device="meta")  # fmt: skip
+    adapted = lora.apply(adapter, cfg.train.lora)
+    cuda = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cuda", 0), started_group=False)
+    with pytest.raises(ConfigError, match=r"train.lora.base=int8 with train.compile=true .*train.compile=false"):
+        place(adapter, cuda, cfg, None, adapted)
+    assert all(p.is_meta for p in adapter.module.parameters())

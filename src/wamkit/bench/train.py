@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -319,16 +320,25 @@ def _trainer_step(cfg, device: torch.device, args: argparse.Namespace, micro_bat
     accum, counter = args.accumulation, [0]
 
     def step():
+        t0 = time.perf_counter()
         for micro in range(accum):
             root.set_requires_gradient_sync(plan.grad_sync == "every" or micro == accum - 1)
             (root(batch)["loss"] / accum).backward()
+            if accum > 1 and (micro + 1) % max(1, accum // 4) == 0:  # a stopped run still says how far it got
+                log.info("trainer step %d: micro-batch %d of %d, %.1f s", counter[0], micro + 1, accum,
+                         time.perf_counter() - t0)  # fmt: skip
         torch.nn.utils.clip_grad_norm_(trainable, 1.0, foreach=True)
         opt.step()
         opt.zero_grad(set_to_none=True)
         if ema is not None:
             ema.update(counter[0])
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        log.info("trainer step %d done: %d micro-batches of %d in %.2f s", counter[0], accum, micro_batch,
+                 time.perf_counter() - t0)  # fmt: skip
         counter[0] += 1
 
+    step.trained = sum(p.numel() for p in trainable)  # what the optimizer updates (LoRA: adapters, heads)
     return step, n_params, flops, plan
 
 
@@ -454,6 +464,8 @@ def _trainer_row(cfg, device: torch.device, args: argparse.Namespace, micro_batc
     except ConfigError as err:
         log.warning("%s", err)
         return _TrainerRow(None, None)
+    if args.lora_rank:
+        print(f"LoRA rank {args.lora_rank}, base {args.lora_base}: {step.trained / 1e6:.2f}M trained parameters")
     return _TrainerRow(timed(step, device, args.steps, args.warmup) / args.accumulation, plan, step)
 
 

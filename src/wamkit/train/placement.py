@@ -146,6 +146,15 @@ def place(
                 f"train.lora.base={lora.spec.base} runs on one process (FSDP2 does not shard a quantized "
                 f"base), got {info.world_size}: use train.lora.base=bf16 to shard the base over them"
             )
+        if t.compile and info.device.type == "cuda" and getattr(adapter, "gradient_checkpointing", False):
+            # seen on an H100 (torch 2.11, torchao 0.18): each compiled layer's recompute under activation
+            # checkpointing saved other tensors than its forward (torch.utils.checkpoint.CheckpointError
+            # at the first backward), after minutes of building and compiling
+            raise ConfigError(
+                f"train.lora.base={lora.spec.base} with train.compile=true and gradient checkpointing fails "
+                "on CUDA (the compiled layers' recompute differs from their forward); set train.compile=false, "
+                "or train.lora.base=bf16"
+            )
         if meta:  # the weights first: the quantization reads them
             module = adapter.module
             name_of = {id(p): n for n, p in module.named_parameters()}
