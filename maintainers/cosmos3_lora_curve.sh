@@ -10,7 +10,7 @@
 #   2. from that base, fine-tuning on door-open demonstrations, a task the base never saw, over the same
 #      FT_STEPS and the same batches: full SFT, then LoRA rank 16 (alpha 16) at the same rate and at a
 #      higher one (LoRA_LR);
-#   3. a table of each run's 25-step mean losses (action and vision terms), from its losses.jsonl.
+#   3. each loss term's 100-step means for the three runs, from their losses.jsonl.
 # Finished stages are skipped: run it again after a stop to go on.
 set -euo pipefail
 WORK=${1:-runs/cosmos3_lora_curve}
@@ -29,41 +29,42 @@ collect() {  # collect TASK: EPISODES demonstrations of TASK into $WORK/data_TAS
     --episodes "$EPISODES" --workers 2 "env.tasks=[$1]"
 }
 
-train() {  # train NAME TASK STEPS OVERRIDES...: one run into $WORK/NAME, its latents cached first
-  local name=$1 task=$2 steps=$3
-  shift 3
+train() {  # train NAME TASK STEPS CACHE OVERRIDES...: one run into $WORK/NAME, reading the latents of
+  # $WORK/latents_CACHE (encoded first by the run's own VAE; the fine-tuning runs share one)
+  local name=$1 task=$2 steps=$3 cache=$WORK/latents_$4
+  shift 4
   [ -f "$WORK/$name/done" ] && return
   local args=(demo_cosmos3 "env.tasks=[$task]" "data.root=$WORK/data_$task" "${COMMON[@]}" "$@"
     "train.max_steps=$steps" "train.save_interval=$steps" "train.run_dir=$WORK/$name")
-  rm -rf "$WORK/$name" "$WORK/latents_$name"
-  wamkit cache-latents "${args[@]}" --out "$WORK/latents_$name" --no-progress
-  wamkit train "${args[@]}" "model.options.latent_cache=$WORK/latents_$name"
+  rm -rf "$WORK/$name"
+  [ -f "$cache/done" ] || { rm -rf "$cache"; wamkit cache-latents "${args[@]}" --out "$cache" --no-progress; touch "$cache/done"; }
+  wamkit train "${args[@]}" "model.options.latent_cache=$cache"
   touch "$WORK/$name/done"
 }
 
 collect drawer-open-v3
 collect door-open-v3
-train base drawer-open-v3 "$BASE_STEPS" train.lr=3e-4 train.warmup_steps=50
+train base drawer-open-v3 "$BASE_STEPS" base train.lr=3e-4 train.warmup_steps=50
 [ -f "$WORK/base_serve/model.json" ] || wamkit convert "$WORK/base" --out "$WORK/base_serve"
 [ -f "$WORK/base_diffusers/model_index.json" ] || wamkit convert "$WORK/base_serve" --to extra --out "$WORK/base_diffusers"
 FT=(model.pretrained="$WORK/base_diffusers" train.warmup_steps=20)
-train full door-open-v3 "$FT_STEPS" "${FT[@]}" "train.lr=$FT_LR"
-train lora door-open-v3 "$FT_STEPS" "${FT[@]}" "train.lr=$FT_LR" train.lora.rank=16 train.lora.alpha=16
-train lora_hi door-open-v3 "$FT_STEPS" "${FT[@]}" "train.lr=$LORA_LR" train.lora.rank=16 train.lora.alpha=16
+train full door-open-v3 "$FT_STEPS" door "${FT[@]}" "train.lr=$FT_LR"
+train lora door-open-v3 "$FT_STEPS" door "${FT[@]}" "train.lr=$FT_LR" train.lora.rank=16 train.lora.alpha=16
+train lora_hi door-open-v3 "$FT_STEPS" door "${FT[@]}" "train.lr=$LORA_LR" train.lora.rank=16 train.lora.alpha=16
 
 python - "$WORK" <<'EOF'
 import json, sys
 from pathlib import Path
 
 work = Path(sys.argv[1])
-runs = {n: [json.loads(l) for l in (work / n / "losses.jsonl").read_text().splitlines()] for n in ("full", "lora", "lora_hi")}
-keys = [k for k in runs["full"][0] if k.endswith("loss")]
-print("steps      " + "  ".join(f"{n}:{k}" for n in runs for k in keys))
-n = min(len(r) for r in runs.values())
-for lo in range(0, n, 25):
-    cols = []
-    for r in runs.values():
-        rows = r[lo:lo + 25]
-        cols += [sum(x[k] for x in rows) / len(rows) for k in keys]
-    print(f"{lo:>4}-{lo + len(rows) - 1:<4}  " + "  ".join(f"{c:.4f}" for c in cols))
+names = ("full", "lora", "lora_hi")
+runs = {n: [json.loads(line) for line in (work / n / "losses.jsonl").read_text().splitlines()] for n in names}
+keys = [k for k in runs["full"][0] if "loss" in k]
+print("first logged loss: " + ", ".join(f"{n} {r[0]['loss']:.4f}" for n, r in runs.items()))
+for key in keys:
+    print(f"{key}, 100-step means")
+    print("steps       " + "  ".join(f"{n:>8}" for n in runs))
+    for lo in range(0, min(len(r) for r in runs.values()), 100):
+        cols = [sum(x[key] for x in r[lo:lo + 100]) / len(r[lo:lo + 100]) for r in runs.values()]
+        print(f"{lo + 1:>4}-{lo + 100:<5}  " + "  ".join(f"{c:8.4f}" for c in cols))
 EOF
