@@ -42,7 +42,8 @@
 #                                          fit there): samples/s, MFU, driver-reported peak, host peak RSS (1 GPU)
 #   bash maintainers/gpu_runs.sh sft80-uncapped  # core: the same uncapped (the stock step beside it), the next call
 #   bash maintainers/gpu_runs.sh lora24        # core + ao: LoRA rank 16 of full Nano reading a text cache, capped at
-#                                          24 GB, accumulating to 2048, bf16 base (micro-batch 16) then int8 (32)
+#                                          24 GB, accumulating to 2048, bf16 base (micro-batch 16, compiled)
+#                                          then int8 (32, not compiled); one row a call (LORA24)
 #   bash maintainers/gpu_runs.sh sft-full      # core: full-size Cosmos3-Nano SFT placed by its memory plan on one
 #                                          GPU (the plan printed, the transformer step beside the trainer
 #                                          step with accumulation, EMA and offload), and the nano_l8 rows (1 GPU)
@@ -423,13 +424,17 @@ for k in ('time/step', 'time/save_s', 'time/save_write_s', 'time/save_wait_s'):
   lora24)
     # issue 52 item 4: LoRA rank 16 SFT of full Nano reading a text cache, capped at 24 GB, accumulating
     # to the recipe's global batch of 2048 at the largest micro-batch each base's plan fits (bf16: 16,
-    # int8: 32; 48 does not divide 2048): samples/s, MFU, the driver's peak, host peak RSS (carry ao too)
-    IFS=, read -r -a rows <<<"${LORA24:-bf16 16 128,int8 32 64}"  # LORA24: one base's row, e.g. "int8 32 64"
+    # int8: 32; 48 does not divide 2048): samples/s, MFU, the driver's peak, host peak RSS (carry ao
+    # too). The int8 row is not compiled: compiled layers over an int8 base under checkpointing are
+    # refused on CUDA (docs/cosmos3.md). Each row needs most of a 10-minute call (about 3 minutes build
+    # the text cache's fingerprint): LORA24 picks rows, e.g. LORA24="int8 32 64"
+    IFS=, read -r -a rows <<<"${LORA24:-bf16 16 128 --compile,int8 32 64}"
     for spec in "${rows[@]}"; do
       set -- $spec
-      run "lora24_$1" "${LORA24_LIMIT:-560}" $W bench train --model cosmos3 --preset nano --precision bf16 --micro-batch "$2" \
-        --latents --option gradient_checkpointing=true --compile --accumulation "$3" --steps 1 --warmup 1 \
-        --text-kv --lora-rank 16 --lora-base "$1" --device-memory 24GB
+      run "lora24_$1" "${LORA24_LIMIT:-560}" $W bench train --model cosmos3 --preset nano --precision bf16 \
+        --micro-batch "$2" --latents --option gradient_checkpointing=true --accumulation "$3" --steps 1 \
+        --warmup 1 --text-kv --lora-rank 16 --lora-base "$1" --device-memory 24GB "${@:4}"
+      grep -E "trainer step [0-9]+ done" "$OUT/lora24_$1.log" | tee -a "$OUT/index.txt"
       tail -n 10 "$OUT/lora24_$1.log" | tee -a "$OUT/index.txt"
     done
     ;;
