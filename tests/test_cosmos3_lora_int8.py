@@ -207,6 +207,7 @@ def test_bench_train_times_the_trainers_lora_over_an_int8_base(capsys):
     from wamkit.cli import main
     from wamkit.config import ModelConfig
     from wamkit.models import build_model
+
     argv = ["bench", "train", "--model", "cosmos3", "--preset", "tiny", "--micro-batch", "2", "--steps", "1",
             "--warmup", "1", "--device", "cpu", "--lora-rank", "4", "--lora-base", "int8"]  # fmt: skip
     assert main(argv) == 0
@@ -217,11 +218,15 @@ def test_bench_train_times_the_trainers_lora_over_an_int8_base(capsys):
     assert f"LoRA rank 4, base int8: {expected / 1e6:.2f}M trained parameters" in out
     assert expected < 0.1 * sum(p.numel() for p in adapter.module.parameters())
     assert "bare forward+backward" in out and "skipped under LoRA" in out
-    row = next(line for line in out.splitlines() if line.startswith("trainer step (FSDP2+clip+AdamW, LoRA r4 int8)"))
+    row = next(
+        line for line in out.splitlines() if line.startswith("trainer step (FSDP2+clip+AdamW, LoRA r4 int8)")
+    )
     assert float(row.split()[-4]) > 0  # its s/step
 
 
-def test_an_int8_base_compiled_under_checkpointing_on_cuda_is_refused_before_anything_is_built(data, tmp_path):
+def test_an_int8_base_compiled_under_checkpointing_on_cuda_is_refused_before_anything_is_built(
+    data, tmp_path
+):
     """On CUDA the compiled layers' recompute over an int8 base differed from their forward (an H100,
     torch 2.11): the placement refuses that combination naming the keys, before a weight is allocated
     (no GPU is touched here: the refusal comes first)."""
@@ -230,11 +235,15 @@ def test_an_int8_base_compiled_under_checkpointing_on_cuda_is_refused_before_any
     from wamkit.train.dist import DistInfo
     from wamkit.train.placement import place
 
-    cfg = _cfg(data, tmp_path / "run", INT8, "train.compile=true", "model.options.gradient_checkpointing=true")
+    cfg = _cfg(
+        data, tmp_path / "run", INT8, "train.compile=true", "model.options.gradient_checkpointing=true"
+    )
     adapter = build_model(ModelConfig(name="cosmos3", preset="tiny", options={"gradient_checkpointing": True}),
                           None, device="meta")  # fmt: skip
     adapted = lora.apply(adapter, cfg.train.lora)
     cuda = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cuda", 0), started_group=False)
-    with pytest.raises(ConfigError, match=r"train.lora.base=int8 with train.compile=true .*train.compile=false"):
+    with pytest.raises(
+        ConfigError, match=r"train.lora.base=int8 with train.compile=true .*train.compile=false"
+    ):
         place(adapter, cuda, cfg, None, adapted)
     assert all(p.is_meta for p in adapter.module.parameters())

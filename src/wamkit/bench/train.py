@@ -167,7 +167,9 @@ def _batch(adapter, micro_batch: int, device: torch.device, latents: bool) -> di
         return {k: cut(v) for k, v in batch.items()}
 
     with torch.no_grad():  # one clip at a time: a 24 GB card holding the model has no room for the batch's
-        lat = torch.cat([adapter.encode_clips(rows(i), device).to(device, torch.float32) for i in range(micro_batch)])
+        lat = torch.cat(
+            [adapter.encode_clips(rows(i), device).to(device, torch.float32) for i in range(micro_batch)]
+        )
     if device.type == "cuda":
         torch.cuda.empty_cache()
     batch = {k: v for k, v in batch.items() if not k.startswith(future_image_key(""))}
@@ -465,7 +467,9 @@ def _trainer_row(cfg, device: torch.device, args: argparse.Namespace, micro_batc
         log.warning("%s", err)
         return _TrainerRow(None, None)
     if args.lora_rank:
-        print(f"LoRA rank {args.lora_rank}, base {args.lora_base}: {step.trained / 1e6:.2f}M trained parameters")
+        print(
+            f"LoRA rank {args.lora_rank}, base {args.lora_base}: {step.trained / 1e6:.2f}M trained parameters"
+        )
     return _TrainerRow(timed(step, device, args.steps, args.warmup) / args.accumulation, plan, step)
 
 
