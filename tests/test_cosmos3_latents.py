@@ -222,11 +222,14 @@ def test_bench_train_latents_encodes_the_targets_once(monkeypatch, capsys):
     encode = Cosmos3Adapter._encode
 
     def counted(self, *a, **k):
-        calls.append(1)
-        return encode(self, *a, **k)
+        out = encode(self, *a, **k)
+        calls.append(out.shape[0])  # clips encoded (the benchmark encodes one at a time)
+        return out
 
     monkeypatch.setattr(Cosmos3Adapter, "_encode", counted)
     argv = ["bench", "train", "--model", "cosmos3", "--preset", "tiny", "--micro-batch", "2"]
     assert wamkit([*argv, "--steps", "2", "--warmup", "1", "--latents", "--device", "cpu"]) == 0
-    assert len(calls) == 2  # 3 steps each of bare and trainer would make it 8 through the VAE
+    assert (
+        sum(calls) == 2 * 2
+    )  # each variant's 2 clips once; 3 steps each of bare and trainer would make it 12
     assert "trainer step" in capsys.readouterr().out

@@ -21,7 +21,7 @@ import torch
 
 from wamkit.config import ConfigError, RunConfig
 from wamkit.device import proc_status, status_bytes
-from wamkit.models.base import LoadsWeights, ModelAdapter, ParamGroup
+from wamkit.models.base import ChecksActivations, LoadsWeights, ModelAdapter, ParamGroup
 from wamkit.train import memory, plan_search
 from wamkit.train.dist import DistInfo, shard_adapter
 from wamkit.train.lora import Lora, quantize_base
@@ -146,7 +146,8 @@ def place(
                 f"train.lora.base={lora.spec.base} runs on one process (FSDP2 does not shard a quantized "
                 f"base), got {info.world_size}: use train.lora.base=bf16 to shard the base over them"
             )
-        if t.compile and info.device.type == "cuda" and getattr(adapter, "gradient_checkpointing", False):
+        checkpointing = isinstance(adapter, ChecksActivations) and adapter.gradient_checkpointing
+        if t.compile and info.device.type == "cuda" and checkpointing:
             # seen on an H100 (torch 2.11, torchao 0.18): each compiled layer's recompute under activation
             # checkpointing saved other tensors than its forward (torch.utils.checkpoint.CheckpointError
             # at the first backward), after minutes of building and compiling
