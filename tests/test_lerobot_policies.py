@@ -150,6 +150,12 @@ def test_a_diffusion_rows_seeded_actions_depend_on_its_own_seed_alone():
         ({"input_features": {}}, "model.options.input_features: set by wamkit from the data and the run"),
         ({"optimizer_lr": 1e-4}, "model.options.optimizer_lr: the optimizer is wamkit's: train.lr"),
         ({"temporal_ensemble_coeff": 0.01}, "ensembling is the evaluator's: eval.chunk_blend=ensemble"),
+        # valid for LeRobot's config, refused by torchvision's ResNet-18 when the policy is built
+        (
+            {"replace_final_stride_with_dilation": 1},
+            "model.options: LeRobot's act policy cannot be built: NotImplementedError: Dilation > 1 not "
+            "supported in BasicBlock (its options: {",
+        ),
     ],
 )
 def test_bad_options_are_refused_naming_the_field(options, message):

@@ -243,7 +243,13 @@ class LeRobotAdapter:
         self.policy_type, self.io = policy_type, io
         self.options = resolve_options(policy_type, options)
         self.config = build_config(policy_type, self.options, io, device)
-        self.module = get_policy_class(policy_type)(self.config)
+        try:
+            self.module = get_policy_class(policy_type)(self.config)
+        except (ValueError, AssertionError, NotImplementedError) as err:  # an option its parts refuse
+            raise ConfigError(
+                f"model.options: LeRobot's {policy_type} policy cannot be built: {type(err).__name__}: {err} "
+                f"(its options: {self.options})"
+            ) from err
         self.module.to(device)
         self._flops: float | None = None
         self.processors: tuple[Any, Any] | None = None  # a LeRobot folder's (pre, post), from_folder
