@@ -229,7 +229,6 @@ def test_bench_train_latents_encodes_the_targets_once(monkeypatch, capsys):
     monkeypatch.setattr(Cosmos3Adapter, "_encode", counted)
     argv = ["bench", "train", "--model", "cosmos3", "--preset", "tiny", "--micro-batch", "2"]
     assert wamkit([*argv, "--steps", "2", "--warmup", "1", "--latents", "--device", "cpu"]) == 0
-    assert (
-        sum(calls) == 2 * 2
-    )  # each variant's 2 clips once; 3 steps each of bare and trainer would make it 12
+    # each variant's 2 clips once; 3 steps each of bare and trainer would make it 12
+    assert sum(calls) == 2 * 2
     assert "trainer step" in capsys.readouterr().out

@@ -287,14 +287,13 @@ def _bench_text_cache(cfg, folder, precision: str):
 def _trainer_step(cfg, device: torch.device, args: argparse.Namespace, micro_batch: int):
     """The trainer's step on a synthetic batch, placed by its memory plan as ``wamkit train`` places it
     (built on meta where the model can be, refused if it fits nowhere): ``(step_fn, parameters,
-    flops per sample, plan)``; one step is ``--accumulation`` micro-batches, then clipping, AdamW and
+    flops per sample, plan, trained parameters)``; one step is ``--accumulation`` micro-batches, then clipping, AdamW and
     the EMA."""
     from wamkit.models import build_model
     from wamkit.models.registry import builds_on_meta
-    from wamkit.train import lora as lora_
     from wamkit.train.dist import init_distributed
     from wamkit.train.optim import PowerEMA, build_optimizer
-    from wamkit.train.placement import place, plan_here
+    from wamkit.train.placement import place_run
 
     info = init_distributed(args.device)
     run = _run_config(args, micro_batch, info.world_size, args.reshard_after_forward[0])
@@ -304,13 +303,10 @@ def _trainer_step(cfg, device: torch.device, args: argparse.Namespace, micro_bat
     if cfg.name == "cosmos3" and adapter.text_kv is not None:  # a random preset keeps its tower
         adapter.drop_understanding_tower(force=True)  # nothing is saved here
     n_params, flops = sum(p.numel() for p in adapter.module.parameters()), adapter.flops_per_sample()
-    # the trainer's LoRA (wamkit.train.loop): an int8 base of a random preset, which a run refuses for
-    # what its checkpoints would hold, is measured here (nothing is saved)
-    lora = lora_.apply(adapter, run.train.lora, run.train.seed)
-    groups = lora.groups if lora is not None else None
-    int8 = lora.int8_weights(adapter.module) if lora is not None else []
-    plan = plan_here(run, info, adapter, groups=groups, int8=int8)
-    placed = place(adapter, info, run, plan, lora)
+    # placed as wamkit train places it, LoRA included: an int8 base of a random preset, which a run
+    # refuses for what its checkpoints would hold, is measured here (nothing is saved)
+    _, placed = place_run(adapter, info, run)
+    plan = placed.plan
     batch = _batch(adapter, micro_batch, device, args.latents)
     root, trainable = placed.root, list(placed.trained.values())
     host = device if plan.offload == "optimizer" else None
@@ -340,8 +336,7 @@ def _trainer_step(cfg, device: torch.device, args: argparse.Namespace, micro_bat
                  time.perf_counter() - t0)  # fmt: skip
         counter[0] += 1
 
-    step.trained = sum(p.numel() for p in trainable)  # what the optimizer updates (LoRA: adapters, heads)
-    return step, n_params, flops, plan
+    return step, n_params, flops, plan, sum(p.numel() for p in trainable)  # last: what the optimizer updates
 
 
 def _model_config(args: argparse.Namespace):
@@ -462,14 +457,12 @@ def _trainer_row(cfg, device: torch.device, args: argparse.Namespace, micro_batc
     from wamkit.config import ConfigError
 
     try:
-        step, _, _, plan = _trainer_step(cfg, device, args, micro_batch)
+        step, _, _, plan, trained = _trainer_step(cfg, device, args, micro_batch)
     except ConfigError as err:
         log.warning("%s", err)
         return _TrainerRow(None, None)
     if args.lora_rank:
-        print(
-            f"LoRA rank {args.lora_rank}, base {args.lora_base}: {step.trained / 1e6:.2f}M trained parameters"
-        )
+        print(f"LoRA rank {args.lora_rank}, base {args.lora_base}: {trained / 1e6:.2f}M trained parameters")
     return _TrainerRow(timed(step, device, args.steps, args.warmup) / args.accumulation, plan, step)
 
 
@@ -543,7 +536,7 @@ def _worker(args: argparse.Namespace) -> int:
     info = init_distributed(args.device)
     device, mb = info.device, args.micro_batch[0]
     try:
-        step, n_params, flops, plan = _trainer_step(_model_config(args), device, args, mb)
+        step, n_params, flops, plan, _ = _trainer_step(_model_config(args), device, args, mb)
         t = timed(step, device, args.steps, args.warmup) / args.accumulation
         mem = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
         host = _host_memory()

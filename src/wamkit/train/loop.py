@@ -42,7 +42,7 @@ from wamkit.train import lora as lora_
 from wamkit.train.dist import DistInfo, init_distributed, shutdown
 from wamkit.train.metrics import RunLogger, truncate_losses
 from wamkit.train.optim import PowerEMA, build_optimizer, lr_factor, set_lr
-from wamkit.train.placement import place, plan_here, rss_anon_bytes
+from wamkit.train.placement import place_run, rss_anon_bytes
 
 log = logging.getLogger(__name__)
 
@@ -138,13 +138,8 @@ class _Loop:
                 "that checkpoints could leave out (a random preset other than tiny), so they would hold the "
                 "quantized weights; use model.pretrained, the tiny preset, or train.lora.base=bf16"
             )
-        self.lora = lora_.apply(self.adapter, t.lora, t.seed)  # None: full SFT
-        groups = self.lora.groups if self.lora is not None else None
-        int8 = self.lora.int8_weights(module) if self.lora is not None else []
-        # refused before anything is allocated
-        self.plan = plan_here(cfg, info, self.adapter, groups=groups, int8=int8)
-        placed = place(self.adapter, info, cfg, self.plan, self.lora)
-        self.root, groups, trained = placed.root, placed.groups, placed.trained
+        self.lora, placed = place_run(self.adapter, info, cfg)  # lora None: full SFT
+        self.plan, self.root, groups, trained = placed.plan, placed.root, placed.groups, placed.trained
         self.trainable = list(trained.values())
         offload = self.plan.offload
         self.optimizer = build_optimizer(

@@ -25,6 +25,7 @@ from wamkit.models.base import ChecksActivations, LoadsWeights, ModelAdapter, Pa
 from wamkit.train import memory, plan_search
 from wamkit.train.dist import DistInfo, shard_adapter
 from wamkit.train.lora import Lora, quantize_base
+from wamkit.train.lora import apply as apply_lora
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +126,17 @@ def cast_frozen(adapter: ModelAdapter, dtype: torch.dtype, groups: list[ParamGro
     for p in adapter.module.parameters():
         if id(p) not in trained and p.is_floating_point() and p.dtype != dtype:
             p.data = p.data.to(dtype)
+
+
+def place_run(adapter: ModelAdapter, info: DistInfo, cfg: RunConfig) -> tuple[Lora | None, Placed]:
+    """A run's model made ready to train: ``train.lora`` put in (None: full SFT), the memory plan made
+    for what then trains (refused, :func:`plan_here`, before anything is allocated), the model placed by
+    it (:func:`place`; the plan is ``Placed.plan``). ``wamkit train`` and ``wamkit bench train`` both."""
+    lora = apply_lora(adapter, cfg.train.lora, cfg.train.seed)
+    groups = lora.groups if lora is not None else None
+    int8 = lora.int8_weights(adapter.module) if lora is not None else []
+    plan = plan_here(cfg, info, adapter, groups=groups, int8=int8)
+    return lora, place(adapter, info, cfg, plan, lora)
 
 
 def place(
