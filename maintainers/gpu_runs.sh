@@ -426,14 +426,14 @@ for k in ('time/step', 'time/save_s', 'time/save_write_s', 'time/save_wait_s'):
     # to the recipe's global batch of 2048 at the largest micro-batch each base's plan fits (bf16: 16,
     # int8: 32; 48 does not divide 2048): samples/s, MFU, the driver's peak, host peak RSS (carry ao
     # too). The int8 row is not compiled: compiled layers over an int8 base under checkpointing are
-    # refused on CUDA (docs/cosmos3.md). Each row needs most of a 10-minute call (about 3 minutes build
-    # the text cache's fingerprint): LORA24 picks rows, e.g. LORA24="int8 32 64"
+    # refused on CUDA (docs/cosmos3.md). The warm-up step is 4 micro-batches (compile, allocator,
+    # optimizer state); each row is one call: LORA24 picks rows, e.g. LORA24="int8 32 64"
     IFS=, read -r -a rows <<<"${LORA24:-bf16 16 128 --compile,int8 32 64}"
     for spec in "${rows[@]}"; do
       set -- $spec
       run "lora24_$1" "${LORA24_LIMIT:-560}" $W bench train --model cosmos3 --preset nano --precision bf16 \
         --micro-batch "$2" --latents --option gradient_checkpointing=true --accumulation "$3" --steps 1 \
-        --warmup 1 --text-kv --lora-rank 16 --lora-base "$1" --device-memory 24GB "${@:4}"
+        --warmup 1 --warmup-accumulation 4 --text-kv --lora-rank 16 --lora-base "$1" --device-memory 24GB "${@:4}"
       grep -E "trainer step [0-9]+ done" "$OUT/lora24_$1.log" | tee -a "$OUT/index.txt"
       tail -n 10 "$OUT/lora24_$1.log" | tee -a "$OUT/index.txt"
     done
@@ -442,7 +442,8 @@ for k in ('time/step', 'time/save_s', 'time/save_write_s', 'time/save_wait_s'):
     cap=$([ "$group" = sft80 ] && echo "--device-memory 80GB")
     # shellcheck disable=SC2086
     run "$group" 560 $W bench train --model cosmos3 --preset nano --precision bf16 --micro-batch 32 --latents \
-      --option gradient_checkpointing=true --compile --accumulation 64 --ema --steps 1 --warmup 1 --text-kv $cap
+      --option gradient_checkpointing=true --compile --accumulation 64 --ema --steps 1 --warmup 1 \
+      --warmup-accumulation 4 --text-kv $cap
     tail -n 12 "$OUT/$group.log" | tee -a "$OUT/index.txt"
     ;;
   cosmos3-loss)

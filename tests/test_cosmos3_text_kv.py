@@ -275,3 +275,28 @@ def test_bench_train_prints_a_row_its_memory_plan_refuses_and_goes_on(capsys, mo
     assert "text cache / stock trainer samples/s: n/a (the stock step does not fit)" in out
     with pytest.raises(SystemExit, match="--device-memory caps a CUDA device"):
         main([*argv, "--device-memory", "1GB"])
+
+
+def test_a_random_presets_frozen_hash_is_its_law_whether_drawn_whole_or_on_meta():
+    """A random preset's understanding hash (the text cache's `understanding_sha256`) is taken over each
+    frozen tensor's law and seed, not its drawn bytes: `wamkit cache-text` draws the model whole, a run
+    builds it on meta and streams it, and both must name the same cache; another seed or preset differs."""
+    from wamkit.models.cosmos3.components import RandomWeights
+
+    def sha(preset, device, seed=0):
+        adapter = build_model(ModelConfig(name="cosmos3", preset=preset), IO, device=device)
+        if seed:
+            adapter.set_weight_law(RandomWeights(adapter.module, torch.device("cpu"), seed=seed))
+        return adapter.text_fingerprint()["understanding_sha256"]
+
+    whole, meta = sha("mini", "cpu"), sha("mini", "meta")
+    assert whole == meta
+    assert sha("mini", "meta", seed=1) != meta
+    assert sha("small", "meta") != meta
+    # the tiny preset, regenerated exactly anywhere, keeps the hash of its bytes: changing one changes it
+    tiny = _adapter()
+    before = tiny.text_fingerprint()["understanding_sha256"]
+    tiny._frozen_sha = None
+    with torch.no_grad():
+        next(p for n, p in tiny.module.named_parameters() if "embed_tokens" in n).view(-1)[0] += 1.0
+    assert tiny.text_fingerprint()["understanding_sha256"] != before

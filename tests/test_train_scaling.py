@@ -77,3 +77,22 @@ def test_bench_train_refuses_reshard_mode_lists_it_cannot_compare():
     argv = ["bench", "train", "--reshard-after-forward", "auto,,sometimes"]
     with pytest.raises(SystemExit):  # argparse names the flag and the bad entries on stderr
         build_parser("bench", argv).parse_args(argv)
+
+
+def test_bench_train_warms_up_on_short_steps_and_times_whole_ones(caplog):
+    """`--warmup-accumulation N`: the untimed steps run N micro-batches (enough to compile, fill the
+    allocator and make the optimizer's state), the timed ones `--accumulation`, whose micro-batches the
+    row's s/step divides by."""
+    import logging
+
+    from wamkit.cli import main
+
+    argv = ["bench", "train", "--model", "tiny", "--preset", "small", "--option", "width=32", "--option",
+            "depth=2", "--option", "heads=2", "--micro-batch", "2", "--device", "cpu", "--steps", "1",
+            "--warmup", "2", "--accumulation", "3", "--warmup-accumulation", "1"]  # fmt: skip
+    with caplog.at_level(logging.INFO, logger="wamkit"):
+        assert main(argv) == 0
+    done = [r.getMessage() for r in caplog.records if re.match(r"trainer step \d+ done", r.getMessage())]
+    assert [re.match(r"trainer step (\d+) done: (\d+) micro", m).groups() for m in done] == [
+        ("0", "1"), ("1", "1"), ("2", "3")
+    ], done

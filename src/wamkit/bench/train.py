@@ -95,6 +95,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="micro-batches per trainer step (gradient accumulation; default 1): the optimizer, EMA and "
         "offload costs are spread over them as in a run of the recipe's global batch",
     )
+    parser.add_argument(
+        "--warmup-accumulation",
+        type=int,
+        default=0,
+        metavar="N",
+        help="micro-batches per warm-up step (default: --accumulation): a warm-up step compiles, fills the "
+        "allocator and makes the optimizer's state in its first micro-batches; the timed steps keep "
+        "--accumulation",
+    )
     parser.add_argument("--ema", action="store_true", help="the trainer step updates an EMA (train.ema)")
     parser.add_argument(
         "--offload",
@@ -315,9 +324,9 @@ def _trainer_step(cfg, device: torch.device, args: argparse.Namespace, micro_bat
     )
     ema_host = device if plan.offload in ("ema", "optimizer") else None
     ema = PowerEMA(placed.trained, 0.75, device=ema_host) if args.ema else None
-    accum, counter = args.accumulation, [0]
+    counter = [0]
 
-    def step():
+    def step(accum: int = args.accumulation):
         t0 = time.perf_counter()
         for micro in range(accum):
             root.set_requires_gradient_sync(plan.grad_sync == "every" or micro == accum - 1)
@@ -463,7 +472,16 @@ def _trainer_row(cfg, device: torch.device, args: argparse.Namespace, micro_batc
         return _TrainerRow(None, None)
     if args.lora_rank:
         print(f"LoRA rank {args.lora_rank}, base {args.lora_base}: {trained / 1e6:.2f}M trained parameters")
-    return _TrainerRow(timed(step, device, args.steps, args.warmup) / args.accumulation, plan, step)
+    return _TrainerRow(_timed_step(step, device, args), plan, step)
+
+
+def _timed_step(step, device: torch.device, args: argparse.Namespace) -> float:
+    """Seconds per micro-batch of the trainer's ``step``: ``--steps`` steps timed after ``--warmup``
+    untimed ones of ``--warmup-accumulation`` micro-batches (they compile, fill the allocator and make
+    the optimizer's state; the timed steps take ``--accumulation``)."""
+    for _ in range(args.warmup):
+        step(args.warmup_accumulation or args.accumulation)
+    return timed(step, device, args.steps) / args.accumulation
 
 
 def _cap_device_memory(size: str, device: torch.device) -> int:
@@ -537,7 +555,7 @@ def _worker(args: argparse.Namespace) -> int:
     device, mb = info.device, args.micro_batch[0]
     try:
         step, n_params, flops, plan, _ = _trainer_step(_model_config(args), device, args, mb)
-        t = timed(step, device, args.steps, args.warmup) / args.accumulation
+        t = _timed_step(step, device, args)
         mem = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
         host = _host_memory()
         worst = torch.tensor(
@@ -573,6 +591,7 @@ def _worker_argv(
         "--micro-batch", str(micro_batch), "--steps", str(args.steps), "--warmup", str(args.warmup),
         "--precision", args.precision, "--device", args.device, "--worker-json", str(out),
         "--reshard-after-forward", reshard, "--accumulation", str(args.accumulation), "--offload", args.offload,
+        "--warmup-accumulation", str(args.warmup_accumulation),
     ]  # fmt: skip
     if args.ema:
         argv.append("--ema")

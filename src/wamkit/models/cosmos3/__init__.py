@@ -73,6 +73,7 @@ def build(
     """
     from wamkit.models.cosmos3.adapter import Cosmos3Adapter, resolve_dtype
     from wamkit.models.cosmos3.components import (
+        RandomWeights,
         build_from_base,
         build_random,
         fresh_heads,
@@ -124,6 +125,8 @@ def build(
     )
     if dev.type == "meta":
         adapter.set_weight_source(source if callable(source) else (lambda _device, s=source: s))
+    if not cfg.pretrained and (opts.base or cfg.preset != "tiny"):  # random weights, whole or streamed
+        adapter.set_weight_law(RandomWeights(transformer, torch.device("cpu")))
     if opts.text_kv_cache:
         adapter.use_text_kv(opts.text_kv_cache)
     return adapter

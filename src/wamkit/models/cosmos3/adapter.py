@@ -316,6 +316,12 @@ class Cosmos3Adapter(Cosmos3Inference):
         """``make(device)`` gives the source the transformer's weights stream from (built on meta)."""
         self._weight_source = make
 
+    def set_weight_law(self, law) -> None:
+        """Random weights: ``law.identity(name)`` says what each tensor is drawn from
+        (:class:`~wamkit.models.cosmos3.components.RandomWeights`); the frozen hash is taken over these,
+        the same whether the model was built on meta or drawn whole."""
+        self._weight_law = law
+
     def load_weights(self, device: torch.device, wrap=None) -> int:
         """Fill the (sharded, materialised) transformer from its source; returns bytes read. The rotary
         frequencies, a non-persistent buffer no file holds, are computed again on ``device``.
@@ -353,8 +359,9 @@ class Cosmos3Adapter(Cosmos3Inference):
 
     def _frozen_sha256(self) -> str:
         """sha256 over the frozen tensors (name, shape, fp32 bytes, in name order), read from the
-        weights' source when the module is still on the meta device (taken once: the tower may be
-        dropped afterwards, :meth:`drop_understanding_tower`)."""
+        weights' source when the module is still on the meta device; a random preset's (not tiny's):
+        over each tensor's law instead (:meth:`set_weight_law`). Taken once: the tower may be dropped
+        afterwards, :meth:`drop_understanding_tower`."""
         if self._frozen_sha is None:
             self._frozen_sha = self._hash_params(trained=False)
         return self._frozen_sha
@@ -389,9 +396,15 @@ class Cosmos3Adapter(Cosmos3Inference):
         """sha256 over the frozen tensors (``trained``: the others), as :meth:`_frozen_sha256` says."""
         make = getattr(self, "_weight_source", None)
         src = make(torch.device("cpu")) if make is not None and self.device.type == "meta" else None
+        # random frozen weights: their law and seed (set_weight_law), not their drawn bytes
+        identity = None if trained else getattr(getattr(self, "_weight_law", None), "identity", None)
         h = hashlib.sha256()
         for name, p in sorted(self.module.named_parameters()):
             if (param_role(name) == "frozen") == trained:
+                continue
+            law = identity(name) if identity is not None else None
+            if law is not None:
+                h.update(f"{name}|{list(p.shape)}|{law}|".encode())
                 continue
             t = src.read(name, 0, p.shape[0]) if src is not None else p.detach()
             t = t.float().contiguous().cpu()

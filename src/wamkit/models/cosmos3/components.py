@@ -144,6 +144,23 @@ class RandomWeights:
         t = self.full(name)
         return t if t.ndim == 0 else t[start:stop]
 
+    def identity(self, name: str) -> str | None:
+        """What tensor ``name`` is, in place of its bytes: the law :meth:`full` draws it from, the seed
+        and the shape (the name is the rest of its seed); None for a name it did not draw. A hash over
+        these stands for the weights without drawing them (Nano's 8.2B frozen ones take minutes on a
+        CPU); the device type that draws them is not in it (CUDA's draw differs from the CPU's)."""
+        shape = self._shape.get(name)
+        if shape is None:
+            return None
+        bias = name.endswith("bias") or name.endswith(".bias.weight")
+        if (len(shape) == 1 and "norm" in name) or bias or name == "action_modality_embed":
+            law = f"full {1.0 if 'norm' in name and len(shape) == 1 else 0.0}"
+        elif name in self._fan_in:
+            law = f"uniform +-1/sqrt({self._fan_in[name]})"
+        else:
+            law = "normal(0, 0.02)"
+        return f"random v1|seed {self.seed}|{law}|{list(shape)}"
+
 
 def _random_init_(tr: Cosmos3OmniTransformer, draw_on: torch.device | None = None) -> None:
     """Random weights drawn on ``draw_on`` (default: where the module is) and copied into it."""
