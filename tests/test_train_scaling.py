@@ -94,5 +94,7 @@ def test_bench_train_warms_up_on_short_steps_and_times_whole_ones(caplog):
         assert main(argv) == 0
     done = [r.getMessage() for r in caplog.records if re.match(r"trainer step \d+ done", r.getMessage())]
     assert [re.match(r"trainer step (\d+) done: (\d+) micro", m).groups() for m in done] == [
-        ("0", "1"), ("1", "1"), ("2", "3")
+        ("0", "1"),
+        ("1", "1"),
+        ("2", "3"),
     ], done

@@ -100,10 +100,40 @@ class PinnedArena:
         return out.zero_()
 
 
+# CUDA device index -> the card size this process stands in for (emulate_card)
+_CARD_BYTES: dict[int, int] = {}
+# memory the driver gives a process after its allocator is capped (kernels loaded lazily, cuBLAS and
+# NCCL state); a margin, not a measurement: `wamkit bench train` prints the driver's peak and how much
+# of it lay outside the allocator, which is the check
+KERNEL_ALLOWANCE = 1 << 30
+
+
+def emulate_card(device: torch.device, size: int, allowance: int = KERNEL_ALLOWANCE) -> int:
+    """Make this process stand in for a card of ``size`` bytes, as the driver counts them (the CUDA
+    context included): memory plans read ``size`` (:func:`device_budget`), and the caching allocator is
+    capped at what a process on such a card would have: ``size`` less what the driver reports in use now
+    (this process's context, and any other process's memory) and ``allowance`` for what the driver gives
+    the process later outside the allocator. Returns the allocator's cap."""
+    device = torch.device(device)
+    free, total = torch.cuda.mem_get_info(device)  # makes the context: it is in the figure
+    cap = size - (total - free) - allowance
+    if size > total or cap <= 0:
+        raise ConfigError(
+            f"device memory {size / 2**30:.2f} GiB: this device has {total / 2**30:.2f} GiB, "
+            f"{(total - free) / 2**30:.2f} GiB in use now; a card that size cannot be stood in for"
+        )
+    torch.cuda.set_per_process_memory_fraction(cap / total, device)
+    _CARD_BYTES[device.index or 0] = size
+    return cap
+
+
 def device_budget(device: torch.device) -> int:
-    """A CUDA device's memory as this process may use it: its total times the fraction
-    ``torch.cuda.set_per_process_memory_fraction`` set (``wamkit bench train --device-memory``, or a
-    user's own cap)."""
+    """A CUDA device's memory as this process may use it: the card :func:`emulate_card` stands in for
+    (``wamkit bench train --device-memory``), else its total times the fraction
+    ``torch.cuda.set_per_process_memory_fraction`` set (a user's own cap)."""
+    device = torch.device(device)
+    if (device.index or 0) in _CARD_BYTES:
+        return _CARD_BYTES[device.index or 0]
     props = torch.cuda.get_device_properties(device)
     # torch >= 2.8 says the fraction; before, the cap is not readable and the total is planned for
     fraction = getattr(torch.cuda, "get_per_process_memory_fraction", lambda _d: 1.0)(device)

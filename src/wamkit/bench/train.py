@@ -369,7 +369,7 @@ def main(args: argparse.Namespace) -> int:
     cfg, mb = _model_config(args), args.micro_batch[0]
     info = init_distributed(args.device)
     device, bf16 = info.device, args.precision == "bf16"
-    cap = _cap_device_memory(args.device_memory, device)
+    cap, allocator_cap = _cap_device_memory(args.device_memory, device)
     try:
         try:
             if args.lora_rank:  # full SFT's forward+backward is not LoRA's "model alone"
@@ -391,7 +391,7 @@ def main(args: argparse.Namespace) -> int:
             _profile(trainer.step, device, args.profile)
         lora = f", LoRA r{args.lora_rank} {args.lora_base}" if args.lora_rank else ""
         rows = [("bare forward+backward", t_bare), (f"trainer step (FSDP2+clip+AdamW{lora})", t_train)]
-        drivers = [driver.peak_gib]
+        drivers = [driver.describe()]
         if args.text_kv:
             trainer.step = None
             if device.type == "cuda":
@@ -405,7 +405,7 @@ def main(args: argparse.Namespace) -> int:
                 text = _trainer_row(cached, device, args, mb)
                 text.step = None
             rows.append((f"trainer step, text cache{lora}", text.seconds))
-            drivers.append(driver.peak_gib)
+            drivers.append(driver.describe())
             plan = plan or text.plan
             mem_text = (
                 torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
@@ -419,8 +419,9 @@ def main(args: argparse.Namespace) -> int:
           f"(fwd+bwd), micro-batch {mb}, {args.precision} on {name}"
           + (", blocks compiled" if args.compile else ""))  # fmt: skip
     if cap:
-        print(f"device memory capped at {cap / 2**30:.1f} GiB (--device-memory {args.device_memory}); "
-              "rows planned for it")  # fmt: skip
+        print(f"a card of {cap / 1e9:.1f} GB ({cap / 2**30:.2f} GiB, CUDA context included) stood in for "
+              f"(--device-memory {args.device_memory}): rows planned for it, the allocator capped at "
+              f"{allocator_cap / 2**30:.2f} GiB")  # fmt: skip
     if args.lora_rank:
         print(f"LoRA rank {args.lora_rank}, base {args.lora_base}: the bare row (full SFT's forward+backward) "
               "is skipped; MFU counts full SFT's FLOPs per sample, of which LoRA skips the frozen layers' "
@@ -440,12 +441,12 @@ def main(args: argparse.Namespace) -> int:
     if t_train is not None:
         ratio = f"{t_bare / t_train:.2f}" if t_bare is not None else "n/a"
         print(f"trainer / bare samples/s: {ratio}   peak device memory (trainer): {mem:.1f} GiB, "
-              f"driver-reported {drivers[0]:.1f} GiB   host: peak RSS {host['peak_rss_gb']:.1f} GB, "
+              f"{drivers[0]}   host: peak RSS {host['peak_rss_gb']:.1f} GB, "
               f"RssAnon now {host['rss_anon_gb']:.1f} GB")  # fmt: skip
     if args.text_kv and rows[-1][1] is not None:
         ratio = f"{t_train / rows[-1][1]:.2f}" if t_train is not None else "n/a (the stock step does not fit)"
         print(f"text cache / stock trainer samples/s: {ratio}   peak device memory (text cache): "
-              f"{mem_text:.1f} GiB, driver-reported {drivers[-1]:.1f} GiB   host: peak RSS "
+              f"{mem_text:.1f} GiB, {drivers[-1]}   host: peak RSS "
               f"{_host_memory()['peak_rss_gb']:.1f} GB")  # fmt: skip
     if plan is not None:
         print(f"trainer step: {args.accumulation} micro-batch(es) per optimizer step; memory plan: offload={plan.offload}, "
@@ -484,10 +485,13 @@ def _timed_step(step, device: torch.device, args: argparse.Namespace) -> float:
     return timed(step, device, args.steps) / args.accumulation
 
 
-def _cap_device_memory(size: str, device: torch.device) -> int:
-    """``--device-memory``: cap this process's CUDA memory at ``size`` (0: no cap)."""
+def _cap_device_memory(size: str, device: torch.device) -> tuple[int, int]:
+    """``--device-memory``: this process stands in for a card of ``size`` (its CUDA context counted,
+    :func:`wamkit.device.emulate_card`); ``(size, the allocator's cap)`` in bytes, (0, 0): no cap."""
     if not size:
-        return 0
+        return 0, 0
+    from wamkit.config import ConfigError
+    from wamkit.device import emulate_card
     from wamkit.train.memory import parse_size
 
     if device.type != "cuda":
@@ -500,8 +504,10 @@ def _cap_device_memory(size: str, device: torch.device) -> int:
         raise SystemExit(
             f"wamkit bench train: --device-memory {size} is more than the device's {total / 2**30:.1f} GiB"
         )
-    torch.cuda.set_per_process_memory_fraction(cap / total, device)
-    return cap
+    try:
+        return cap, emulate_card(device, cap)
+    except ConfigError as err:
+        raise SystemExit(f"wamkit bench train: --device-memory {size}: {err}") from None
 
 
 class DriverPeak:
@@ -510,13 +516,15 @@ class DriverPeak:
     while the block runs; nan on a CPU."""
 
     def __init__(self, device: torch.device) -> None:
-        self.device, self.peak, self._stop = device, 0, threading.Event()
+        self.device, self.peak, self.outside, self._stop = device, 0, 0, threading.Event()
         self._thread = threading.Thread(target=self._sample, name="wamkit-driver-peak", daemon=True)
 
     def _sample(self) -> None:
         while True:
             free, total = torch.cuda.mem_get_info(self.device)
             self.peak = max(self.peak, total - free)
+            # what the driver gives past the caching allocator (context, kernels, libraries' state)
+            self.outside = max(self.outside, total - free - torch.cuda.memory_reserved(self.device))
             if self._stop.wait(0.02):
                 return
 
@@ -533,6 +541,13 @@ class DriverPeak:
     @property
     def peak_gib(self) -> float:
         return self.peak / 2**30 if self.device.type == "cuda" else float("nan")
+
+    def describe(self) -> str:
+        """``driver-reported 23.30 GiB (25.02 GB), 0.95 GiB of it outside the allocator``."""
+        if self.device.type != "cuda":
+            return "driver-reported nan GiB"
+        return (f"driver-reported {self.peak / 2**30:.2f} GiB ({self.peak / 1e9:.2f} GB), "
+                f"{self.outside / 2**30:.2f} GiB of it outside the allocator")  # fmt: skip
 
 
 def _host_memory() -> dict[str, float]:
