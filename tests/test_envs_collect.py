@@ -193,3 +193,48 @@ def test_check_reads_a_proprioceptive_dataset_as_such(tmp_path):
     report = check_dataset(out, "metaworld", tasks=1, trials=2)
     assert not report.errors, report.text()
     assert any(f.check == "state" and f.level == "ok" for f in report.findings), report.text()
+
+
+def test_collect_with_action_noise_records_the_experts_labels_of_the_states_noise_led_to(tmp_path, capsys):
+    """`--action-noise S` (DART): the env executes the expert's action plus N(0, S) noise drawn from the
+    episode's own generator, the dataset records the expert's action at each state reached. Replayed
+    with the same noise, the recorded states come back; without it they differ. A dataset is resumed
+    with the noise it was collected with only; a negative one is refused by name."""
+    from wamkit.envs.expert import NOISE_STREAM
+
+    out = tmp_path / "dart"
+    args = ["collect", "--tasks", "reach-v3", "--workers", "1", "--episodes", "1", "--image-size", "32",
+            "--render-quality", "fast", "--out", str(out)]  # fmt: skip
+    assert cli_main([*args, "--action-noise", "0.3", "--noise-hold", "4"]) == 0
+    ds = LeRobotDataset(out)
+    assert ds.meta.info["wamkit"]["action_noise"] == 0.3 and ds.meta.info["wamkit"]["noise_hold"] == 4
+    entry = _journal(out)[0]
+    spec = EpisodeSpec.from_dict(entry)
+    states = np.stack([ds[i][OBS_STATE].numpy() for i in range(len(ds))])
+    actions = np.stack([ds[i][ACTION].numpy() for i in range(len(ds))])
+    env = make_env(EnvConfig(image_size=32, render_quality="fast"))
+    try:
+        obs, rng = env.reset(spec), np.random.default_rng([spec.seed, NOISE_STREAM])
+        for t in range(len(ds)):
+            np.testing.assert_array_equal(states[t], obs[OBS_STATE])
+            np.testing.assert_allclose(actions[t], env.expert_action(obs), atol=1e-6)  # the expert's label
+            if t % 4 == 0:  # a draw held for 4 steps
+                push = rng.normal(0.0, 0.3, actions[t].shape).astype(np.float32)
+            obs = env.step(actions[t] + push)[0]
+        # the recorded actions executed without the noise lead elsewhere: the noise moved the hand
+        plain = [env.reset(spec)[OBS_STATE]]
+        for t in range(len(ds) - 1):
+            plain.append(env.step(actions[t])[0][OBS_STATE])
+        assert np.abs(np.stack(plain) - states).max() > 1e-3
+    finally:
+        env.close()
+    capsys.readouterr()
+    assert cli_main([*args, "--episodes", "2"]) == 2  # resumed without the noise
+    assert "collect.action_noise" in capsys.readouterr().err
+    assert cli_main([*args, "--episodes", "2", "--action-noise", "0.3"]) == 2  # held another number of steps
+    assert "held 4 step(s); this run asks for 0.3 held 1" in capsys.readouterr().err
+    assert cli_main([*args, "--action-noise", "0.3", "--noise-hold", "0"]) == 2
+    assert "collect.noise_hold" in capsys.readouterr().err
+    assert cli_main([*args, "--action-noise", "-0.1"]) == 2
+    assert "collect.action_noise" in capsys.readouterr().err
+    assert LeRobotDataset(out).num_episodes == 1  # nothing written was lost

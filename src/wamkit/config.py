@@ -84,6 +84,13 @@ class CollectConfig:
     workers: int = 2
     seed: int = 0  # episode e of a task uses seed + e
     keep_failed: bool = False
+    # DART (Laskey et al. 2017): Gaussian noise of this standard deviation (in the env's action units)
+    # added to each action the expert's episode executes; the dataset records the expert's own action,
+    # so it holds corrections from states a noiseless expert never visits. 0: none
+    action_noise: float = 0.0
+    # steps each noise draw is held for (1: a new draw every step, which the expert's feedback undoes at
+    # once; k: a push that lasts k steps, as a stale chunk's does, and leaves the hand off its path)
+    noise_hold: int = 1
 
 
 @dataclass

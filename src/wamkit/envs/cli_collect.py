@@ -21,6 +21,8 @@ _FLAGS = {
     "out": "collect.out",
     "workers": "collect.workers",
     "seed": "collect.seed",
+    "action_noise": "collect.action_noise",
+    "noise_hold": "collect.noise_hold",
 }
 
 
@@ -36,6 +38,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--render-quality", choices=["default", "fast"], help="fast: no shadows/reflections/MSAA")
     p.add_argument("--seed", type=int, help="episode e of a task uses seed + e")
     p.add_argument("--keep-failed", action="store_true", default=None, help="also keep failed episodes")
+    p.add_argument(
+        "--action-noise",
+        type=float,
+        help="DART: Gaussian noise of this std added to the actions executed (the expert's are recorded)",
+    )
+    p.add_argument("--noise-hold", type=int, help="steps each noise draw is held for (default 1)")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. env.image_size=256")
 
 

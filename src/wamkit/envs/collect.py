@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from collections import Counter
 from dataclasses import replace
@@ -53,6 +54,12 @@ def _check_collect(cfg: RunConfig) -> None:
         raise ConfigError(f"collect.episodes: expected >= 1 per task, got {c.episodes}")
     if c.workers < 1:
         raise ConfigError(f"collect.workers: expected >= 1, got {c.workers}")
+    if not (math.isfinite(c.action_noise) and c.action_noise >= 0):
+        raise ConfigError(
+            f"collect.action_noise: expected a standard deviation >= 0 (the env's action units), got {c.action_noise}"
+        )
+    if c.noise_hold < 1:
+        raise ConfigError(f"collect.noise_hold: expected >= 1 steps per noise draw, got {c.noise_hold}")
     if not c.out:
         raise ConfigError("collect.out: a dataset folder is needed")
     if cfg.env.suite != "metaworld":
@@ -73,6 +80,9 @@ def _open_writer(cfg: RunConfig, root: Path, journal: CollectJournal):
     # the actions recorded are the env's own commands: their gripper convention is known, not guessed
     # from their range (a MetaWorld expert's grab effort spans [0, 1] with 1 = close)
     extra["gripper"] = "env"
+    if cfg.collect.action_noise:  # DART: the executed actions were noisy, the recorded ones are not
+        extra["action_noise"] = float(cfg.collect.action_noise)
+        extra["noise_hold"] = int(cfg.collect.noise_hold)
     meta_file = next((root / f for f in (PARTIAL, INFO) if (root / f).is_file()), None)
     if meta_file is None:
         if journal.entries or (root.exists() and any(root.iterdir())):
@@ -83,6 +93,15 @@ def _open_writer(cfg: RunConfig, root: Path, journal: CollectJournal):
         )
     info = json.loads(meta_file.read_text())
     have = {k: (info.get("wamkit") or {}).get(k) for k in extra}
+    made = info.get("wamkit") or {}
+    noise, hold = made.get("action_noise", 0.0), made.get("noise_hold", 1) if made.get("action_noise") else 1
+    want = (cfg.collect.action_noise, cfg.collect.noise_hold if cfg.collect.action_noise else 1)
+    if (noise, hold) != want:
+        raise ConfigError(
+            f"collect.action_noise, collect.noise_hold: {root} holds a dataset collected with action noise "
+            f"{noise} held {hold} step(s); this run asks for {want[0]} held {want[1]}: choose another --out, "
+            "or the same noise to resume"
+        )
     shapes = {k: (info.get("features") or {}).get(k, {}).get("shape") for k in features_for(cfg)}
     if (
         have != extra
@@ -137,6 +156,7 @@ def collect(cfg: RunConfig, progress: bool = True) -> dict[str, Any]:
     in_flight: Counter = Counter()
     next_trial = {t: 0 for t in tasks}
     max_attempts = 2 * c.episodes + 10
+    noise = {"action_noise": c.action_noise, "noise_hold": c.noise_hold}
     stats = {t: {"attempted": 0, "success": 0, "kept": 0} for t in tasks}
 
     def next_spec() -> EpisodeSpec | None:
@@ -165,7 +185,7 @@ def collect(cfg: RunConfig, progress: bool = True) -> dict[str, Any]:
 
     def hand_out(w: EnvWorker, spec: EpisodeSpec) -> None:
         nonlocal handed
-        w.submit("rollout", {"spec": spec, "keep_failed": c.keep_failed})
+        w.submit("rollout", {"spec": spec, "keep_failed": c.keep_failed, **noise})
         busy[w.worker_id], in_flight[spec.task] = (handed, spec), in_flight[spec.task] + 1
         handed += 1
 
@@ -206,7 +226,8 @@ def collect(cfg: RunConfig, progress: bool = True) -> dict[str, Any]:
                     w.close(timeout=1.0)  # reaps the dead process, closes its pipe
                     workers[w.worker_id] = EnvWorker(env_cfg, 1, w.worker_id, host_factory=ExpertHost)
                     workers[w.worker_id].submit(
-                        "rollout", {"spec": busy[w.worker_id][1], "keep_failed": c.keep_failed}
+                        "rollout",
+                        {"spec": busy[w.worker_id][1], "keep_failed": c.keep_failed, **noise},
                     )
                     continue
                 number, spec = busy.pop(w.worker_id)

@@ -10,24 +10,45 @@ from wamkit.constants import ACTION, OBS_STATE, TASK
 from wamkit.envs.base import Env, EpisodeSpec
 from wamkit.envs.host import EnvHost
 
+# the noise generator of an episode is seeded with (its seed, this): its own stream, apart from the env's
+NOISE_STREAM = 0xDA27
 
-def rollout_expert(env: Env, spec: EpisodeSpec, keep_frames_on_failure: bool = True) -> dict[str, Any]:
+
+def rollout_expert(
+    env: Env,
+    spec: EpisodeSpec,
+    keep_frames_on_failure: bool = True,
+    action_noise: float = 0.0,
+    noise_hold: int = 1,
+) -> dict[str, Any]:
     """Run the suite's scripted expert for one episode.
 
     Returns ``{"spec": dict, "success": bool, "steps": int, "frames": {key: array [T, ...]} or None}``.
     Frame t holds the observation before action t and that action (LeRobot's convention); the episode
     ends on the first successful step or at the suite's step limit. ``frames`` is None for a failed
     episode when ``keep_frames_on_failure`` is False (nothing to ship back).
+
+    ``action_noise`` > 0 (DART, ``collect.action_noise``): the env executes the expert's action plus
+    Gaussian noise of that standard deviation (the env clips it to its bounds), drawn from a generator
+    seeded with ``(spec.seed, NOISE_STREAM)`` at steps 0, ``noise_hold``, 2 ``noise_hold``, ... and
+    held in between; frame t records the expert's own action, the label of the state the noise led to.
     """
     obs = env.reset(spec)
     frames: dict[str, list[Any]] = {k: [] for k in obs if k != TASK}
     frames[ACTION] = []
     success, steps = False, 0
-    for _ in range(env.max_steps(spec)):
+    noise = np.random.default_rng([spec.seed, NOISE_STREAM]) if action_noise > 0 else None
+    push = None
+    for t in range(env.max_steps(spec)):
         action = env.expert_action(obs)
         for k in frames:
             frames[k].append(action if k == ACTION else obs[k])
-        obs, _, terminated, truncated, info = env.step(action)
+        executed = action
+        if noise is not None:
+            if t % noise_hold == 0:
+                push = noise.normal(0.0, action_noise, np.shape(action)).astype(np.float32)
+            executed = action + push
+        obs, _, terminated, truncated, info = env.step(executed)
         steps += 1
         success = success or bool(info["success"])
         if terminated or truncated:
@@ -50,7 +71,15 @@ class ExpertHost(EnvHost):
     """An :class:`EnvHost` that can also run whole expert episodes in slot 0 (used by ``collect``)."""
 
     def rollout(self, payload: dict[str, Any]) -> dict[str, Any]:
-        """``payload = {"spec": EpisodeSpec, "keep_failed": bool}`` -> :func:`rollout_expert`'s result."""
+        """``payload = {"spec": EpisodeSpec, "keep_failed": bool, "action_noise": float, "noise_hold":
+        int}`` ->
+        :func:`rollout_expert`'s result."""
         spec = payload["spec"]
         self.specs[0] = spec
-        return rollout_expert(self.envs[0], spec, keep_frames_on_failure=payload.get("keep_failed", False))
+        return rollout_expert(
+            self.envs[0],
+            spec,
+            keep_frames_on_failure=payload.get("keep_failed", False),
+            action_noise=float(payload.get("action_noise", 0.0)),
+            noise_hold=int(payload.get("noise_hold", 1)),
+        )
