@@ -247,3 +247,37 @@ def test_an_int8_base_compiled_under_checkpointing_on_cuda_is_refused_before_any
     ):
         place(adapter, cuda, cfg, None, adapted)
     assert all(p.is_meta for p in adapter.module.parameters())
+
+
+def test_placing_an_int8_base_frees_each_bf16_weight_it_quantizes(data, tmp_path, monkeypatch):
+    """Filled from meta, the adapted layers' weights are quantized in place and nothing else holds their
+    full-precision tensors: on a 24 GB card Nano's bf16 weights held beside their int8 ones did not fit
+    (an H100 capped at 24 GB, the CUDA context counted). Checked on the CPU with weak references taken
+    as the quantization starts."""
+    import gc
+    import weakref
+
+    from wamkit.config import ModelConfig
+    from wamkit.models import build_model
+    from wamkit.train import placement
+    from wamkit.train.dist import init_distributed, shutdown
+
+    cfg = _cfg(data, tmp_path / "run", INT8, "train.precision=fp32")
+    adapter = build_model(ModelConfig(name="cosmos3", preset="tiny"), None, device="meta")
+    refs, alive, real = [], [], lora.quantize_base
+
+    def watched(module, spec):  # the placement's own frame is still running when it returns
+        refs.extend(weakref.ref(m.weight) for m in lora._base_layers(module, spec).values())
+        out = real(module, spec)
+        gc.collect()
+        alive.extend(r for r in refs if r() is not None)
+        return out
+
+    monkeypatch.setattr(placement, "quantize_base", watched)
+    info = init_distributed("cpu")
+    try:
+        _, placed = placement.place_run(adapter, info, cfg)
+        assert refs and not alive, f"{len(alive)} of {len(refs)} full-precision weights held"
+        assert placed.root is not None
+    finally:
+        shutdown(info)

@@ -177,6 +177,10 @@ def place(
                 ParamGroup(g.name, [params[name_of[id(p)]] for p in g.params], g.lr_mult, g.weight_decay)
                 for g in groups
             ]
+            # nothing here may hold the base's weights once they are quantized: the quantization frees
+            # each layer's bf16 weight as it makes its int8 one (held, every bf16 weight stayed beside
+            # the int8 ones: Nano's LoRA ran out of a 24 GB card's memory before its first step)
+            del params
             meta = False
         for name in lora.spec.targets:  # FSDP2 moves what it shards, not what it leaves alone
             adapter.module.get_submodule(name).get_base_layer().to(info.device)
