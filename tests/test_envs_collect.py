@@ -232,7 +232,10 @@ def test_collect_with_action_noise_records_the_experts_labels_of_the_states_nois
     assert cli_main([*args, "--episodes", "2"]) == 2  # resumed without the noise
     assert "collect.action_noise" in capsys.readouterr().err
     assert cli_main([*args, "--episodes", "2", "--action-noise", "0.3"]) == 2  # held another number of steps
-    assert "held 4 step(s); this run asks for 0.3 held 1" in capsys.readouterr().err
+    assert (
+        "'noise_hold': 4}; this run asks for {'action_noise': 0.3, 'noise_hold': 1}"
+        in capsys.readouterr().err
+    )
     assert cli_main([*args, "--action-noise", "0.3", "--noise-hold", "0"]) == 2
     assert "collect.noise_hold" in capsys.readouterr().err
     assert cli_main([*args, "--action-noise", "-0.1"]) == 2

@@ -70,6 +70,12 @@ def _check_collect(cfg: RunConfig) -> None:
     check_env_config(cfg.env)
 
 
+def _noise_record(c) -> dict[str, Any]:
+    """What ``info.json`` records of DART's noise (:class:`~wamkit.config.CollectConfig`): nothing
+    without it; the executed actions were noisy, the recorded ones are the expert's."""
+    return {"action_noise": float(c.action_noise), "noise_hold": int(c.noise_hold)} if c.action_noise else {}
+
+
 def _open_writer(cfg: RunConfig, root: Path, journal: CollectJournal):
     """Create the dataset, or re-open it to resume after checking it was made with the same settings
     and reconciling the journal with the episodes the writer really committed."""
@@ -80,9 +86,8 @@ def _open_writer(cfg: RunConfig, root: Path, journal: CollectJournal):
     # the actions recorded are the env's own commands: their gripper convention is known, not guessed
     # from their range (a MetaWorld expert's grab effort spans [0, 1] with 1 = close)
     extra["gripper"] = "env"
-    if cfg.collect.action_noise:  # DART: the executed actions were noisy, the recorded ones are not
-        extra["action_noise"] = float(cfg.collect.action_noise)
-        extra["noise_hold"] = int(cfg.collect.noise_hold)
+    noise = _noise_record(cfg.collect)
+    extra.update(noise)
     meta_file = next((root / f for f in (PARTIAL, INFO) if (root / f).is_file()), None)
     if meta_file is None:
         if journal.entries or (root.exists() and any(root.iterdir())):
@@ -93,14 +98,12 @@ def _open_writer(cfg: RunConfig, root: Path, journal: CollectJournal):
         )
     info = json.loads(meta_file.read_text())
     have = {k: (info.get("wamkit") or {}).get(k) for k in extra}
-    made = info.get("wamkit") or {}
-    noise, hold = made.get("action_noise", 0.0), made.get("noise_hold", 1) if made.get("action_noise") else 1
-    want = (cfg.collect.action_noise, cfg.collect.noise_hold if cfg.collect.action_noise else 1)
-    if (noise, hold) != want:
+    made = {k: v for k, v in (info.get("wamkit") or {}).items() if k in ("action_noise", "noise_hold")}
+    if made != noise:  # named apart from the look: a clean dataset's record has no noise keys at all
         raise ConfigError(
-            f"collect.action_noise, collect.noise_hold: {root} holds a dataset collected with action noise "
-            f"{noise} held {hold} step(s); this run asks for {want[0]} held {want[1]}: choose another --out, "
-            "or the same noise to resume"
+            f"collect.action_noise, collect.noise_hold: {root} holds a dataset collected with "
+            f"{made or 'no action noise'}; this run asks for {noise or 'none'}: choose another --out, or "
+            "the same noise to resume"
         )
     shapes = {k: (info.get("features") or {}).get(k, {}).get("shape") for k in features_for(cfg)}
     if (

@@ -128,17 +128,25 @@ class RandomWeights:
     def where(self, name: str) -> str:
         return f"random weights (seed {self.seed})"
 
-    def full(self, name: str) -> torch.Tensor:
+    def _law(self, name: str) -> tuple[str, float]:
+        """What :meth:`full` draws ``name`` from: ``("full", value)``, ``("uniform", bound)`` or
+        ``("normal", std)``."""
         shape = self._shape[name]
         bias = name.endswith("bias") or name.endswith(".bias.weight")  # the heads' per-domain bias rows
         if (len(shape) == 1 and "norm" in name) or bias or name == "action_modality_embed":
-            value = 1.0 if "norm" in name and len(shape) == 1 else 0.0
+            return "full", 1.0 if "norm" in name and len(shape) == 1 else 0.0
+        if name in self._fan_in:
+            return "uniform", 1.0 / math.sqrt(self._fan_in[name])
+        return "normal", 0.02
+
+    def full(self, name: str) -> torch.Tensor:
+        shape, (law, value) = self._shape[name], self._law(name)
+        if law == "full":
             return torch.full(shape, value, device=self.device)
         g = torch.Generator(self.device).manual_seed(self.seed + zlib.crc32(name.encode()))
-        if name in self._fan_in:
-            bound = 1.0 / math.sqrt(self._fan_in[name])
-            return torch.empty(shape, device=self.device).uniform_(-bound, bound, generator=g)
-        return torch.empty(shape, device=self.device).normal_(0.0, 0.02, generator=g)
+        if law == "uniform":
+            return torch.empty(shape, device=self.device).uniform_(-value, value, generator=g)
+        return torch.empty(shape, device=self.device).normal_(0.0, value, generator=g)
 
     def read(self, name: str, start: int, stop: int) -> torch.Tensor:
         t = self.full(name)
@@ -149,17 +157,10 @@ class RandomWeights:
         and the shape (the name is the rest of its seed); None for a name it did not draw. A hash over
         these stands for the weights without drawing them (Nano's 8.2B frozen ones take minutes on a
         CPU); the device type that draws them is not in it (CUDA's draw differs from the CPU's)."""
-        shape = self._shape.get(name)
-        if shape is None:
+        if name not in self._shape:
             return None
-        bias = name.endswith("bias") or name.endswith(".bias.weight")
-        if (len(shape) == 1 and "norm" in name) or bias or name == "action_modality_embed":
-            law = f"full {1.0 if 'norm' in name and len(shape) == 1 else 0.0}"
-        elif name in self._fan_in:
-            law = f"uniform +-1/sqrt({self._fan_in[name]})"
-        else:
-            law = "normal(0, 0.02)"
-        return f"random v1|seed {self.seed}|{law}|{list(shape)}"
+        law, value = self._law(name)
+        return f"random v1|seed {self.seed}|{law} {value!r}|{list(self._shape[name])}"
 
 
 def _random_init_(tr: Cosmos3OmniTransformer, draw_on: torch.device | None = None) -> None:
