@@ -241,3 +241,51 @@ def test_collect_with_action_noise_records_the_experts_labels_of_the_states_nois
     assert cli_main([*args, "--action-noise", "-0.1"]) == 2
     assert "collect.action_noise" in capsys.readouterr().err
     assert LeRobotDataset(out).num_episodes == 1  # nothing written was lost
+
+
+def test_collect_with_late_actions_executes_the_experts_action_of_k_steps_before_in_drawn_windows(
+    tmp_path, capsys
+):
+    """`--action-lag K --lag-prob P --noise-hold W`: each window of W steps is late with probability P
+    (drawn from the episode's own generator at the window's first step); a late window executes the
+    expert's action of K steps before. Replayed by hand, the recorded states come back step for step;
+    the recorded actions are the expert's labels. A resume with another lag is refused by name, and so
+    is a lag without a probability."""
+    from wamkit.envs.expert import NOISE_STREAM
+
+    out = tmp_path / "late"
+    args = ["collect", "--tasks", "reach-v3", "--workers", "1", "--episodes", "1", "--image-size", "32",
+            "--render-quality", "fast", "--out", str(out)]  # fmt: skip
+    assert cli_main([*args, "--action-lag", "6", "--lag-prob", "0.5", "--noise-hold", "4"]) == 0
+    ds = LeRobotDataset(out)
+    assert {k: ds.meta.info["wamkit"][k] for k in ("action_lag", "lag_prob", "noise_hold")} == {
+        "action_lag": 6,
+        "lag_prob": 0.5,
+        "noise_hold": 4,
+    }
+    assert "action_noise" not in ds.meta.info["wamkit"]
+    spec = EpisodeSpec.from_dict(_journal(out)[0])
+    states = np.stack([ds[i][OBS_STATE].numpy() for i in range(len(ds))])
+    actions = np.stack([ds[i][ACTION].numpy() for i in range(len(ds))])
+    env = make_env(EnvConfig(image_size=32, render_quality="fast"))
+    late_steps = 0
+    try:
+        obs, rng = env.reset(spec), np.random.default_rng([spec.seed, NOISE_STREAM])
+        for t in range(len(ds)):
+            np.testing.assert_array_equal(states[t], obs[OBS_STATE])
+            np.testing.assert_allclose(actions[t], env.expert_action(obs), atol=1e-6)
+            if t % 4 == 0:
+                late = rng.random() < 0.5
+            late_steps += late
+            obs = env.step(actions[max(t - 6, 0)] if late else actions[t])[0]
+    finally:
+        env.close()
+    assert 0 < late_steps < len(ds)  # some windows were late, some were not
+    capsys.readouterr()
+    assert cli_main([*args, "--episodes", "2", "--action-lag", "3", "--lag-prob", "0.5", "--noise-hold", "4"]) == 2
+    err = capsys.readouterr().err
+    assert "collect.action_lag" in err and "collect.lag_prob" not in err.split(":")[0]
+    assert cli_main([*args, "--action-lag", "3"]) == 2
+    assert "collect.action_lag, collect.lag_prob" in capsys.readouterr().err
+    assert cli_main([*args, "--action-lag", "3", "--lag-prob", "1.5"]) == 2
+    assert "collect.lag_prob" in capsys.readouterr().err

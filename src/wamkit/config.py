@@ -91,6 +91,11 @@ class CollectConfig:
     # steps each noise draw is held for (1: a new draw every step, which the expert's feedback undoes at
     # once; k: a push that lasts k steps, as a stale chunk's does, and leaves the hand off its path)
     noise_hold: int = 1
+    # late actions: each window of noise_hold steps is, with probability lag_prob, executed K steps late
+    # (the expert's action of action_lag steps before), as a robot running a stale chunk moves: the hand
+    # overshoots where the expert would stop, and the dataset records the expert's way back. 0: none
+    action_lag: int = 0
+    lag_prob: float = 0.0
 
 
 @dataclass

@@ -23,6 +23,8 @@ _FLAGS = {
     "seed": "collect.seed",
     "action_noise": "collect.action_noise",
     "noise_hold": "collect.noise_hold",
+    "action_lag": "collect.action_lag",
+    "lag_prob": "collect.lag_prob",
 }
 
 
@@ -43,7 +45,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=float,
         help="DART: Gaussian noise of this std added to the actions executed (the expert's are recorded)",
     )
-    p.add_argument("--noise-hold", type=int, help="steps each noise draw is held for (default 1)")
+    p.add_argument("--noise-hold", type=int, help="steps each noise draw (or late window) lasts (default 1)")
+    p.add_argument(
+        "--action-lag",
+        type=int,
+        help="late actions: a late window executes the expert's action of this many steps before",
+    )
+    p.add_argument("--lag-prob", type=float, help="probability that a window of --noise-hold steps is late")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. env.image_size=256")
 
 

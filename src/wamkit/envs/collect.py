@@ -58,6 +58,15 @@ def _check_collect(cfg: RunConfig) -> None:
         raise ConfigError(
             f"collect.action_noise: expected a standard deviation >= 0 (the env's action units), got {c.action_noise}"
         )
+    if c.action_lag < 0:
+        raise ConfigError(f"collect.action_lag: expected >= 0 steps (0: no late actions), got {c.action_lag}")
+    if not (math.isfinite(c.lag_prob) and 0 <= c.lag_prob <= 1):
+        raise ConfigError(f"collect.lag_prob: expected a probability in [0, 1], got {c.lag_prob}")
+    if (c.action_lag > 0) != (c.lag_prob > 0):
+        raise ConfigError(
+            f"collect.action_lag, collect.lag_prob: late actions need both (a lag > 0 and a probability > 0), "
+            f"got action_lag={c.action_lag}, lag_prob={c.lag_prob}"
+        )
     if c.noise_hold < 1:
         raise ConfigError(f"collect.noise_hold: expected >= 1 steps per noise draw, got {c.noise_hold}")
     if not c.out:
@@ -70,10 +79,21 @@ def _check_collect(cfg: RunConfig) -> None:
     check_env_config(cfg.env)
 
 
+_NOISE_KEYS = ("action_noise", "noise_hold", "action_lag", "lag_prob")
+
+
 def _noise_record(c) -> dict[str, Any]:
-    """What ``info.json`` records of DART's noise (:class:`~wamkit.config.CollectConfig`): nothing
-    without it; the executed actions were noisy, the recorded ones are the expert's."""
-    return {"action_noise": float(c.action_noise), "noise_hold": int(c.noise_hold)} if c.action_noise else {}
+    """What ``info.json`` records of the perturbations (:class:`~wamkit.config.CollectConfig`: DART's
+    noise, late actions): nothing without them; the executed actions were perturbed, the recorded ones
+    are the expert's."""
+    rec: dict[str, Any] = {}
+    if c.action_noise:
+        rec["action_noise"] = float(c.action_noise)
+    if c.action_lag:
+        rec.update(action_lag=int(c.action_lag), lag_prob=float(c.lag_prob))
+    if rec:
+        rec["noise_hold"] = int(c.noise_hold)
+    return rec
 
 
 def _open_writer(cfg: RunConfig, root: Path, journal: CollectJournal):
@@ -98,12 +118,13 @@ def _open_writer(cfg: RunConfig, root: Path, journal: CollectJournal):
         )
     info = json.loads(meta_file.read_text())
     have = {k: (info.get("wamkit") or {}).get(k) for k in extra}
-    made = {k: v for k, v in (info.get("wamkit") or {}).items() if k in ("action_noise", "noise_hold")}
+    made = {k: v for k, v in (info.get("wamkit") or {}).items() if k in _NOISE_KEYS}
     if made != noise:  # named apart from the look: a clean dataset's record has no noise keys at all
+        differ = sorted(k for k in _NOISE_KEYS if made.get(k) != noise.get(k))
         raise ConfigError(
-            f"collect.action_noise, collect.noise_hold: {root} holds a dataset collected with "
-            f"{made or 'no action noise'}; this run asks for {noise or 'none'}: choose another --out, or "
-            "the same noise to resume"
+            f"{', '.join('collect.' + k for k in differ)}: {root} holds a dataset collected with "
+            f"{made or 'no perturbation'}; this run asks for {noise or 'none'}: choose another --out, or "
+            "the same perturbation to resume"
         )
     shapes = {k: (info.get("features") or {}).get(k, {}).get("shape") for k in features_for(cfg)}
     if (
@@ -159,7 +180,7 @@ def collect(cfg: RunConfig, progress: bool = True) -> dict[str, Any]:
     in_flight: Counter = Counter()
     next_trial = {t: 0 for t in tasks}
     max_attempts = 2 * c.episodes + 10
-    noise = {"action_noise": c.action_noise, "noise_hold": c.noise_hold}
+    noise = {k: getattr(c, k) for k in _NOISE_KEYS}
     stats = {t: {"attempted": 0, "success": 0, "kept": 0} for t in tasks}
 
     def next_spec() -> EpisodeSpec | None:

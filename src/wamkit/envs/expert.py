@@ -20,6 +20,8 @@ def rollout_expert(
     keep_frames_on_failure: bool = True,
     action_noise: float = 0.0,
     noise_hold: int = 1,
+    action_lag: int = 0,
+    lag_prob: float = 0.0,
 ) -> dict[str, Any]:
     """Run the suite's scripted expert for one episode.
 
@@ -32,13 +34,21 @@ def rollout_expert(
     Gaussian noise of that standard deviation (the env clips it to its bounds), drawn from a generator
     seeded with ``(spec.seed, NOISE_STREAM)`` at steps 0, ``noise_hold``, 2 ``noise_hold``, ... and
     held in between; frame t records the expert's own action, the label of the state the noise led to.
+
+    ``action_lag`` K > 0 with ``lag_prob`` p > 0 (``collect.action_lag``): the episode's steps fall in
+    windows of ``noise_hold`` steps; the same generator draws, at each window's first step, whether the
+    window is late (probability p), and in a late window the env executes the expert's action of K
+    steps before (step 0's before step K), as a robot acting on a chunk planned K steps ago does: the
+    hand goes on the way it was going, past where the expert would stop. Frames record the expert's own
+    actions, so the dataset holds its way back. With both, the noise is added to the late action.
     """
     obs = env.reset(spec)
     frames: dict[str, list[Any]] = {k: [] for k in obs if k != TASK}
     frames[ACTION] = []
     success, steps = False, 0
-    noise = np.random.default_rng([spec.seed, NOISE_STREAM]) if action_noise > 0 else None
-    push = None
+    lagging = action_lag > 0 and lag_prob > 0
+    noise = np.random.default_rng([spec.seed, NOISE_STREAM]) if action_noise > 0 or lagging else None
+    push, late = None, False
     for t in range(env.max_steps(spec)):
         action = env.expert_action(obs)
         for k in frames:
@@ -46,8 +56,14 @@ def rollout_expert(
         executed = action
         if noise is not None:
             if t % noise_hold == 0:
-                push = noise.normal(0.0, action_noise, np.shape(action)).astype(np.float32)
-            executed = action + push
+                if lagging:
+                    late = bool(noise.random() < lag_prob)
+                if action_noise > 0:
+                    push = noise.normal(0.0, action_noise, np.shape(action)).astype(np.float32)
+            if late:
+                executed = frames[ACTION][max(t - action_lag, 0)]
+            if push is not None:
+                executed = executed + push
         obs, _, terminated, truncated, info = env.step(executed)
         steps += 1
         success = success or bool(info["success"])
@@ -72,7 +88,7 @@ class ExpertHost(EnvHost):
 
     def rollout(self, payload: dict[str, Any]) -> dict[str, Any]:
         """``payload = {"spec": EpisodeSpec, "keep_failed": bool, "action_noise": float, "noise_hold":
-        int}`` ->
+        int, "action_lag": int, "lag_prob": float}`` ->
         :func:`rollout_expert`'s result."""
         spec = payload["spec"]
         self.specs[0] = spec
@@ -82,4 +98,6 @@ class ExpertHost(EnvHost):
             keep_frames_on_failure=payload.get("keep_failed", False),
             action_noise=float(payload.get("action_noise", 0.0)),
             noise_hold=int(payload.get("noise_hold", 1)),
+            action_lag=int(payload.get("action_lag", 0)),
+            lag_prob=float(payload.get("lag_prob", 0.0)),
         )
