@@ -8,12 +8,15 @@ import numpy as np
 import pytest
 
 from wamkit.cli import main as cli_main
-from wamkit.config import EnvConfig
-from wamkit.constants import ACTION, OBS_STATE, TASK, image_key
-from wamkit.data import LeRobotDataset
+from wamkit.config import DataConfig, EnvConfig
+from wamkit.constants import ACTION, EXECUTED_ACTION, OBS_STATE, TASK, image_key
+from wamkit.data import LeRobotDataset, compute_stats, make_train_dataset
 from wamkit.envs import EpisodeSpec, check_render_quality, make_env
 from wamkit.envs.collect_journal import JOURNAL
 from wamkit.envs.suites import resolve_env_config
+from wamkit.models.base import ModelIO
+
+from .conftest import spec_of
 
 ARGS = ["--suite", "metaworld", "--tasks", "reach-v3,push-v3", "--workers", "2", "--image-size", "32"]
 
@@ -268,7 +271,7 @@ def test_collect_with_late_actions_executes_the_experts_action_of_k_steps_before
     states = np.stack([ds[i][OBS_STATE].numpy() for i in range(len(ds))])
     actions = np.stack([ds[i][ACTION].numpy() for i in range(len(ds))])
     env = make_env(EnvConfig(image_size=32, render_quality="fast"))
-    late_steps = 0
+    late_steps, executed = 0, []
     try:
         obs, rng = env.reset(spec), np.random.default_rng([spec.seed, NOISE_STREAM])
         for t in range(len(ds)):
@@ -277,12 +280,29 @@ def test_collect_with_late_actions_executes_the_experts_action_of_k_steps_before
             if t % 4 == 0:
                 late = rng.random() < 0.5
             late_steps += late
-            obs = env.step(actions[max(t - 6, 0)] if late else actions[t])[0]
+            executed.append(actions[max(t - 6, 0)] if late else actions[t])
+            obs = env.step(executed[-1])[0]
     finally:
         env.close()
     assert 0 < late_steps < len(ds)  # some windows were late, some were not
+    # what the env executed is stored beside the labels, and the data stage gives a model that asks
+    # for it the executed chunk, encoded as the action chunk is
+    np.testing.assert_array_equal(
+        np.stack([ds[i][EXECUTED_ACTION].numpy() for i in range(len(ds))]), executed
+    )
+    io = ModelIO(cameras=("corner",), image_size=32, state_dim=states.shape[1], action_dim=4, chunk=4)
+    codec = spec_of(compute_stats(out, "raw", chunk=4), io)
+    train = make_train_dataset(DataConfig(root=str(out), chunk=4), codec, extras=(EXECUTED_ACTION,))
+    for i in (0, 9, len(ds) - 5):
+        np.testing.assert_array_equal(
+            train[i][EXECUTED_ACTION].numpy(), codec.encode_actions(executed[i : i + 4])
+        )
+        np.testing.assert_array_equal(train[i][ACTION].numpy(), codec.encode_actions(actions[i : i + 4]))
     capsys.readouterr()
-    assert cli_main([*args, "--episodes", "2", "--action-lag", "3", "--lag-prob", "0.5", "--noise-hold", "4"]) == 2
+    assert (
+        cli_main([*args, "--episodes", "2", "--action-lag", "3", "--lag-prob", "0.5", "--noise-hold", "4"])
+        == 2
+    )
     err = capsys.readouterr().err
     assert "collect.action_lag" in err and "collect.lag_prob" not in err.split(":")[0]
     assert cli_main([*args, "--action-lag", "3"]) == 2

@@ -216,3 +216,46 @@ def test_a_prefix_as_long_as_the_chunk_is_refused():
 
     with pytest.raises(ConfigError, match="prefix_max_delay: 16 leaves no action of the 16-action chunk"):
         random_init("tiny", "small", options={"prefix_max_delay": 16}, device="cpu")
+
+
+def test_prefix_training_conditions_on_the_executed_actions_and_learns_the_recorded_ones(monkeypatch):
+    """A perturbed collection's ``executed_action`` chunk is the committed prefix the model sees (as at
+    inference it sees what the robot executes); the loss stays on the recorded labels after it. Without
+    the column the prefix is the recorded actions, the same loss bit for bit."""
+    from wamkit.constants import EXECUTED_ACTION
+
+    served = random_init("tiny", "small", options={"prefix_max_delay": 8}, device="cpu")
+    adapter, io = served.adapter, served.adapter.io
+    assert adapter.sample_extras == (EXECUTED_ACTION,)
+    assert random_init("tiny", "small", device="cpu").adapter.sample_extras == ()
+    rng = np.random.default_rng(1)
+    batch = {
+        image_key(c): torch.from_numpy(
+            rng.integers(0, 255, (4, io.image_size, io.image_size, 3), dtype=np.uint8)
+        )
+        for c in io.cameras
+    }
+    action = torch.from_numpy(rng.uniform(-1, 1, (4, io.chunk, io.action_dim)).astype(np.float32))
+    executed = torch.from_numpy(rng.uniform(-1, 1, (4, io.chunk, io.action_dim)).astype(np.float32))
+    batch |= {
+        OBS_STATE: torch.from_numpy(rng.normal(size=(4, io.state_dim)).astype(np.float32)),
+        "action": action,
+        "task": ["reach"] * 4,
+    }
+    monkeypatch.setattr(torch, "randint", lambda lo, hi, size, device=None: torch.full(size, 5))
+    seen = []
+    forward = adapter.module.forward
+    monkeypatch.setattr(
+        adapter.module, "forward", lambda **kw: seen.append(kw["gen"]["actions"]) or forward(**kw)
+    )
+
+    def loss(b):
+        torch.manual_seed(0)
+        return adapter.sft_loss(b)["action_loss"]
+
+    plain = loss(batch)
+    assert torch.equal(loss(batch | {EXECUTED_ACTION: action.clone()}), plain)
+    perturbed = loss(batch | {EXECUTED_ACTION: executed})
+    assert torch.equal(seen[-1][:, :5], executed[:, :5])  # the prefix enters clean, as executed
+    assert torch.equal(seen[-1][:, 5:], seen[0][:, 5:])  # the same noise over the same labels
+    assert not torch.equal(perturbed, plain)  # another prefix, another continuation's error

@@ -39,3 +39,7 @@ def future_image_key(camera: str) -> str:
 
 # Per-sample extras a model may ask for (its ``sample_extras``), computed by the data stage.
 IDLE_FRAMES = "idle_frames"  # int: idle frames of the sample's action chunk (wamkit.actions.idle)
+# [chunk, D]: the actions the env executed over the sample's chunk, encoded as the action chunk is. A
+# collection with perturbations (DART noise, late actions) stores them in this column beside the
+# expert's recorded ``action``; a dataset without the column executed its actions as recorded
+EXECUTED_ACTION = "executed_action"

@@ -5,7 +5,8 @@ and yields dicts with camera images (uint8 [H, W, 3], resized by the spec), the 
 encoded action chunk [chunk, D], ``action_is_pad`` and the task string; with ``future_offsets`` also
 ``observation.future_images.<cam>``, uint8 [K, H, W, 3]: the frames at those offsets after the current
 one (clamped to the episode's last frame); with ``extras`` the per-sample values a model asks for
-(:data:`SAMPLE_EXTRAS`). Every transform is the :class:`PreprocessSpec`'s own, the very object the
+(:data:`SAMPLE_EXTRAS`: ``executed_action``, the chunk the env executed, for a model that continues
+committed actions). Every transform is the :class:`PreprocessSpec`'s own, the very object the
 server runs. Every sub-dataset's fps must equal the spec's.
 """
 
@@ -24,7 +25,16 @@ from wamkit.actions.idle import count_idle_frames
 from wamkit.actions.representations import REGISTRY, get_representation
 from wamkit.actions.spec import PreprocessSpec, SpecError
 from wamkit.config import ConfigError, DataConfig
-from wamkit.constants import ACTION, ACTION_IS_PAD, IDLE_FRAMES, OBS_STATE, TASK, future_image_key, image_key
+from wamkit.constants import (
+    ACTION,
+    ACTION_IS_PAD,
+    EXECUTED_ACTION,
+    IDLE_FRAMES,
+    OBS_STATE,
+    TASK,
+    future_image_key,
+    image_key,
+)
 from wamkit.data.dataset import LeRobotDataset
 from wamkit.data.meta import INFO, DatasetError, DatasetMeta
 
@@ -37,9 +47,16 @@ def _idle_frames(raw: dict[str, Any], spec: PreprocessSpec) -> int:
     return count_idle_frames(get_representation(spec.representation).to_model(steps), spec.fps)
 
 
+def _executed_action(raw: dict[str, Any], spec: PreprocessSpec) -> torch.Tensor:
+    """The chunk the env executed, encoded as the action chunk is: the dataset's ``executed_action``
+    column where a perturbed collection wrote one, else the recorded actions themselves."""
+    return torch.from_numpy(spec.encode_actions(raw.get(EXECUTED_ACTION, raw[ACTION]).numpy()))
+
+
 # name -> its function of the raw sample and the spec (the representations it is defined for say so:
-# Representation.extras)
-SAMPLE_EXTRAS = {IDLE_FRAMES: _idle_frames}
+# Representation.extras; those in ANY_REPRESENTATION are defined for all)
+SAMPLE_EXTRAS = {IDLE_FRAMES: _idle_frames, EXECUTED_ACTION: _executed_action}
+ANY_REPRESENTATION = (EXECUTED_ACTION,)
 
 
 def suite_roots(cfg: DataConfig) -> dict[str, Path]:
@@ -128,7 +145,7 @@ def make_train_dataset(
                 f"sample extra {name!r} is unknown; the data stage offers {', '.join(SAMPLE_EXTRAS)}"
             )
         defined = [r.name for r in REGISTRY.values() if name in r.extras]
-        if spec.representation not in defined:
+        if name not in ANY_REPRESENTATION and spec.representation not in defined:
             raise SpecError(
                 f"the model asks for {name!r}, defined only for {defined} actions, "
                 f"but the data is {spec.representation!r}"
@@ -163,6 +180,8 @@ def make_train_dataset(
             keys.append(key)
         cameras = dict(zip(spec.cameras, keys))
         delta: dict[str, list[float]] = {ACTION: [k / meta.fps for k in range(chunk)]}
+        if EXECUTED_ACTION in extras and EXECUTED_ACTION in meta.features:
+            delta[EXECUTED_ACTION] = delta[ACTION]
         if future_offsets:
             delta.update({k: [0.0, *(o / meta.fps for o in future_offsets)] for k in keys})
         suites[name] = LeRobotDataset(

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from wamkit.config import ConfigError, RunConfig
-from wamkit.constants import ACTION, OBS_STATE, TASK, image_key
+from wamkit.constants import ACTION, EXECUTED_ACTION, OBS_STATE, TASK, image_key
 from wamkit.envs.base import EpisodeSpec, check_env_config, render_info
 from wamkit.envs.collect_journal import CollectJournal
 from wamkit.envs.expert import ExpertHost
@@ -45,6 +45,8 @@ def features_for(cfg: RunConfig) -> dict[str, dict[str, Any]]:
     }
     feats[OBS_STATE] = {"dtype": "float32", "shape": [info.state_dim], "names": names}
     feats[ACTION] = {"dtype": "float32", "shape": [info.action_dim], "names": None}
+    if _noise_record(cfg.collect):  # perturbed: what the env executed, beside the expert's labels
+        feats[EXECUTED_ACTION] = {"dtype": "float32", "shape": [info.action_dim], "names": None}
     return feats
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from wamkit.constants import ACTION, OBS_STATE, TASK
+from wamkit.constants import ACTION, EXECUTED_ACTION, OBS_STATE, TASK
 from wamkit.envs.base import Env, EpisodeSpec
 from wamkit.envs.host import EnvHost
 
@@ -41,6 +41,9 @@ def rollout_expert(
     steps before (step 0's before step K), as a robot acting on a chunk planned K steps ago does: the
     hand goes on the way it was going, past where the expert would stop. Frames record the expert's own
     actions, so the dataset holds its way back. With both, the noise is added to the late action.
+
+    With either perturbation, frame t also holds ``executed_action`` (what the env was given at t,
+    before its own clipping): a policy trained to continue committed actions is conditioned on those.
     """
     obs = env.reset(spec)
     frames: dict[str, list[Any]] = {k: [] for k in obs if k != TASK}
@@ -49,6 +52,7 @@ def rollout_expert(
     lagging = action_lag > 0 and lag_prob > 0
     noise = np.random.default_rng([spec.seed, NOISE_STREAM]) if action_noise > 0 or lagging else None
     push, late = None, False
+    executed_log: list[Any] = []
     for t in range(env.max_steps(spec)):
         action = env.expert_action(obs)
         for k in frames:
@@ -64,6 +68,7 @@ def rollout_expert(
                 executed = frames[ACTION][max(t - action_lag, 0)]
             if push is not None:
                 executed = executed + push
+            executed_log.append(executed)
         obs, _, terminated, truncated, info = env.step(executed)
         steps += 1
         success = success or bool(info["success"])
@@ -74,6 +79,8 @@ def rollout_expert(
         out_frames = {k: np.stack(v) for k, v in frames.items()}
         out_frames[OBS_STATE] = out_frames[OBS_STATE].astype(np.float32)
         out_frames[ACTION] = out_frames[ACTION].astype(np.float32)
+        if executed_log:
+            out_frames[EXECUTED_ACTION] = np.stack(executed_log).astype(np.float32)
     return {
         "spec": spec.to_dict(),
         "success": success,

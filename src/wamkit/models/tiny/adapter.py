@@ -21,7 +21,15 @@ import torch
 import torch.nn.functional as F
 
 from wamkit.config import ConfigError
-from wamkit.constants import ACTION, ACTION_IS_PAD, OBS_STATE, TASK, future_image_key, image_key
+from wamkit.constants import (
+    ACTION,
+    ACTION_IS_PAD,
+    EXECUTED_ACTION,
+    OBS_STATE,
+    TASK,
+    future_image_key,
+    image_key,
+)
 from wamkit.models.base import ActivationShape, Mode, ModelIO, ParamGroup, row_seeds, seeded_noise
 from wamkit.models.rtc import committed, guide_input, guided_velocity
 from wamkit.models.rtc import held as rtc_held
@@ -59,6 +67,8 @@ class TinyAdapter:
                 f"{io.chunk}-action chunk to learn; expected at most {io.chunk - 1}"
             )
         self.module = TinyWAM(cfg, io)
+        # a prefix-trained model is conditioned on what the env executed (the data stage's chunk of it)
+        self.sample_extras: tuple[str, ...] = (EXECUTED_ACTION,) if cfg.prefix_max_delay else ()
         if cfg.keys_to_select:
             names = [n for n, _ in self.module.named_parameters()]
             chosen = {n for n in names if any(k in n for k in cfg.keys_to_select)}
@@ -236,8 +246,13 @@ class TinyAdapter:
             t_act = torch.where(held, 0.0, t_act[:, None])  # [B, chunk]
             weight = weight * (~held).float()
         tt = t_act[..., None] if t_act.dim() == 2 else t_act[:, None, None]
+        x_in = x_act
+        if self.cfg.prefix_max_delay and EXECUTED_ACTION in batch:
+            # the committed prefix is what the env executed (a perturbed collection's executed_action
+            # column), as at inference it is what the robot executes; the loss stays on the labels
+            x_in = torch.where(held[..., None], self._tensor(batch[EXECUTED_ACTION], torch.float32), x_act)
         gen = {
-            "actions": (1 - tt) * x_act + tt * eps_act,
+            "actions": (1 - tt) * x_in + tt * eps_act,
             "t_actions": t_act,
             "state": prefix["state"],
         }
