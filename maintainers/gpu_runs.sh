@@ -42,8 +42,8 @@
 #                                          fit there): samples/s, MFU, driver-reported peak, host peak RSS (1 GPU)
 #   bash maintainers/gpu_runs.sh sft80-uncapped  # core: the same uncapped (the stock step beside it), the next call
 #   bash maintainers/gpu_runs.sh lora24        # core + ao: LoRA rank 16 of full Nano reading a text cache, capped at
-#                                          24 GB, accumulating to 2048, bf16 base (micro-batch 16, compiled)
-#                                          then int8 (32, not compiled); one row a call (LORA24)
+#                                          24 GB, accumulating to 2048, bf16 base (micro-batch 8, compiled)
+#                                          then int8 (32, not compiled); both rows fit one call (LORA24)
 #   bash maintainers/gpu_runs.sh sft-full      # core: full-size Cosmos3-Nano SFT placed by its memory plan on one
 #                                          GPU (the plan printed, the transformer step beside the trainer
 #                                          step with accumulation, EMA and offload), and the nano_l8 rows (1 GPU)
@@ -423,12 +423,12 @@ for k in ('time/step', 'time/save_s', 'time/save_write_s', 'time/save_wait_s'):
     ;;
   lora24)
     # issue 52 item 4: LoRA rank 16 SFT of full Nano reading a text cache, capped at 24 GB, accumulating
-    # to the recipe's global batch of 2048 at the largest micro-batch each base's plan fits (bf16: 16,
-    # int8: 32; 48 does not divide 2048): samples/s, MFU, the driver's peak, host peak RSS (carry ao
+    # to the recipe's global batch of 2048 at the largest micro-batch that fits each base on a 24 GB card
+    # with its context counted (bf16: 8, its plan's 16 ran out; int8: 32; 48 does not divide 2048): samples/s, MFU, the driver's peak, host peak RSS (carry ao
     # too). The int8 row is not compiled: compiled layers over an int8 base under checkpointing are
     # refused on CUDA (docs/cosmos3.md). The warm-up step is 4 micro-batches (compile, allocator,
-    # optimizer state); each row is one call: LORA24 picks rows, e.g. LORA24="int8 32 64"
-    IFS=, read -r -a rows <<<"${LORA24:-bf16 16 128 --compile,int8 32 64}"
+    # optimizer state); both rows fit one call (LORA24_LIMIT=255 each): LORA24 picks rows, e.g. LORA24="int8 32 64"
+    IFS=, read -r -a rows <<<"${LORA24:-bf16 8 256 --compile,int8 32 64}"
     for spec in "${rows[@]}"; do
       set -- $spec
       run "lora24_$1" "${LORA24_LIMIT:-560}" $W bench train --model cosmos3 --preset nano --precision bf16 \

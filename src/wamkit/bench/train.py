@@ -516,10 +516,14 @@ class DriverPeak:
 
     def _sample(self) -> None:
         while True:
+            before = torch.cuda.memory_reserved(self.device)
             free, total = torch.cuda.mem_get_info(self.device)
+            after = torch.cuda.memory_reserved(self.device)
             self.peak = max(self.peak, total - free)
-            # what the driver gives past the caching allocator (context, kernels, libraries' state)
-            self.outside = max(self.outside, total - free - torch.cuda.memory_reserved(self.device))
+            # what the driver gives past the caching allocator (context, kernels, libraries' state). The
+            # two counts are not read at one instant: against the larger of the allocator's readings on
+            # either side, a segment freed (or taken) in between is not counted as outside it
+            self.outside = max(self.outside, total - free - max(before, after))
             if self._stop.wait(0.02):
                 return
 
