@@ -422,3 +422,42 @@ def test_a_folder_lerobot_train_wrote_is_served_as_it_is(tmp_path, libero_tiny):
     # the same code on the same inputs, but in another process (one thread, the server's batch bucket):
     # sums in other orders differ by float32 roundings, a few ulps through ACT's dozen layers
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_lerobots_reader_loads_the_executed_actions_a_perturbed_collection_writes(tmp_path):
+    """A perturbed `wamkit collect` (DART noise, late actions) writes `executed_action` beside
+    `action`, described as collect describes it; LeRobot's own LeRobotDataset loads both, frame by
+    frame, as written."""
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset as LeRobotsDataset
+
+    from wamkit.constants import ACTION, EXECUTED_ACTION, OBS_STATE, TASK
+    from wamkit.data import LeRobotDatasetWriter
+
+    features = {
+        "observation.images.corner": {"dtype": "video", "shape": [32, 32, 3], "names": ["height", "width", "channel"]},
+        OBS_STATE: {"dtype": "float32", "shape": [4], "names": None},
+        ACTION: {"dtype": "float32", "shape": [4], "names": None},
+        EXECUTED_ACTION: {"dtype": "float32", "shape": [4], "names": None},
+    }  # fmt: skip
+    rng = np.random.default_rng(3)
+    writer = LeRobotDatasetWriter.create(tmp_path / "late", 80, features, robot_type="sawyer")
+    written = []
+    for length in (6, 5):
+        for _ in range(length):
+            frame = {
+                "observation.images.corner": rng.integers(0, 255, (32, 32, 3), dtype=np.uint8),
+                OBS_STATE: rng.normal(size=4).astype(np.float32),
+                ACTION: rng.uniform(-1, 1, 4).astype(np.float32),
+                EXECUTED_ACTION: rng.uniform(-1, 1, 4).astype(np.float32),
+                TASK: "open the door",
+            }
+            writer.add_frame(frame)
+            written.append(frame)
+        writer.save_episode()
+    writer.finalize()
+    ds = LeRobotsDataset("local/late", root=tmp_path / "late")
+    assert len(ds) == len(written) and EXECUTED_ACTION in ds.features
+    for i in (0, 5, 6, 10):
+        item = ds[i]
+        np.testing.assert_array_equal(item[EXECUTED_ACTION].numpy(), written[i][EXECUTED_ACTION])
+        np.testing.assert_array_equal(item[ACTION].numpy(), written[i][ACTION])
