@@ -50,7 +50,7 @@ TEST_WORKERS ?= 2
 test: lint setup-libero setup-libero-pro setup-engines setup-lerobot
 	$(PY) -m pytest -m "not slow" -q -n $(TEST_WORKERS) --dist loadfile
 	ATEN_CPU_CAPABILITY=default OMP_NUM_THREADS=1 $(PY) -m pytest -m "numerics and not slow" -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile
-	$(LEROBOT_VENV)/bin/python -m pytest -m "not slow" -q -p no:cacheprovider tests/test_lerobot_policies.py
+	$(LEROBOT_VENV)/bin/python -m pytest -m "not slow" -q -p no:cacheprovider tests/test_lerobot_policies.py tests/test_lerobot_eval.py
 
 test-slow: setup-libero setup-libero-pro
 	$(PY) -m pytest -m slow -q

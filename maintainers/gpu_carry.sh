@@ -53,11 +53,11 @@ case "$group" in
     (cd .gl && apt-get $o download -qq libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2)
     ;;
   lerobot)
-    # lerobot and what its import and ACT/Diffusion need beyond the image (not yet tried on the machine:
-    # the first call should `python3 -c "import lerobot.policies.act.modeling_act"` and report)
+    # lerobot and what lerobot-eval, ACT and Diffusion import beyond the image (the distributions of every
+    # module those imports load in .venv-lerobot, less the image's package list and the other carries)
     download .whl/lerobot "lerobot==0.6.1" "draccus==0.11.6" "mergedeep==1.3.4" \
       "toml==0.10.2" "typing-inspect==0.9.0" "mypy-extensions==1.2.0" "einops==0.8.2" "termcolor==3.3.0" \
-      "diffusers==0.39.0"
+      "diffusers==0.39.0" "datasets==4.8.5" "dill==0.4.1" "multiprocess==0.70.19" "pytz==2026.6"
     ;;
   *)
     echo "unknown group '$group' (core | serve | sim | ao | av | lerobot)" >&2

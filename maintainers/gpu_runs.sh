@@ -63,6 +63,8 @@
 #   bash maintainers/gpu_runs.sh serve32-fp8-served  # core: Nano served in FP8 against in-process FP8, batch 2, 8
 #   bash maintainers/gpu_runs.sh serve32-default  # core: the default step's server start (cold, warm) to 32,
 #                                          then Nano served against in-process at batch 8 and 32
+#   bash maintainers/gpu_runs.sh lerobot-eval  # sim + lerobot, after demo_sweep.sh of maintainers/lerobot_demo_variants.txt:
+#                                          its ACT through lerobot-eval and wamkit eval on CUDA, 16 envs (1 GPU)
 #   bash maintainers/gpu_runs.sh serve24       # core: Cosmos3-Nano served in 24 GB (1 GPU, maintainers/gpu_serve24.py):
 #                                          the default server uncapped, then serve.text_tower=host in a process
 #                                          capped at 24 GB: obs/s at 1 and 8, a new prompt's first answer, the
@@ -437,6 +439,19 @@ for k in ('time/step', 'time/save_s', 'time/save_write_s', 'time/save_wait_s'):
       grep -E "trainer step [0-9]+ done" "$OUT/lora24_$1.log" | tee -a "$OUT/index.txt"
       tail -n 10 "$OUT/lora24_$1.log" | tee -a "$OUT/index.txt"
     done
+    ;;
+  lerobot-eval)
+    # sim + lerobot, on a machine that ran maintainers/lerobot_demo_variants.txt through demo_sweep.sh:
+    # that sweep's ACT (LEROBOT_SERVE) exported as a LeRobot folder, then `lerobot-eval` beside `wamkit
+    # eval` on CUDA (docs/lerobot.md "Against lerobot-eval"); the bench's folders stay in /tmp (videos)
+    src=${LEROBOT_SERVE:-/tmp/sweep/act256_6k/serve}
+    tmp=${LEROBOT_TMP:-/tmp/lerobot_eval}
+    rm -rf "$tmp" && mkdir -p "$tmp"
+    run lerobot_export 180 $W convert "$src" --to extra --out "$tmp/folder"
+    run lerobot_eval 480 $W bench lerobot-eval --policy "$tmp/folder" --trials "${LEROBOT_TRIALS:-32}" \
+      --envs "${LEROBOT_ENVS:-16}" --device cuda --out "$tmp/bench" env.image_size=128
+    cp "$tmp/bench/lerobot_eval.json" "$tmp/bench/config.yaml" "$OUT/" 2>/dev/null
+    tail -n 20 "$tmp/bench/wamkit.log" "$tmp/bench/lerobot.log" >"$OUT/lerobot_eval_tails.log" 2>/dev/null
     ;;
   sft80 | sft80-uncapped)
     cap=$([ "$group" = sft80 ] && echo "--device-memory 80GB")

@@ -40,7 +40,7 @@ fi
 PIP="$VENV/bin/pip"
 echo "[setup-lerobot] installing torch 2.11, lerobot $LEROBOT and wamkit into $VENV (a first run downloads about 3 GB)"
 "$PIP" install -q "torch==2.11.*" "torchvision==0.26.*"
-"$PIP" install -q "lerobot[diffusion,training]==$LEROBOT" -e ".[dev]"
+"$PIP" install -q "lerobot[diffusion,training]==$LEROBOT" -e ".[dev,lerobot]"
 "$VENV/bin/python" - <<'PY'
 import lerobot, torch, wamkit
 from lerobot.policies.act.configuration_act import ACTConfig  # noqa: F401

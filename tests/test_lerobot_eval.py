@@ -1,0 +1,136 @@
+"""``lerobot-eval`` on wamkit's env (the plug-in ``wamkit.envs.lerobot_plugin``) and ``wamkit bench
+lerobot-eval``, which runs it beside ``wamkit eval`` on one LeRobot folder. In .venv-lerobot, as
+tests/test_lerobot_policies.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+lerobot = pytest.importorskip("lerobot")  # tests/conftest.py leaves this file out where it is missing
+
+from wamkit.actions.spec import PreprocessSpec  # noqa: E402
+from wamkit.actions.stats import FeatureStats, StatsFile  # noqa: E402
+from wamkit.config import ModelConfig  # noqa: E402
+from wamkit.models import build_model  # noqa: E402
+from wamkit.models.base import ModelIO  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+# the demo's env: MetaWorld, the corner camera at 64 px, the robot's state (hand xyz, gripper)
+IO = ModelIO(cameras=("corner",), image_size=64, state_dim=4, action_dim=4, chunk=16)
+TASK = "drawer-open-v3"
+
+
+def _folder(path: Path) -> Path:
+    """A small ACT for the demo's env (random weights) exported as a LeRobot folder, its processors
+    normalising by mean and std over statistics of MetaWorld's range."""
+    adapter = build_model(
+        ModelConfig(name="lerobot", preset="act", options={"dim_model": 64, "dim_feedforward": 128,
+                                                           "n_encoder_layers": 2, "n_vae_encoder_layers": 1}),
+        IO,
+    )  # fmt: skip
+
+    def feature(mean: list[float], std: list[float]) -> FeatureStats:
+        lo = [m - 3 * s for m, s in zip(mean, std, strict=True)]
+        hi = [m + 3 * s for m, s in zip(mean, std, strict=True)]
+        return FeatureStats(mean, std, lo, hi, lo, hi, 100)
+
+    stats = StatsFile(
+        {
+            "action": feature([0.0, 0.0, 0.0, 0.0], [0.5, 0.5, 0.5, 0.8]),
+            "observation.state": feature([0.0, 0.6, 0.15, 0.5], [0.1, 0.1, 0.05, 0.3]),
+        },
+        {"representation": "raw", "chunk": IO.chunk, "action_dim": IO.action_dim, "gripper": "env"},
+    )
+    spec = PreprocessSpec.create(stats, normalization="mean_std", clip=False, image_size=64,
+                                 resize="bilinear_antialias", cameras=IO.cameras, chunk=IO.chunk)  # fmt: skip
+    adapter.export_extra(path, spec=spec)
+    return path
+
+
+def _user_env() -> dict[str, str]:
+    """The activated venv's shell: no MUJOCO_GL (wamkit and the plug-in choose offscreen themselves)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MUJOCO_GL", "PYOPENGL_PLATFORM")}
+    return {**env, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+
+
+def test_the_plugin_env_gives_wamkits_episode_as_lerobot_sees_it():
+    """LeRobot's env factory builds the ``wamkit`` type from the plug-in; its first observation is wamkit's
+    env's for the same seed (the same pixels and state), in LeRobot's key layout, and a step agrees too."""
+    import lerobot.envs.configs as configs
+    from lerobot.envs.factory import make_env
+    from lerobot.envs.utils import preprocess_observation
+
+    import wamkit.envs.lerobot_plugin  # noqa: F401  (registers the env type, as --env.discover_packages_path does)
+    from wamkit.config import load_config
+    from wamkit.envs.base import EpisodeSpec
+    from wamkit.envs.suites import make_env as make_wamkit_env
+
+    cfg = configs.EnvConfig.get_choice_class("wamkit")(task=TASK, config="demo")
+    assert cfg.features_map["pixels/corner"] == "observation.images.corner"
+    vec = make_env(cfg, n_envs=1)[TASK][0]
+    obs, _ = vec.reset(seed=[1003])
+    assert list(vec.call("task_description")) == ["open the drawer"]
+    mine = make_wamkit_env(load_config("demo").env)
+    try:
+        want = mine.reset(EpisodeSpec("metaworld", TASK, 3, 1003))
+        batch = preprocess_observation(obs)
+        assert np.array_equal(obs["pixels"]["corner"][0], want["observation.images.corner"])
+        assert np.array_equal(obs["agent_pos"][0], want["observation.state"])
+        assert batch["observation.images.corner"].shape == (1, 3, 64, 64)
+        action = np.array([0.3, -0.2, 0.1, 0.5], dtype=np.float32)
+        obs, reward, terminated, truncated, info = vec.step(action[None])
+        want, want_reward, *_ = mine.step(action)
+        assert np.array_equal(obs["agent_pos"][0], want["observation.state"]) and reward[0] == want_reward
+        assert not info["is_success"][0] and vec.call("_max_episode_steps")[0] == 300
+    finally:
+        vec.close()
+        mine.close()
+
+
+def test_bench_lerobot_eval_runs_both_evaluators_on_the_same_episodes(tmp_path):
+    """``wamkit bench lerobot-eval`` as a user types it (another working directory, no MUJOCO_GL):
+    LeRobot's evaluator and wamkit's on one folder, the same seeds, the same trajectories (returns within
+    the bench's 1e-3: 20 steps of a policy whose two runs differ by float32 roundings)."""
+    folder = _folder(tmp_path / "act")
+    out = tmp_path / "bench"
+    run = subprocess.run(
+        [str(Path(sys.executable).with_name("wamkit")), "bench", "lerobot-eval", "--policy", str(folder),
+         "--trials", "2", "--envs", "2", "--out", str(out), f"env.tasks=[{TASK}]", "env.max_steps=20"],
+        cwd=tmp_path, env=_user_env(), capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "| lerobot-eval | 2 |" in run.stdout and "| wamkit eval | 2 |" in run.stdout
+    result = json.loads((out / "lerobot_eval.json").read_text())
+    assert result["episodes"] == 2 and result["same_success"] == 2 and result["same_return"] == 2
+    theirs = json.loads((out / "lerobot" / "eval_info.json").read_text())["per_task"][0]["metrics"]
+    mine = [json.loads(line) for line in (out / "wamkit" / "episodes.jsonl").read_text().splitlines()]
+    assert sorted(e["seed"] for e in mine) == [1000, 1001] and all(e["length"] == 20 for e in mine)
+    by_seed = {e["seed"]: e["return"] for e in mine}
+    np.testing.assert_allclose([by_seed[1000], by_seed[1001]], theirs["sum_rewards"], rtol=1e-3)
+    assert len({round(r, 3) for r in theirs["sum_rewards"]}) == 2  # two different episodes
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--policy", "nowhere"], "--policy: nowhere is not a LeRobot pretrained folder"),
+        (["--trials", "3", "--envs", "2"], "--trials 3 is not a multiple of --envs 2"),
+        (["env.image_size=96"], "cameras ['corner'] at 64 px; the config's env has env.cameras=['corner'] at env.image_size=96"),
+    ],
+)  # fmt: skip
+def test_bench_lerobot_eval_refuses_bad_input_naming_it(tmp_path, args, message):
+    folder = _folder(tmp_path / "act")
+    argv = ["bench", "lerobot-eval", "--policy", str(folder), "--out", str(tmp_path / "b"), *args]
+    run = subprocess.run(
+        [str(Path(sys.executable).with_name("wamkit")), *argv],
+        cwd=tmp_path, env=_user_env(), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert run.returncode != 0 and message in run.stderr, run.stderr[-2000:]
+    assert not (tmp_path / "b" / "lerobot").exists()
