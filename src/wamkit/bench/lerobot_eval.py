@@ -12,7 +12,8 @@ every task.
 
 It prints one table: wall time, success with its 95% (Wilson) interval, per task, the speed-up, and how
 many episodes ended alike (success, and return within 1e-3 relative: the same trajectory to float32
-roundings, the two batching the policy's calls differently). Everything stays under ``--out``.
+roundings, the two batching the policy's calls differently). Everything stays under ``--out``; a
+second run there measures again and replaces the first's results (the input is checked before).
 
     wamkit bench lerobot-eval --policy runs/demo_act/lerobot --trials 30 --envs 16 --device cuda
 """
