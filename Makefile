@@ -48,7 +48,7 @@ lint: $(STAMP)
 TEST_WORKERS ?= 2
 # The LeRobot tests (tests/test_lerobot_*.py) run in $(LEROBOT_VENV); the project's venv leaves them out.
 test: lint setup-libero setup-libero-pro setup-engines setup-lerobot
-	$(PY) -m pytest -m "not slow" -q -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest -m "not slow" -q -n $(TEST_WORKERS) --dist loadfile --durations=15
 	ATEN_CPU_CAPABILITY=default OMP_NUM_THREADS=1 $(PY) -m pytest -m "numerics and not slow" -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile
 	$(LEROBOT_VENV)/bin/python -m pytest -m "not slow" -q -p no:cacheprovider tests/test_lerobot_policies.py tests/test_lerobot_eval.py
 

@@ -174,6 +174,58 @@ def test_metaworld_collected_dataset_is_clean_and_replays(tmp_path):
     assert images and images[0].level == "ok" and "same episode" in images[0].message
 
 
+class _Recording:
+    """An env that keeps the state of every observation its steps return."""
+
+    def __init__(self, env):
+        self.env, self.states = env, []
+
+    def reset(self, spec):
+        self.states = []
+        return self.env.reset(spec)
+
+    def step(self, action):
+        out = self.env.step(action)
+        self.states.append(np.asarray(out[0][OBS_STATE], np.float32))
+        return out
+
+
+def test_a_perturbed_collection_replays_the_actions_the_env_was_given(tmp_path):
+    """With late actions the labels are the expert's, not what the env executed: the replay plays the
+    ``executed_action`` column and retraces the recorded states exactly; the labels part from them."""
+    from dataclasses import replace
+
+    from wamkit.check import _env_cameras
+    from wamkit.check.probe import env_config, read_dataset, state_option
+    from wamkit.check.replay import replay
+    from wamkit.envs.suites import resolve_env_config
+
+    out = tmp_path / "late"
+    argv = ["collect", "--suite", "metaworld", "--tasks", "reach-v3", "--episodes", "1", "--workers", "1"]
+    late = ["--action-lag", "4", "--lag-prob", "0.5", "--noise-hold", "4"]
+    assert cli_main([*argv, *late, "--image-size", "32", "--out", str(out)]) == 0
+    report = check_dataset(out, "metaworld", replay=1)
+    (found,) = report.of("replay")
+    assert found.level == "ok" and "(executed_action): 1 succeeded (100%)" in found.message, report.text()
+
+    data = read_dataset(out, "metaworld")
+    assert data.executed is not None and not np.array_equal(data.executed, data.actions)
+    cfg = resolve_env_config(
+        env_config("metaworld", _env_cameras(data, "metaworld"), 32, "auto", state_option(data, "metaworld"))
+    )
+    env = _Recording(make_env(cfg))
+    try:
+        recorded = data.states[1 : data.starts[1] if len(data.starts) > 1 else None].astype(np.float32)
+        replay(env, data, 1)
+        executed = np.stack(env.states)[: len(recorded)]
+        replay(env, replace(data, executed=None), 1)
+        labels = np.stack(env.states)[: len(recorded)]
+    finally:
+        env.env.close()
+    assert np.array_equal(executed, recorded)
+    assert not np.array_equal(labels, recorded)
+
+
 def _up(t: int) -> np.ndarray:
     """Rise and open: every state of the rollout lies above where it started."""
     return np.array([0.0, 0.0, 0.6, 0.0, 0.0, 0.0, -1.0])

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from wamkit.config import EnvConfig
-from wamkit.constants import ACTION, EPISODE_INDEX, OBS_STATE, TASK, image_key
+from wamkit.constants import ACTION, EPISODE_INDEX, EXECUTED_ACTION, OBS_STATE, TASK, image_key
 from wamkit.envs.base import EpisodeSpec
 from wamkit.envs.collect_journal import JOURNAL
 
@@ -38,6 +38,9 @@ class DataView:
     first_frames: dict[str, np.ndarray]
     framed: list[int] = field(default_factory=list)  # positions in ``episodes`` of first_frames' rows
     journal: dict[int, EpisodeSpec] = field(default_factory=dict)  # episode index -> its spec
+    # [N, A]: what the env was given, where a perturbed collection (action noise, late actions) recorded
+    # it beside the expert's labels in ``actions``; None where the labels are what was executed
+    executed: np.ndarray | None = None
 
     @property
     def cameras(self) -> list[str]:
@@ -90,6 +93,9 @@ def read_dataset(root: str | Path, suite: str, max_episodes: int = 20, per_task:
         first_frames={c: np.stack(v) for c, v in frames.items()},
         framed=framed,
         journal=_journal_specs(Path(root), suite),
+        executed=ds.numeric(EXECUTED_ACTION).astype(np.float64)
+        if EXECUTED_ACTION in ds.meta.features
+        else None,
     )
 
 

@@ -1,5 +1,7 @@
 """Open-loop replay of a dataset written by ``wamkit collect``: its journal names each episode
-``(suite, task, trial, seed)``, so the env can start it again and play the recorded actions back."""
+``(suite, task, trial, seed)``, so the env can start it again and play the recorded actions back: the
+``executed_action`` column where a perturbed collection wrote one (its labels are the expert's, not what
+the env was given), the ``action`` column otherwise."""
 
 from __future__ import annotations
 
@@ -12,12 +14,13 @@ from wamkit.check.report import Report
 def replay(env, data: DataView, episodes: int) -> tuple[int, int]:
     """Replay up to ``episodes`` journaled episodes; ``(successes, replayed)``."""
     named = [(i, ep) for i, ep in enumerate(data.episodes) if ep in data.journal][:episodes]
-    ends = data.starts[1:] + [len(data.actions)]
+    played = data.actions if data.executed is None else data.executed
+    ends = data.starts[1:] + [len(played)]
     wins = 0
     for i, ep in named:
         env.reset(data.journal[ep])
         success = False
-        for action in data.actions[data.starts[i] : ends[i]]:
+        for action in played[data.starts[i] : ends[i]]:
             _, _, terminated, truncated, info = env.step(np.asarray(action, np.float32))
             success = success or bool(info["success"])
             if terminated or truncated:
@@ -40,6 +43,10 @@ def check_replay(env, data: DataView, report: Report, episodes: int) -> None:
         if wins == n
         else "the installed simulator no longer reproduces the recorded episodes: see the drift pins"
     )
+    column = "action" if data.executed is None else "executed_action"
     report.add(
-        "replay", level, f"replayed {n} recorded episode(s) open-loop: {wins} succeeded ({rate:.0%})", fix
+        "replay",
+        level,
+        f"replayed {n} recorded episode(s) open-loop ({column}): {wins} succeeded ({rate:.0%})",
+        fix,
     )
