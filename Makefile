@@ -41,8 +41,9 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests
 	$(VENV)/bin/ruff format --check src tests
 
-# Fast suite (the main pass about 12 minutes on 2 cores, all three about 18 with the set-up stamps). Slow tests run with `make test-slow`. The numerically
-# sensitive tests run a second time under the generic CPU kernels and one thread (tests/conftest.py).
+# Fast suite (on 2 cores the main pass takes about 12 minutes, all three about 18). Slow tests run with
+# `make test-slow`. The numerically sensitive tests run a second time under the generic CPU kernels and
+# one thread (tests/conftest.py).
 # TEST_WORKERS pytest-xdist processes, each given whole files (a module's fixtures are built once): a
 # test mostly waits on one core (a subprocess, a server, a simulator), so two share two cores well
 TEST_WORKERS ?= 2

@@ -11,10 +11,15 @@ from wamkit.check.probe import DataView
 from wamkit.check.report import Report
 
 
+def _played(data: DataView) -> tuple[str, np.ndarray]:
+    """The column the replay plays, and its rows."""
+    return ("action", data.actions) if data.executed is None else ("executed_action", data.executed)
+
+
 def replay(env, data: DataView, episodes: int) -> tuple[int, int]:
     """Replay up to ``episodes`` journaled episodes; ``(successes, replayed)``."""
     named = [(i, ep) for i, ep in enumerate(data.episodes) if ep in data.journal][:episodes]
-    played = data.actions if data.executed is None else data.executed
+    _, played = _played(data)
     ends = data.starts[1:] + [len(played)]
     wins = 0
     for i, ep in named:
@@ -43,7 +48,7 @@ def check_replay(env, data: DataView, report: Report, episodes: int) -> None:
         if wins == n
         else "the installed simulator no longer reproduces the recorded episodes: see the drift pins"
     )
-    column = "action" if data.executed is None else "executed_action"
+    column, _ = _played(data)
     report.add(
         "replay",
         level,
