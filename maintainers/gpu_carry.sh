@@ -12,13 +12,17 @@
 #   bash maintainers/gpu_carry.sh av     # PyAV alone (35 MB): with sim and serve, for maintainers/demo_sweep.sh
 #   bash maintainers/gpu_carry.sh lerobot  # LeRobot 0.6.1 without torch (the machine's torch 2.11 and
 #                                          Python 3.12 are what it needs): model.name=lerobot, lerobot-eval
+#   bash maintainers/gpu_carry.sh ckpt DIR # a wamkit serving folder trained here (DIR), in three pieces
+#                                          .ckpt/1-3 (4, 18 MiB and the rest with the small files) that
+#                                          ride beside sim+serve+.gl, av+lerobot, and alone; gpu_runs.sh
+#                                          lerobot-eval joins them
 #
 # On the GPU machine, `source maintainers/gpu_env.sh` installs what was carried into /tmp/site and sets
 # PYTHONPATH (src/ first, so the checkout's wamkit is the one imported).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-group=${1:?usage: gpu_carry.sh core|serve|sim|ao|av|lerobot}
+group=${1:?usage: gpu_carry.sh core|serve|sim|ao|av|lerobot|ckpt DIR}
 
 download() {  # download DEST NAME==VERSION ...
   local dest=$1; shift
@@ -59,8 +63,20 @@ case "$group" in
       "toml==0.10.2" "typing-inspect==0.9.0" "mypy-extensions==1.2.0" "einops==0.8.2" "termcolor==3.3.0" \
       "diffusers==0.39.0" "datasets==4.8.5" "dill==0.4.1" "multiprocess==0.70.19" "pytz==2026.6"
     ;;
+  ckpt)
+    src=${2:?usage: gpu_carry.sh ckpt SERVING_DIR}
+    [ -f "$src/model.safetensors" ] || { echo "$src: no model.safetensors (a wamkit serving folder?)" >&2; exit 2; }
+    rm -rf .ckpt && mkdir -p .ckpt/1 .ckpt/2 .ckpt/3
+    dd if="$src/model.safetensors" of=.ckpt/1/part bs=1M count=4 status=none
+    dd if="$src/model.safetensors" of=.ckpt/2/part bs=1M skip=4 count=18 status=none
+    dd if="$src/model.safetensors" of=.ckpt/3/part bs=1M skip=22 status=none
+    find "$src" -maxdepth 1 -type f ! -name model.safetensors -exec cp {} .ckpt/3/ \;
+    sha256sum "$src/model.safetensors" | cut -d' ' -f1 >.ckpt/3/model.safetensors.sha256
+    du -sh .ckpt/*
+    exit 0
+    ;;
   *)
-    echo "unknown group '$group' (core | serve | sim | ao | av | lerobot)" >&2
+    echo "unknown group '$group' (core | serve | sim | ao | av | lerobot | ckpt)" >&2
     exit 2
     ;;
 esac

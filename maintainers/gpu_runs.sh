@@ -63,8 +63,9 @@
 #   bash maintainers/gpu_runs.sh serve32-fp8-served  # core: Nano served in FP8 against in-process FP8, batch 2, 8
 #   bash maintainers/gpu_runs.sh serve32-default  # core: the default step's server start (cold, warm) to 32,
 #                                          then Nano served against in-process at batch 8 and 32
-#   bash maintainers/gpu_runs.sh lerobot-eval  # sim + lerobot, after demo_sweep.sh of maintainers/lerobot_demo_variants.txt:
-#                                          its ACT through lerobot-eval and wamkit eval on CUDA, 16 envs (1 GPU)
+#   bash maintainers/gpu_runs.sh lerobot-eval  # sim + lerobot, after demo_sweep.sh of maintainers/lerobot_demo_variants.txt
+#                                          (or with a checkpoint carried in pieces: gpu_carry.sh ckpt): its
+#                                          ACT through lerobot-eval and wamkit eval on CUDA, 16 envs (1 GPU)
 #   bash maintainers/gpu_runs.sh serve24       # core: Cosmos3-Nano served in 24 GB (1 GPU, maintainers/gpu_serve24.py):
 #                                          the default server uncapped, then serve.text_tower=host in a process
 #                                          capped at 24 GB: obs/s at 1 and 8, a new prompt's first answer, the
@@ -441,10 +442,18 @@ for k in ('time/step', 'time/save_s', 'time/save_write_s', 'time/save_wait_s'):
     done
     ;;
   lerobot-eval)
-    # sim + lerobot, on a machine that ran maintainers/lerobot_demo_variants.txt through demo_sweep.sh:
-    # that sweep's ACT (LEROBOT_SERVE) exported as a LeRobot folder, then `lerobot-eval` beside `wamkit
-    # eval` on CUDA (docs/lerobot.md "Against lerobot-eval"); the bench's folders stay in /tmp (videos)
+    # sim + lerobot: an ACT serving folder (LEROBOT_SERVE: by default the ACT of a demo_sweep.sh run of
+    # maintainers/lerobot_demo_variants.txt on this machine, or, where gpu_carry.sh ckpt's three pieces
+    # came, .ckpt/1-3 joined) exported as a LeRobot folder, then `lerobot-eval` beside `wamkit eval` on
+    # CUDA (docs/lerobot.md "Against lerobot-eval"); the bench's folders stay in /tmp (videos)
     src=${LEROBOT_SERVE:-/tmp/sweep/act256_6k/serve}
+    if [ -z "${LEROBOT_SERVE:-}" ] && [ -f .ckpt/3/part ]; then
+      src=/tmp/ckpt_serve && rm -rf "$src" && mkdir -p "$src"
+      cat .ckpt/1/part .ckpt/2/part .ckpt/3/part >"$src/model.safetensors"
+      find .ckpt/3 -maxdepth 1 -type f ! -name part ! -name '*.sha256' -exec cp {} "$src/" \;
+      [ "$(sha256sum "$src/model.safetensors" | cut -d' ' -f1)" = "$(cat .ckpt/3/model.safetensors.sha256)" ] ||
+        { echo "the joined .ckpt pieces do not match the sha256 gpu_carry.sh recorded" | tee -a "$OUT/index.txt"; exit 1; }
+    fi
     tmp=${LEROBOT_TMP:-/tmp/lerobot_eval}
     rm -rf "$tmp" && mkdir -p "$tmp"
     run lerobot_export 180 $W convert "$src" --to extra --out "$tmp/folder"
