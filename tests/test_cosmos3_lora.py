@@ -7,7 +7,6 @@ directory whose actions are the adapted model's; bad settings are refused in one
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
 import subprocess
@@ -18,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.child_env import child_env
 from tests.exactness import assert_rounding_close, rounding_atol
 
 pytest.importorskip("diffusers", reason="cosmos3 needs the wamkit[cosmos3] extra")
@@ -226,11 +226,6 @@ def test_a_lora_run_saves_adapters_and_heads_converts_merged_and_serves(data, tm
     assert moved > 100 * np.abs(have - want).max()  # training moved the actions far past rounding
 
 
-def _env() -> dict[str, str]:
-    # one thread per process: 2 cores are shared, and the result must not depend on it anyway
-    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-
-
 def _train_cmd(data: Path, run: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "wamkit", "train", str(CONFIG), *_overrides(data, run, *extra)]
 
@@ -251,16 +246,16 @@ def resume_after_sigkill(data, tmp_path, steps: int, args: tuple[str, ...], logg
     args = (f"train.max_steps={steps}", "train.save_interval=3", *args)
     full, cut = tmp_path / "full", tmp_path / "cut"
     ref = subprocess.Popen(
-        _train_cmd(data, full, *args), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        _train_cmd(data, full, *args), env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     )
     kill_at = random.randint(4, steps - 1)  # after the first checkpoint (step 3), before the end
     proc = subprocess.Popen(
-        _train_cmd(data, cut, *args), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        _train_cmd(data, cut, *args), env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     )
     kill_at_step(proc, cut, kill_at, 300)
     assert ref.wait(timeout=300) == 0, ref.stderr.read().decode()[-3000:]
     done = subprocess.run(
-        [*_train_cmd(data, cut, *args), "--resume", "auto"], env=_env(), capture_output=True, text=True,
+        [*_train_cmd(data, cut, *args), "--resume", "auto"], env=child_env(), capture_output=True, text=True,
         timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
@@ -293,7 +288,7 @@ def test_two_process_fsdp2_shards_the_adapters_resumes_exactly_and_converts(data
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "wamkit",
         "train", str(CONFIG), *_overrides(data, run, "train.max_steps=4", "train.micro_batch=1"),
     ]  # fmt: skip
-    first = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300)
+    first = subprocess.run(cmd, env=child_env(), capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stderr[-3000:]
     assert "2 process(es)" in first.stderr
     step4 = run / "checkpoints" / "step_000004"
@@ -306,7 +301,7 @@ def test_two_process_fsdp2_shards_the_adapters_resumes_exactly_and_converts(data
     want = read_losses(run)
     shutil.rmtree(step4)
     again = subprocess.run(
-        [*cmd, "--resume", "auto"], env=_env(), capture_output=True, text=True, timeout=300
+        [*cmd, "--resume", "auto"], env=child_env(), capture_output=True, text=True, timeout=300
     )
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resumed from" in again.stderr and "step_000002" in again.stderr

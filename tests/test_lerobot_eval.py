@@ -5,7 +5,6 @@ tests/test_lerobot_policies.py."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ import pytest
 
 lerobot = pytest.importorskip("lerobot")  # tests/conftest.py leaves this file out where it is missing
 
+from tests.child_env import child_env  # noqa: E402
 from wamkit.actions.spec import PreprocessSpec  # noqa: E402
 from wamkit.actions.stats import FeatureStats, StatsFile  # noqa: E402
 from wamkit.config import ModelConfig  # noqa: E402
@@ -52,12 +52,6 @@ def _folder(path: Path) -> Path:
                                  resize="bilinear_antialias", cameras=IO.cameras, chunk=IO.chunk)  # fmt: skip
     adapter.export_extra(path, spec=spec)
     return path
-
-
-def _user_env() -> dict[str, str]:
-    """The activated venv's shell: no MUJOCO_GL (wamkit and the plug-in choose offscreen themselves)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("MUJOCO_GL", "PYOPENGL_PLATFORM")}
-    return {**env, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
 
 
 def test_the_plugin_env_gives_wamkits_episode_as_lerobot_sees_it():
@@ -103,7 +97,7 @@ def test_bench_lerobot_eval_runs_both_evaluators_on_the_same_episodes(tmp_path):
     run = subprocess.run(
         [str(Path(sys.executable).with_name("wamkit")), "bench", "lerobot-eval", "--policy", str(folder),
          "--trials", "2", "--envs", "2", "--out", str(out), f"env.tasks=[{TASK}]", "env.max_steps=20"],
-        cwd=tmp_path, env=_user_env(), capture_output=True, text=True, timeout=600,
+        cwd=tmp_path, env=child_env(user_shell=True), capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "| lerobot-eval | 2 |" in run.stdout and "| wamkit eval | 2 |" in run.stdout
@@ -130,7 +124,7 @@ def test_bench_lerobot_eval_refuses_bad_input_naming_it(tmp_path, args, message)
     argv = ["bench", "lerobot-eval", "--policy", str(folder), "--out", str(tmp_path / "b"), *args]
     run = subprocess.run(
         [str(Path(sys.executable).with_name("wamkit")), *argv],
-        cwd=tmp_path, env=_user_env(), capture_output=True, text=True, timeout=300,
+        cwd=tmp_path, env=child_env(user_shell=True), capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert run.returncode != 0 and message in run.stderr, run.stderr[-2000:]
     assert not (tmp_path / "b" / "lerobot").exists()

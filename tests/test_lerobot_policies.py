@@ -8,7 +8,6 @@ conversion (``lerobot.envs.utils.preprocess_observation``), the policy's ``forwa
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -24,6 +23,7 @@ lerobot = pytest.importorskip("lerobot")  # tests/conftest.py leaves this file o
 from lerobot.envs.utils import preprocess_observation  # noqa: E402
 from lerobot.policies.factory import get_policy_class, make_pre_post_processors  # noqa: E402
 
+from tests.child_env import child_env  # noqa: E402
 from tests.test_train_support import kill_at_step  # noqa: E402
 from wamkit.actions.spec import PreprocessSpec  # noqa: E402
 from wamkit.config import ConfigError, ModelConfig  # noqa: E402
@@ -256,10 +256,6 @@ def test_an_exported_folder_gives_wamkits_actions_in_lerobots_pipeline_and_serve
         assert np.array_equal(seeded[:, :n], theirs)
 
 
-def _env() -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-
-
 def _train(run: Path, root: Path, *extra: str) -> list[str]:
     return [
         sys.executable, "-m", "wamkit", "train", f"data.root={root}", "data.num_workers=1", "model.name=lerobot",
@@ -280,16 +276,16 @@ def test_act_trains_in_wamkit_resumes_exactly_after_sigkill_and_exports_a_folder
     wamkit's own path (spec, adapter, decode) for the same raw observation."""
     full, cut = tmp_path / "full", tmp_path / "cut"
     ref = subprocess.Popen(
-        _train(full, libero_tiny), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        _train(full, libero_tiny), env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     )
     proc = subprocess.Popen(
-        _train(cut, libero_tiny), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        _train(cut, libero_tiny), env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     )
     kill_at_step(proc, cut, 7, 300)
     assert ref.wait(timeout=400) == 0, ref.stderr.read().decode()[-3000:]
     done = subprocess.run(
         [*_train(cut, libero_tiny), "--resume", "auto"],
-        env=_env(),
+        env=child_env(),
         capture_output=True,
         text=True,
         timeout=400,
@@ -307,7 +303,7 @@ def test_act_trains_in_wamkit_resumes_exactly_after_sigkill_and_exports_a_folder
     ):
         conv = subprocess.run(
             [sys.executable, "-m", "wamkit", "convert", *args],
-            env=_env(),
+            env=child_env(),
             capture_output=True,
             text=True,
             timeout=300,
@@ -352,14 +348,14 @@ def test_act_under_fsdp2_on_two_gloo_processes_resumes_exactly(tmp_path, libero_
         *_train(run, libero_tiny, "train.max_steps=6", "train.save_interval=3", "train.global_batch=8",
                 "train.keep_last=3")[3:],
     ]  # fmt: skip
-    first = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=400)
+    first = subprocess.run(cmd, env=child_env(), capture_output=True, text=True, timeout=400)
     assert first.returncode == 0, first.stderr[-3000:]
     assert "2 process(es)" in first.stderr and "= 2 x 2 x 2" in first.stderr  # accumulation 2
     want = read_losses(run)
     assert [r["step"] for r in want] == list(range(1, 7))
     shutil.rmtree(run / "checkpoints" / "step_000006")
     again = subprocess.run(
-        [*cmd, "--resume", "auto"], env=_env(), capture_output=True, text=True, timeout=400
+        [*cmd, "--resume", "auto"], env=child_env(), capture_output=True, text=True, timeout=400
     )
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resumed from" in again.stderr and "step_000003" in again.stderr
@@ -381,14 +377,14 @@ def test_a_folder_lerobot_train_wrote_is_served_as_it_is(tmp_path, libero_tiny):
          "--policy.n_vae_encoder_layers=1", "--policy.chunk_size=16", "--policy.n_action_steps=8",
          "--policy.push_to_hub=false", "--policy.device=cpu", "--steps=3", "--batch_size=2", "--save_freq=3",
          "--num_workers=0", f"--output_dir={out}", "--wandb.enable=false"],
-        env={**_env(), "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=400,
+        env={**child_env(), "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=400,
     )  # fmt: skip
     assert train.returncode == 0, train.stderr[-3000:]
     folder = out / "checkpoints" / "000003" / "pretrained_model"
 
     proc = subprocess.Popen(
         [sys.executable, "-m", "wamkit", "serve", str(folder), "--port", "0", "--device", "cpu"],
-        env=_env(), stderr=subprocess.PIPE, text=True,
+        env=child_env(), stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
         port = None

@@ -6,7 +6,6 @@ exists only for the world size that wrote it; the trainer says so)."""
 from __future__ import annotations
 
 import math
-import os
 import shutil
 import socket
 import subprocess
@@ -17,7 +16,7 @@ import pytest
 import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-from tests.conftest import REPO
+from tests.child_env import child_env
 from tests.exactness import assert_rounding_close
 from tests.test_train_support import ToyAdapter, ToyLoader
 from wamkit.config import DataConfig
@@ -29,10 +28,6 @@ ARGS = [
     "train.log_interval=1", "train.keep_last=5", "train.ema=true", "train.warmup_steps=2",
 ]  # fmt: skip
 TRAIN = ["-m", "tests.test_train_support", *ARGS]
-
-
-def _env() -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
 
 
 def _free_port() -> int:
@@ -47,7 +42,9 @@ def _node(rank: int, port: int, run: Path) -> subprocess.Popen:
         "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}", "--rdzv_id=wamkit_two_nodes",
         f"--node_rank={rank}", *TRAIN, f"train.run_dir={run}", "--resume", "auto",
     ]  # fmt: skip
-    return subprocess.Popen(cmd, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        cmd, env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
 
 
 def _weights(step_dir: Path, out: Path) -> dict:
@@ -75,7 +72,7 @@ def test_two_node_rendezvous_resumes_a_one_process_checkpoint(tmp_path):
     one = tmp_path / "one"
     first = subprocess.run(
         [sys.executable, *TRAIN, f"train.run_dir={one}"],
-        env=_env(),
+        env=child_env(),
         capture_output=True,
         text=True,
         timeout=300,
@@ -115,7 +112,7 @@ def test_two_node_rendezvous_resumes_a_one_process_checkpoint(tmp_path):
     solo = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *TRAIN,
          f"train.run_dir={alone}", "--resume", "auto"],
-        env=_env(), capture_output=True, text=True, timeout=300,
+        env=child_env(), capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert solo.returncode == 0, solo.stderr[-3000:]
     assert read_losses(alone) == got

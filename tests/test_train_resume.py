@@ -19,17 +19,13 @@ import torch
 from safetensors.torch import load_file
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
+from tests.child_env import child_env
 from tests.test_train_support import build_toy, kill_at_step
 from wamkit.export import checkpoint_to_serving
 from wamkit.models import register_model
 from wamkit.train.metrics import read_losses
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def _env() -> dict[str, str]:
-    # one thread per process: 2 cores are shared, and the result must not depend on it anyway
-    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
 
 
 def _train_cmd(run_dir: Path, args: list[str]) -> list[str]:
@@ -56,16 +52,20 @@ def test_sigkill_at_random_step_then_resume_auto_gives_identical_losses(tmp_path
     full, cut = tmp_path / "full", tmp_path / "cut"
     # both runs start together (2 cores); each computes the same stats file
     ref = subprocess.Popen(
-        _train_cmd(full, args), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        _train_cmd(full, args), env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     )
     kill_at = random.randint(5, 11)  # after the first checkpoint (step 4), before the end
     proc = subprocess.Popen(
-        _train_cmd(cut, args), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        _train_cmd(cut, args), env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     )
     kill_at_step(proc, cut, kill_at, 240)
     assert ref.wait(timeout=300) == 0, ref.stderr.read().decode()[-3000:]
     done = subprocess.run(
-        [*_train_cmd(cut, args), "--resume", "auto"], env=_env(), capture_output=True, text=True, timeout=300
+        [*_train_cmd(cut, args), "--resume", "auto"],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "resumed from" in done.stderr, done.stderr[-3000:]
@@ -97,7 +97,7 @@ def test_two_process_fsdp2_checkpoints_shard_resume_exactly_and_export(tmp_path)
         "train.global_batch=8", "train.save_interval=3", "train.log_interval=3", "train.keep_last=5",
         "train.ema=true",
     ]  # fmt: skip
-    first = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300)
+    first = subprocess.run(cmd, env=child_env(), capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stderr[-3000:]
     assert "2 process(es)" in first.stderr and "= 2 x 2 x 2" in first.stderr  # accumulation 2
     step6 = run / "checkpoints" / "step_000006"
@@ -121,7 +121,7 @@ def test_two_process_fsdp2_checkpoints_shard_resume_exactly_and_export(tmp_path)
     want = read_losses(run)
     shutil.rmtree(step6)
     again = subprocess.run(
-        [*cmd, "--resume", "auto"], env=_env(), capture_output=True, text=True, timeout=300
+        [*cmd, "--resume", "auto"], env=child_env(), capture_output=True, text=True, timeout=300
     )
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resumed from" in again.stderr and "step_000003" in again.stderr
@@ -140,7 +140,7 @@ def test_two_process_sigkill_mid_run_then_resume_auto_is_exact_and_serves(tmp_pa
         sys.executable, str(REPO / "scripts" / "resume_check.py"), "--processes", "2", "--device", "cpu",
         "--steps", "12", "--save-interval", "4", "--out", str(tmp_path / "check"),
     ]  # fmt: skip
-    done = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=600)
+    done = subprocess.run(cmd, env=child_env(), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     result = json.loads(done.stdout.splitlines()[-1])
     assert result["ok"] and result["tolerance"] == 0.0
@@ -167,10 +167,10 @@ def test_sigkill_while_an_async_save_is_writing_resumes_exactly(tmp_path, libero
     ]  # fmt: skip
     full, cut = tmp_path / "full", tmp_path / "cut"
     ref = subprocess.Popen(
-        _train_cmd(full, args), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        _train_cmd(full, args), env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     )
     proc = subprocess.Popen(
-        _train_cmd(cut, args), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        _train_cmd(cut, args), env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     )
     root, caught = cut / "checkpoints", None
     deadline = time.monotonic() + 240
@@ -189,7 +189,11 @@ def test_sigkill_while_an_async_save_is_writing_resumes_exactly(tmp_path, libero
     assert ref.wait(timeout=300) == 0, ref.stderr.read().decode()[-3000:]
     assert (root / f".tmp_step_{caught:06d}").is_dir() and not (root / f"step_{caught:06d}").exists()
     done = subprocess.run(
-        [*_train_cmd(cut, args), "--resume", "auto"], env=_env(), capture_output=True, text=True, timeout=300
+        [*_train_cmd(cut, args), "--resume", "auto"],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"resumed from {root / f'step_{caught - 1:06d}'}" in done.stderr, done.stderr[-3000:]
