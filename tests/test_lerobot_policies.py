@@ -256,11 +256,11 @@ def test_an_exported_folder_gives_wamkits_actions_in_lerobots_pipeline_and_serve
         assert np.array_equal(seeded[:, :n], theirs)
 
 
-def _train(run: Path, root: Path, *extra: str) -> list[str]:
+def _train(run: Path, root: Path, *extra: str, policy: str = "act") -> list[str]:
+    options = [f"model.options.{k}={v}" for k, v in SMALL[policy].items()]
     return [
         sys.executable, "-m", "wamkit", "train", f"data.root={root}", "data.num_workers=1", "model.name=lerobot",
-        "model.preset=act", "model.options.dim_model=64", "model.options.dim_feedforward=128",
-        "model.options.n_encoder_layers=2", "model.options.n_vae_encoder_layers=1",
+        f"model.preset={policy}", *options,
         "train.max_steps=10", "train.micro_batch=2", "train.global_batch=4", "train.save_interval=5",
         "train.log_interval=1", "train.warmup_steps=2", "train.lr=1e-4", "train.ema=true",
         f"train.run_dir={run}", *extra,
@@ -339,14 +339,16 @@ def test_act_trains_in_wamkit_resumes_exactly_after_sigkill_and_exports_a_folder
     np.testing.assert_allclose(mine, theirs, rtol=0, atol=float(np.max(np.abs(scale))) * 1e-4)
 
 
-def test_act_under_fsdp2_on_two_gloo_processes_resumes_exactly(tmp_path, libero_tiny):
-    """``torchrun`` with two processes (gloo): ACT's transformer layers and the rest sharded by FSDP2,
-    a checkpoint at step 3; resumed from it, the run logs the losses of the uninterrupted one."""
+@pytest.mark.parametrize("policy", ["act", "diffusion"])
+def test_fsdp2_on_two_gloo_processes_resumes_exactly(tmp_path, libero_tiny, policy):
+    """``torchrun`` with two processes (gloo): ACT's transformer layers, or Diffusion Policy's U-Net
+    whole, and the rest sharded by FSDP2, a checkpoint at step 3; resumed from it, the run logs the
+    losses of the uninterrupted one (Diffusion's noise, timesteps and crops drawn again alike)."""
     run = tmp_path / "run"
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "wamkit",
         *_train(run, libero_tiny, "train.max_steps=6", "train.save_interval=3", "train.global_batch=8",
-                "train.keep_last=3")[3:],
+                "train.keep_last=3", policy=policy)[3:],
     ]  # fmt: skip
     first = subprocess.run(cmd, env=child_env(), capture_output=True, text=True, timeout=400)
     assert first.returncode == 0, first.stderr[-3000:]
