@@ -7,8 +7,9 @@ state and horizon); ``lerobot-eval`` gets it through the plug-in ``wamkit.envs.l
 episodes coincide: LeRobot seeds episode i of a task ``--seed`` + i, and wamkit, under
 ``env.seed_rule=per_trial``, trial t ``eval.seed`` + t. Each executes the policy's ``n_action_steps``
 actions of a chunk (``eval.replan_interval``). LeRobot steps its envs lock-step, a batch of ``--envs``
-until the last is done, and its tasks one after another; wamkit pipelines the same number of envs over
-every task.
+until the last is done (each env in a process of its own), and its tasks one after another; wamkit
+pipelines the same number of envs over every task, in ``--workers`` processes (by default one per env up
+to the CPU count: the processes lerobot-eval has, where the cores are there to run them).
 
 It prints one table: wall time, success with its 95% (Wilson) interval, per task, the speed-up, and how
 many episodes ended alike (success, and return within 1e-3 relative: the same trajectory to float32
@@ -48,6 +49,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trials", type=int, default=10, help="episodes per task (default: 10)")
     parser.add_argument(
         "--envs", type=int, default=10, help="envs stepped at once by each evaluator (default: 10)"
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=0,
+        help="wamkit's env worker processes (default 0: one per env up to the CPU count, as lerobot-eval "
+        "runs each env in a process of its own)",
     )
     parser.add_argument("--device", default="cpu", help="the policy's device in both (default: cpu)")
     parser.add_argument(
@@ -118,6 +126,11 @@ def main(args: argparse.Namespace) -> int:
         )
     if args.trials < 1 or args.envs < 1:
         raise ConfigError(f"--trials and --envs: at least 1, got {args.trials} and {args.envs}")
+    if args.workers < 0:
+        raise ConfigError(
+            f"--workers: at least 1, or 0 for one per env up to the CPU count, got {args.workers}"
+        )
+    workers = args.workers or min(args.envs, os.cpu_count() or 1)
     if args.trials % args.envs:
         raise ConfigError(
             f"--trials {args.trials} is not a multiple of --envs {args.envs}: lerobot-eval would run "
@@ -134,6 +147,7 @@ def main(args: argparse.Namespace) -> int:
             *args.overrides,
             f"eval.trials={args.trials}",
             f"eval.num_envs={args.envs}",
+            f"eval.workers={workers}",
             f"eval.replan_interval={steps}",
             "env.seed_rule=per_trial",
             "eval.videos=0",
@@ -192,6 +206,7 @@ def main(args: argparse.Namespace) -> int:
         "tasks": tasks,
         "trials": args.trials,
         "envs": args.envs,
+        "workers": cfg.eval.workers,
         "device": args.device,
         "rows": [
             {"evaluator": "lerobot-eval", "wall_s": wall_lerobot, "evaluating_s": eval_s, "success": _rate(theirs),
@@ -227,6 +242,10 @@ def table(result: dict[str, Any]) -> str:
             f"{base / r['wall_s']:.2f}× | {100 * k / n:.1f}% ({100 * lo:.1f}-{100 * hi:.1f}) | {per} |"
         )
     n = result["episodes"]
+    lines.append(
+        f"\nlerobot-eval runs each env in a process of its own (AsyncVectorEnv), a task at a time; wamkit "
+        f"eval runs its {result['envs']} envs in {result['workers']} worker processes, over every task."
+    )
     lines.append(
         f"\nPer episode: {result['same_success']} of {n} ended alike (success or failure), "
         f"{result['same_return']} of {n} with the same return (within {RETURN_RTOL:g} relative)."
