@@ -21,7 +21,6 @@ from wamkit.config import ModelConfig  # noqa: E402
 from wamkit.models import build_model  # noqa: E402
 from wamkit.models.base import ModelIO  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
 # the demo's env: MetaWorld, the corner camera at 64 px, the robot's state (hand xyz, gripper)
 IO = ModelIO(cameras=("corner",), image_size=64, state_dim=4, action_dim=4, chunk=16)
 TASK = "drawer-open-v3"

@@ -32,7 +32,6 @@ from wamkit.models.base import ModelIO  # noqa: E402
 from wamkit.models.pretrained import load_pretrained  # noqa: E402
 from wamkit.train.metrics import read_losses  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
 IO = ModelIO(cameras=("corner", "wrist"), image_size=64, state_dim=5, action_dim=4, chunk=16)
 SMALL = {
     "act": {"dim_model": 64, "dim_feedforward": 128, "n_encoder_layers": 2, "n_vae_encoder_layers": 1},
