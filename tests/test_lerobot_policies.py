@@ -266,24 +266,21 @@ def _train(run: Path, root: Path, *extra: str, policy: str = "act") -> list[str]
     ]  # fmt: skip
 
 
-def test_act_trains_in_wamkit_resumes_exactly_after_sigkill_and_exports_a_folder_lerobot_runs(
-    tmp_path, libero_tiny
-):
-    """``wamkit train`` as a user types it (LIBERO's fixture, LeRobot's ACT): killed after its first
-    checkpoint and resumed, the same losses as an uninterrupted run; then ``wamkit convert --to extra``
-    writes a LeRobot folder whose processors and policy, loaded by LeRobot, give the actions of
-    wamkit's own path (spec, adapter, decode) for the same raw observation."""
+def _killed_resumes_exactly(tmp_path: Path, root: Path, policy: str) -> Path:
+    """``wamkit train`` as a user types it, twice at once: one run uninterrupted, one SIGKILLed after
+    its first checkpoint and resumed with ``--resume auto``; both log the same losses, and the loss
+    falls. Returns the uninterrupted run's folder."""
     full, cut = tmp_path / "full", tmp_path / "cut"
     ref = subprocess.Popen(
-        _train(full, libero_tiny), env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        _train(full, root, policy=policy), env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     )
     proc = subprocess.Popen(
-        _train(cut, libero_tiny), env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        _train(cut, root, policy=policy), env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     )
     kill_at_step(proc, cut, 7, 300)
     assert ref.wait(timeout=400) == 0, ref.stderr.read().decode()[-3000:]
     done = subprocess.run(
-        [*_train(cut, libero_tiny), "--resume", "auto"],
+        [*_train(cut, root, policy=policy), "--resume", "auto"],
         env=child_env(),
         capture_output=True,
         text=True,
@@ -294,6 +291,23 @@ def test_act_trains_in_wamkit_resumes_exactly_after_sigkill_and_exports_a_folder
     assert [r["step"] for r in got] == list(range(1, 11))
     assert got == want
     assert want[-1]["loss"] < want[0]["loss"]
+    return full
+
+
+def test_diffusion_trains_in_wamkit_and_resumes_exactly_after_sigkill(tmp_path, libero_tiny):
+    """LeRobot's Diffusion Policy in one process, killed after its first checkpoint and resumed: the
+    losses of the uninterrupted run, bit for bit (its noise, timesteps and crops drawn again alike)."""
+    _killed_resumes_exactly(tmp_path, libero_tiny, "diffusion")
+
+
+def test_act_trains_in_wamkit_resumes_exactly_after_sigkill_and_exports_a_folder_lerobot_runs(
+    tmp_path, libero_tiny
+):
+    """``wamkit train`` as a user types it (LIBERO's fixture, LeRobot's ACT): killed after its first
+    checkpoint and resumed, the same losses as an uninterrupted run; then ``wamkit convert --to extra``
+    writes a LeRobot folder whose processors and policy, loaded by LeRobot, give the actions of
+    wamkit's own path (spec, adapter, decode) for the same raw observation."""
+    full = _killed_resumes_exactly(tmp_path, libero_tiny, "act")
 
     serve, folder = tmp_path / "serve", tmp_path / "lerobot_act"
     for args in (
