@@ -9,14 +9,15 @@ cd "$(dirname "$0")/.."
 WORK=${WORK:-/tmp/sweep}
 limit=${SECONDS_MAX:-520}
 mkdir -p "$WORK/logs"
-if pgrep -f "maintainers/demo_sweep.sh" >/dev/null; then
+running() { pgrep -f "maintainers/demo_sweep.sh" >/dev/null; }
+if running; then
   echo "[until] the sweep is still running"
 else
   echo "[until] starting the sweep"
   setsid nohup bash maintainers/demo_sweep.sh >>"$WORK/sweep.out" 2>&1 </dev/null &
 fi
 t0=$(date +%s)
-while pgrep -f "maintainers/demo_sweep.sh" >/dev/null && [ $(( $(date +%s) - t0 )) -lt "$limit" ]; do sleep 10; done
-if pgrep -f "maintainers/demo_sweep.sh" >/dev/null; then echo "[until] still running after ${limit} s"; else echo "[until] the sweep ended"; fi
+while running && [ $(( $(date +%s) - t0 )) -lt "$limit" ]; do sleep 10; done
+if running; then echo "[until] still running after ${limit} s"; else echo "[until] the sweep ended"; fi
 tail -n 5 "$WORK/sweep.out"
 for f in "$WORK"/logs/*.log; do [ -f "$f" ] && { echo "== $f"; tail -c 2000 "$f" | tr '\r' '\n' | grep -v '^$' | tail -n 12; }; done

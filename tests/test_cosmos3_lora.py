@@ -38,7 +38,7 @@ from wamkit.train.metrics import read_losses  # noqa: E402
 
 from .conftest import REPO  # noqa: E402
 from .test_cosmos3_train import IO, fixture_batch  # noqa: E402
-from .test_train_support import kill_at_step  # noqa: E402
+from .test_train_support import killed_and_resumed  # noqa: E402
 
 CONFIG = REPO / "configs" / "libero_10_cosmos3.yaml"
 # 4 layers of the tiny preset: 64 wide, MLP 192 wide, about 300 keys per attention (as in
@@ -245,21 +245,9 @@ def resume_after_sigkill(data, tmp_path, steps: int, args: tuple[str, ...], logg
     run uninterrupted: the same losses, adapters, heads and EMA, bit for bit."""
     args = (f"train.max_steps={steps}", "train.save_interval=3", *args)
     full, cut = tmp_path / "full", tmp_path / "cut"
-    ref = subprocess.Popen(
-        _train_cmd(data, full, *args), env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-    )
     kill_at = random.randint(4, steps - 1)  # after the first checkpoint (step 3), before the end
-    proc = subprocess.Popen(
-        _train_cmd(data, cut, *args), env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-    )
-    kill_at_step(proc, cut, kill_at, 300)
-    assert ref.wait(timeout=300) == 0, ref.stderr.read().decode()[-3000:]
-    done = subprocess.run(
-        [*_train_cmd(data, cut, *args), "--resume", "auto"], env=child_env(), capture_output=True, text=True,
-        timeout=300,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "resumed from" in done.stderr and logged in done.stderr, done.stderr[-3000:]
+    err = killed_and_resumed(lambda run: _train_cmd(data, run, *args), full, cut, kill_at)
+    assert "resumed from" in err and logged in err, err[-3000:]
 
     want, got = read_losses(full), read_losses(cut)
     assert [r["step"] for r in got] == [r["step"] for r in want] == list(range(1, steps + 1)), kill_at

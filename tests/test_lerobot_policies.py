@@ -24,7 +24,7 @@ from lerobot.envs.utils import preprocess_observation  # noqa: E402
 from lerobot.policies.factory import get_policy_class, make_pre_post_processors  # noqa: E402
 
 from tests.child_env import child_env  # noqa: E402
-from tests.test_train_support import kill_at_step  # noqa: E402
+from tests.test_train_support import killed_and_resumed  # noqa: E402
 from wamkit.actions.spec import PreprocessSpec  # noqa: E402
 from wamkit.config import ConfigError, ModelConfig  # noqa: E402
 from wamkit.models import build_model  # noqa: E402
@@ -271,22 +271,7 @@ def _killed_resumes_exactly(tmp_path: Path, root: Path, policy: str) -> Path:
     its first checkpoint and resumed with ``--resume auto``; both log the same losses, and the loss
     falls. Returns the uninterrupted run's folder."""
     full, cut = tmp_path / "full", tmp_path / "cut"
-    ref = subprocess.Popen(
-        _train(full, root, policy=policy), env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-    )
-    proc = subprocess.Popen(
-        _train(cut, root, policy=policy), env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-    )
-    kill_at_step(proc, cut, 7, 300)
-    assert ref.wait(timeout=400) == 0, ref.stderr.read().decode()[-3000:]
-    done = subprocess.run(
-        [*_train(cut, root, policy=policy), "--resume", "auto"],
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=400,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    killed_and_resumed(lambda run: _train(run, root, policy=policy), full, cut, 7, timeout_s=400)
     want, got = read_losses(full), read_losses(cut)
     assert [r["step"] for r in got] == list(range(1, 11))
     assert got == want

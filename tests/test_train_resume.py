@@ -20,12 +20,11 @@ from safetensors.torch import load_file
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from tests.child_env import child_env
-from tests.test_train_support import build_toy, kill_at_step
+from tests.conftest import REPO
+from tests.test_train_support import build_toy, killed_and_resumed
 from wamkit.export import checkpoint_to_serving
 from wamkit.models import register_model
 from wamkit.train.metrics import read_losses
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def _train_cmd(run_dir: Path, args: list[str]) -> list[str]:
@@ -51,24 +50,9 @@ def test_sigkill_at_random_step_then_resume_auto_gives_identical_losses(tmp_path
     ]
     full, cut = tmp_path / "full", tmp_path / "cut"
     # both runs start together (2 cores); each computes the same stats file
-    ref = subprocess.Popen(
-        _train_cmd(full, args), env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-    )
     kill_at = random.randint(5, 11)  # after the first checkpoint (step 4), before the end
-    proc = subprocess.Popen(
-        _train_cmd(cut, args), env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-    )
-    kill_at_step(proc, cut, kill_at, 240)
-    assert ref.wait(timeout=300) == 0, ref.stderr.read().decode()[-3000:]
-    done = subprocess.run(
-        [*_train_cmd(cut, args), "--resume", "auto"],
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "resumed from" in done.stderr, done.stderr[-3000:]
+    err = killed_and_resumed(lambda run: _train_cmd(run, args), full, cut, kill_at)
+    assert "resumed from" in err, err[-3000:]
 
     want, got = read_losses(full), read_losses(cut)
     assert [r["step"] for r in want] == list(range(1, 13))

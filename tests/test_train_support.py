@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -154,6 +155,25 @@ def kill_at_step(proc: subprocess.Popen, run_dir: Path, step: int, timeout_s: fl
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert proc.returncode == -signal.SIGKILL, f"kill at step {step} came too late"
+
+
+def killed_and_resumed(
+    cmd: Callable[[Path], list[str]], full: Path, cut: Path, kill_at: int, timeout_s: float = 300
+) -> str:
+    """Start ``cmd(full)`` and ``cmd(cut)`` together, SIGKILL the second once it has logged ``kill_at``
+    steps (:func:`kill_at_step`), let the first finish, and resume the second with ``--resume auto``;
+    both must exit 0. Returns the resumed run's stderr. The caller compares what the two runs left."""
+    from tests.child_env import child_env
+
+    ref = subprocess.Popen(cmd(full), env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(cmd(cut), env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    kill_at_step(proc, cut, kill_at, timeout_s)
+    assert ref.wait(timeout=timeout_s) == 0, ref.stderr.read().decode()[-3000:]
+    done = subprocess.run(
+        [*cmd(cut), "--resume", "auto"], env=child_env(), capture_output=True, text=True, timeout=timeout_s
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stderr
 
 
 def main(argv: list[str]) -> int:
