@@ -110,11 +110,13 @@ def test_server_gone_runs_the_chunk_out_holds_then_raises_with_its_error():
 
 def test_against_a_real_server_in_real_time():
     """A tiny flow model served locally, 25 Hz for 2 s: chunks keep coming with their leftovers, the
-    delay is measured; the server stopped, the client holds and then raises."""
+    delay is measured; the server stopped, the client holds and then raises. It may hold for up to a
+    second (not the default quarter chunk, 0.16 s): the server shares 2 cores with the other tests, and
+    this test is about the client's behaviour, not the server's speed on a loaded machine."""
     hz = 25.0
     with start_server_process(["--model", "tiny", "--random-init", "--device", "cpu"]) as srv:
         policy = PolicyClient(srv.url, connect_timeout_s=2.0)
-        client = RealTimeClient(policy, hz, seed=0)
+        client = RealTimeClient(policy, hz, seed=0, max_hold_steps=int(hz))
         assert client.rtc and client.horizon == 16 and client.replan == 8
         obs = {
             "observation.images.corner": np.zeros((128, 128, 3), np.uint8),
