@@ -143,13 +143,13 @@ def tiny_data(cfg, rank, world, run_dir: Path):
     return toy_data(cfg, rank, world, run_dir, TINY_IO)
 
 
-def kill_at_step(proc: subprocess.Popen, run_dir: Path, step: int, timeout_s: float) -> None:
+def kill_at_step(proc: subprocess.Popen, run_dir: Path, step: int, timeout_s: float, log: Path) -> None:
     """SIGKILL a training process once ``run_dir/losses.jsonl`` has ``step`` lines (fails if it exits
-    first, or if the kill lands after the run ended)."""
+    first, showing the end of its stderr ``log``, or if the kill lands after the run ended)."""
     losses = run_dir / "losses.jsonl"
     deadline = time.monotonic() + timeout_s
     while not (losses.is_file() and len(losses.read_text().splitlines()) >= step):
-        assert proc.poll() is None, f"training exited early: {proc.stderr.read().decode()[-2000:]}"
+        assert proc.poll() is None, f"training exited early: {log.read_text()[-2000:]}"
         assert time.monotonic() < deadline, "training did not reach the kill step in time"
         time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)
@@ -162,13 +162,23 @@ def killed_and_resumed(
 ) -> str:
     """Start ``cmd(full)`` and ``cmd(cut)`` together, SIGKILL the second once it has logged ``kill_at``
     steps (:func:`kill_at_step`), let the first finish, and resume the second with ``--resume auto``;
-    both must exit 0. Returns the resumed run's stderr. The caller compares what the two runs left."""
+    both must exit 0. Returns the resumed run's stderr. The caller compares what the two runs left.
+    The two first runs write their stderr to files beside their folders (``<folder>.stderr``): a pipe
+    nobody reads while they train would block a run whose log outgrew the pipe's buffer."""
     from tests.child_env import child_env
 
-    ref = subprocess.Popen(cmd(full), env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    proc = subprocess.Popen(cmd(cut), env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    kill_at_step(proc, cut, kill_at, timeout_s)
-    assert ref.wait(timeout=timeout_s) == 0, ref.stderr.read().decode()[-3000:]
+    logs = [run.with_name(run.name + ".stderr") for run in (full, cut)]
+    with logs[0].open("w") as ref_err, logs[1].open("w") as cut_err:
+        ref = subprocess.Popen(cmd(full), env=child_env(), stdout=subprocess.DEVNULL, stderr=ref_err)
+        proc = subprocess.Popen(cmd(cut), env=child_env(), stdout=subprocess.DEVNULL, stderr=cut_err)
+        try:
+            kill_at_step(proc, cut, kill_at, timeout_s, logs[1])
+            assert ref.wait(timeout=timeout_s) == 0, logs[0].read_text()[-3000:]
+        finally:
+            for p in (ref, proc):
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
     done = subprocess.run(
         [*cmd(cut), "--resume", "auto"], env=child_env(), capture_output=True, text=True, timeout=timeout_s
     )
