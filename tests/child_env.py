@@ -1,10 +1,19 @@
-"""The environment the tests give the ``wamkit`` processes they start."""
+"""The environment the tests give the ``wamkit`` processes they start, and the watch on their logs."""
 
 from __future__ import annotations
 
 import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
 
 from tests.conftest import REPO
+
+# what a shell may say about rendering; the README's activated shell on a headless machine says none
+GL_VARS = ("MUJOCO_GL", "PYOPENGL_PLATFORM", "DISPLAY", "WAYLAND_DISPLAY")
 
 
 def child_env(*, user_shell: bool = False) -> dict[str, str]:
@@ -14,6 +23,33 @@ def child_env(*, user_shell: bool = False) -> dict[str, str]:
     plug-in env must choose offscreen rendering themselves."""
     env = dict(os.environ)
     if user_shell:
-        for key in ("MUJOCO_GL", "PYOPENGL_PLATFORM"):
+        for key in GL_VARS:
             env.pop(key, None)
     return {**env, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+
+
+def start_logged(cmd: list[str], log: Path, **popen) -> subprocess.Popen:
+    """``cmd`` started with its stdout and stderr in the file ``log``: a pipe that nobody reads while
+    the process runs would fill, and block it."""
+    with open(log, "w") as f:
+        return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, text=True, **popen)
+
+
+def wait_for_log(proc: subprocess.Popen, log: Path, pattern: str, timeout: float = 300.0) -> re.Match:
+    """The first match of ``pattern`` in ``log``, the file :func:`start_logged` gave ``proc``. If
+    ``proc`` exits first, or ``timeout`` seconds pass, it is killed and the test fails with the log's
+    end: a reworded line or a stalled start is a failure, never a hang."""
+    deadline = time.monotonic() + timeout
+    while True:
+        code = proc.poll()
+        text = log.read_text(errors="replace")
+        if m := re.search(pattern, text):
+            return m
+        if code is not None or time.monotonic() > deadline:
+            proc.kill()
+            proc.wait()
+            why = f"it exited with code {code}" if code is not None else f"{timeout:g} s passed"
+            pytest.fail(
+                f"`{' '.join(map(str, proc.args))}` never logged {pattern!r} ({why}):\n{text[-3000:]}"
+            )
+        time.sleep(0.1)

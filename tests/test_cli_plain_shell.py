@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.child_env import GL_VARS, start_logged, wait_for_log
+
 WAMKIT = Path(sys.executable).parent / "wamkit"
-GL_VARS = ("MUJOCO_GL", "PYOPENGL_PLATFORM", "DISPLAY", "WAYLAND_DISPLAY")
 
 
 def wamkit(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -45,17 +46,12 @@ def metaworld_data(tmp_path_factory) -> Path:
     return root / "data"
 
 
-def _start_server(args: list[str], cwd, env: dict[str, str]):
-    """``wamkit serve ARGS`` started as a user starts it; ``(process, port)`` once it says its port."""
-    proc = subprocess.Popen([str(WAMKIT), *args], cwd=cwd, env=env, stderr=subprocess.PIPE, text=True)
-    port = None
-    for line in proc.stderr:
-        if "serving tiny on ws://127.0.0.1:" in line:
-            port = int(line.rsplit(":", 1)[1].split()[0])
-            break
-    if port is None:
-        proc.kill()
-    assert port is not None, f"the server never said its port (exit code {proc.poll()})"
+def _start_server(args: list[str], cwd: Path, env: dict[str, str]):
+    """``wamkit serve ARGS`` started as a user starts it, its log in ``cwd/serve.log``; ``(process,
+    port)`` once it says its port."""
+    log = cwd / "serve.log"
+    proc = start_logged([str(WAMKIT), *args], log, cwd=cwd, env=env)
+    port = int(wait_for_log(proc, log, r"serving tiny on ws://127\.0\.0\.1:(\d+)", timeout=120).group(1))
     return proc, port
 
 
@@ -164,7 +160,6 @@ def test_a_random_init_server_takes_the_shape_of_the_suite(tmp_path):
     finally:
         proc.kill()
         proc.wait()
-        proc.stderr.close()
     said = one_line_error(wamkit(*args[:6], "--suite", "libero_11", cwd=tmp_path), "serve")
     assert "--suite: unknown suite 'libero_11'" in said
 
@@ -204,15 +199,12 @@ def test_train_ends_with_a_summary_and_a_next_command_that_runs(metaworld_data, 
 def test_an_evaluation_at_another_image_size_than_its_model_warns_once(tmp_path):
     """A model taking 32 px images evaluated on 64 px renders runs (the server resizes) and says so,
     once, not per pipeline stage or per connection."""
-    import threading
-
     env = {k: v for k, v in os.environ.items() if k not in GL_VARS}
     args = ["serve", "--model", "tiny", "--preset", "small", "--random-init", "--suite", "metaworld"]
     args += ["--set", "env.state=proprio", "--set", "env.image_size=32", "--option", "num_steps=2"]
     args += ["--port", "0", "--device", "cpu"]
     proc, port = _start_server(args, tmp_path, env)
     try:
-        threading.Thread(target=proc.stderr.read, daemon=True).start()  # its log never fills the pipe
         overrides = ["env.tasks=[reach-v3]", "env.image_size=64", "env.max_steps=8", "eval.trials=2"]
         overrides += ["eval.num_envs=2", "eval.workers=1", "eval.pipeline_stages=2", "eval.videos=0"]
         overrides += ["eval.calibrate_s=1", f"eval.server_url=ws://127.0.0.1:{port}", "eval.out_dir=ev"]

@@ -3,10 +3,12 @@ the fast rows' actions equal stock's (fp32), and the profile of one step of each
 
 from __future__ import annotations
 
+import collections
 import json
 import re
 
 import pytest
+import torch
 
 pytest.importorskip("diffusers", reason="cosmos3 needs the wamkit[cosmos3] extra")
 
@@ -15,6 +17,7 @@ from wamkit.cli import main  # noqa: E402
 ROW = re.compile(r"^(stock|fast\S*)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+")
 
 
+@pytest.mark.numerics  # float results across code paths (tests/conftest.py)
 def test_bench_cosmos3_prints_stock_and_fast_side_by_side(capsys, tmp_path):
     out_json = tmp_path / "bench.json"
     argv = ["bench", "cosmos3", "--preset", "tiny", "--device", "cpu", "--dtype", "float32"]
@@ -29,13 +32,35 @@ def test_bench_cosmos3_prints_stock_and_fast_side_by_side(capsys, tmp_path):
     assert out.count("Self CPU time total") == 2
     saved = json.loads(out_json.read_text())["rows"]
     fast = [r for r in saved if r["path"] == "fast"]
-    assert len(fast) == 2 and all(r["max_action_diff"] <= 1e-5 and r["vs_stock"] > 0 for r in fast)
+    assert len(fast) == 2 and all(r["vs_stock"] > 0 for r in fast)
+    for r in fast:  # each of the 2 steps' reordered sums, 192 wide and 4 deep (tests/exactness.py)
+        bound = 2 * 192 * 4 * torch.finfo(torch.float32).eps * r["stock_action_max"]
+        assert 0 <= r["max_action_diff"] <= bound, (r["max_action_diff"], bound)
 
 
 SFT_ROW = re.compile(r"^(transformer|encode|cached|cached_inline)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s")
 
 
-def test_bench_cosmos3_sft_prints_transformer_encode_and_cached_rows(capsys, tmp_path):
+def test_bench_cosmos3_sft_prints_transformer_encode_and_cached_rows(capsys, tmp_path, monkeypatch):
+    from wamkit.bench import cosmos3_sft
+
+    encodes = collections.Counter()  # the VAE's encode calls inside each row's steps
+    step = cosmos3_sft.SftBench.step
+
+    def counted(bench, path, b):
+        vae = bench.ad._encode
+
+        def spy(*args, **kwargs):
+            encodes[path] += 1
+            return vae(*args, **kwargs)
+
+        bench.ad._encode = spy
+        try:
+            return step(bench, path, b)
+        finally:
+            del bench.ad._encode  # the adapter's own method again
+
+    monkeypatch.setattr(cosmos3_sft.SftBench, "step", counted)
     out_json = tmp_path / "sft.json"
     argv = ["bench", "cosmos3-sft", "--preset", "tiny", "--device", "cpu", "--batches", "1,2"]
     argv += ["--steps", "1", "--warmup", "1", "--image-size", "32", "--threads", "1"]
@@ -64,11 +89,8 @@ def test_bench_cosmos3_sft_prints_transformer_encode_and_cached_rows(capsys, tmp
     assert (tmp_path / "latents" / "manifest.json").is_file()  # the cached row read a real cache folder
     saved = json.loads(out_json.read_text())
     assert len(saved["rows"]) == 8 and saved["flops_per_sample"] > 0
-    # the cached row skips the VAE: on the CPU it is several times faster than encoding
-    enc = {r["batch"]: r["samples_per_s"] for r in saved["rows"] if r["path"] == "encode"}
-    for path in ("cached", "cached_inline"):  # read ahead by the loader's workers, or in the step
-        cached = {r["batch"]: r["samples_per_s"] for r in saved["rows"] if r["path"] == path}
-        assert all(cached[b] > 2 * enc[b] for b in (1, 2)), (path, enc, cached)
+    # the rows that read latents (the cache's or the batch's) never ran the VAE; the encode row did
+    assert encodes["encode"] > 0 and encodes.keys() == {"encode"}, encodes
 
 
 def test_bench_cosmos3_sft_repeats_interleave_rows_and_print_medians(capsys, tmp_path, monkeypatch):

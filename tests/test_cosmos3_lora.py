@@ -80,6 +80,7 @@ def _loss(adapter, batch, seed: int = 123) -> torch.Tensor:
         return adapter.sft_loss(batch)["loss"]
 
 
+@pytest.mark.numerics  # float results across code paths (tests/conftest.py)
 def test_adapters_learn_the_base_stays_and_the_merge_is_the_adapted_model():
     """In process, on a fixed batch: the adapters in each generation-tower linear layer and the action
     heads train, nothing else moves, the loss falls; merged into their layers (peft's merge_and_unload)
@@ -167,6 +168,7 @@ def test_bad_lora_settings_are_refused_in_one_line_naming_the_key(data, tmp_path
     assert not run.exists()  # a refused run leaves no folder
 
 
+@pytest.mark.numerics  # float results across code paths (tests/conftest.py)
 def test_a_lora_run_saves_adapters_and_heads_converts_merged_and_serves(data, tmp_path):
     from wamkit.cli import main
     from wamkit.serve.loading import load_served

@@ -49,6 +49,7 @@ def _loss_and_grads(adapter, batch):
     return {k: v.detach() for k, v in out.items()}, grads
 
 
+@pytest.mark.numerics  # float results across code paths (tests/conftest.py)
 def test_cached_text_gives_the_stock_loss_and_gradients(tmp_path):
     torch.set_num_threads(2)
     batch = fixture_batch([0, 90])  # two tasks, idle-frame counts in the captions

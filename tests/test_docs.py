@@ -78,10 +78,19 @@ def _wamkit_argv(cmd: str) -> list[str] | None:
     return None
 
 
+ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+
+
 def _check_parses(cmd: str, where: str) -> None:
     cmd = cmd.removesuffix("&").strip()  # a trailing `&` only backgrounds the command
-    if "=" in cmd.split()[0] or cmd.split()[0] in ("kill", "cd", "export", "ray", "tensorboard", "cat", "ls"):
+    words = cmd.split()
+    while words and (ASSIGNMENT.match(words[0]) or words[0] == "time"):
+        words = words[1:]  # `VAR=value cmd` and `time cmd` run cmd: it is checked as written after them
+    if not words or words[0] in ("kill", "cd", "export", "ray", "tensorboard", "cat", "ls"):
         return  # shell glue around the commands under test
+    cmd = " ".join(words)
+    if words[0] in ("bash", "python", "python3") and not words[1].startswith("-"):
+        assert (REPO / words[1]).is_file(), f"{where}: `{cmd}`: {words[1]} is not a file of the repository"
     argv = _wamkit_argv(cmd)
     if argv is not None:
         parser = build_parser(next((a for a in argv if not a.startswith("-")), None), argv)
@@ -172,3 +181,9 @@ def test_parser_rejects_a_removed_command():
     with pytest.raises(SystemExit):
         build_parser("frobnicate", ["frobnicate"]).parse_args(["frobnicate"])
     assert isinstance(build_parser(), argparse.ArgumentParser)
+    # behind an environment variable or `time`, a command is still checked
+    for cmd in ("CUDA_VISIBLE_DEVICES=0 wamkit bench cosmos3 --no-such-flag", "time wamkit frobnicate"):
+        with pytest.raises(pytest.fail.Exception, match="does not parse"):
+            _check_parses(cmd, "here")
+    with pytest.raises(AssertionError, match="not a file of the repository"):
+        _check_parses("bash maintainers/no_such_script.sh", "here")

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +17,8 @@ from wamkit.models import build_model
 from wamkit.models.pretrained import save_pretrained
 from wamkit.serve.client import PolicyClient
 from wamkit.serve.loading import identity_spec
+
+from .child_env import GL_VARS
 
 
 @pytest.fixture(scope="module")
@@ -28,10 +31,12 @@ def serve_dir(tmp_path_factory):
     return out
 
 
-def wamkit(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl")}
-    cmd = [sys.executable, "-m", "wamkit", "eval", *args, "--no-progress"]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+def wamkit(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """``wamkit eval ARGS`` as typed in the README's activated shell: the venv's ``wamkit``, no rendering
+    variables (the evaluator sets up headless rendering itself), run from ``cwd``, not the checkout."""
+    env = {k: v for k, v in os.environ.items() if k not in GL_VARS}
+    cmd = [str(Path(sys.executable).parent / "wamkit"), "eval", *args, "--no-progress"]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=cwd)
 
 
 def test_eval_cli_with_a_local_server_and_resume(serve_dir, tmp_path):
@@ -47,7 +52,7 @@ def test_eval_cli_with_a_local_server_and_resume(serve_dir, tmp_path):
         "eval.workers=1",
         "eval.videos=0",
     ]
-    run = wamkit(*args, "--pipeline", "2")
+    run = wamkit(*args, "--pipeline", "2", cwd=tmp_path)
     assert run.returncode == 0, run.stderr
     assert "| metaworld | reach-v3 | 2 |" in run.stdout
     summary = json.loads((out / "summary.json").read_text())
@@ -56,10 +61,10 @@ def test_eval_cli_with_a_local_server_and_resume(serve_dir, tmp_path):
     assert server["serve_dir"] == str(serve_dir.resolve()) and server["identity"]["model"] == "delay"
     assert (out / "server.log").is_file()
 
-    again = wamkit(*args)  # results exist: refuse rather than overwrite or count twice
+    again = wamkit(*args, cwd=tmp_path)  # results exist: refuse rather than overwrite or count twice
     assert again.returncode == 2 and "--resume" in again.stderr
     journal = (out / "episodes.jsonl").read_text()
-    resumed = wamkit(*args, "--resume")  # nothing missing: no episode runs
+    resumed = wamkit(*args, "--resume", cwd=tmp_path)  # nothing missing: no episode runs
     assert resumed.returncode == 0, resumed.stderr
     assert (out / "episodes.jsonl").read_text() == journal
     assert json.loads((out / "summary.json").read_text())["all"] == summary["all"]
@@ -67,17 +72,27 @@ def test_eval_cli_with_a_local_server_and_resume(serve_dir, tmp_path):
 
 def test_eval_cli_errors_name_the_keys(serve_dir, tmp_path):
     bad = wamkit(
-        f"eval.serve_dir={serve_dir}", f"eval.out_dir={tmp_path}", "eval.num_envs=3", "--pipeline", "2"
+        f"eval.serve_dir={serve_dir}",
+        f"eval.out_dir={tmp_path}",
+        "eval.num_envs=3",
+        "--pipeline",
+        "2",
+        cwd=tmp_path,
     )
     assert bad.returncode == 2
     assert "eval.num_envs=3 is not divisible by eval.pipeline_stages=2" in bad.stderr
-    nodir = wamkit(f"eval.serve_dir={tmp_path / 'missing'}", f"eval.out_dir={tmp_path}")
+    nodir = wamkit(f"eval.serve_dir={tmp_path / 'missing'}", f"eval.out_dir={tmp_path}", cwd=tmp_path)
     assert nodir.returncode == 2 and "eval.serve_dir" in nodir.stderr
-    pipe = wamkit(f"eval.serve_dir={serve_dir}", "--pipeline", "fast")
+    pipe = wamkit(f"eval.serve_dir={serve_dir}", "--pipeline", "fast", cwd=tmp_path)
     assert pipe.returncode == 2 and "--pipeline" in pipe.stderr
     # the run's serve settings reach the server it starts: bf16 autocast on this CPU-only machine is
     # refused by that server, naming the key
-    bf16 = wamkit(f"eval.serve_dir={serve_dir}", f"eval.out_dir={tmp_path / 'bf16'}", "serve.precision=bf16")
+    bf16 = wamkit(
+        f"eval.serve_dir={serve_dir}",
+        f"eval.out_dir={tmp_path / 'bf16'}",
+        "serve.precision=bf16",
+        cwd=tmp_path,
+    )
     assert bf16.returncode != 0
     assert "serve.precision=bf16 needs the model on a CUDA device" in bf16.stderr
 

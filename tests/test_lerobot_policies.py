@@ -8,7 +8,6 @@ conversion (``lerobot.envs.utils.preprocess_observation``), the policy's ``forwa
 
 from __future__ import annotations
 
-import re
 import shutil
 import subprocess
 import sys
@@ -23,7 +22,7 @@ lerobot = pytest.importorskip("lerobot")  # tests/conftest.py leaves this file o
 from lerobot.envs.utils import preprocess_observation  # noqa: E402
 from lerobot.policies.factory import get_policy_class, make_pre_post_processors  # noqa: E402
 
-from tests.child_env import child_env  # noqa: E402
+from tests.child_env import child_env, start_logged, wait_for_log  # noqa: E402
 from tests.test_train_support import killed_and_resumed  # noqa: E402
 from wamkit.actions.spec import PreprocessSpec  # noqa: E402
 from wamkit.config import ConfigError, ModelConfig  # noqa: E402
@@ -382,17 +381,11 @@ def test_a_folder_lerobot_train_wrote_is_served_as_it_is(tmp_path, libero_tiny):
     assert train.returncode == 0, train.stderr[-3000:]
     folder = out / "checkpoints" / "000003" / "pretrained_model"
 
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "wamkit", "serve", str(folder), "--port", "0", "--device", "cpu"],
-        env=child_env(), stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    log = tmp_path / "serve.log"
+    cmd = [sys.executable, "-m", "wamkit", "serve", str(folder), "--port", "0", "--device", "cpu"]
+    proc = start_logged(cmd, log, env=child_env())
     try:
-        port = None
-        for line in proc.stderr:
-            if m := re.search(r"serving \S+ on ws://127\.0\.0\.1:(\d+)", line):
-                port = int(m.group(1))
-                break
-        assert port, f"the server never logged its port (exit code {proc.poll()})"
+        port = int(wait_for_log(proc, log, r"serving \S+ on ws://127\.0\.0\.1:(\d+)", timeout=300).group(1))
         client = PolicyClient(f"ws://127.0.0.1:{port}")
         rng = np.random.default_rng(4)
         images = {c: rng.integers(0, 256, (64, 64, 3), dtype=np.uint8) for c in ("image", "wrist_image")}

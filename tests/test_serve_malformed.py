@@ -106,6 +106,15 @@ def malformed(i: int) -> tuple[str, bytes | str, str]:
     return kinds[i % len(kinds)]
 
 
+# a reply or a close the server owes: far longer than it takes, so that a missing one is a failure
+# rather than a wait without end (a connection left open answers pings, so recv alone never returns)
+RECV_S = 60.0
+
+
+async def recv(ws):
+    return await asyncio.wait_for(ws.recv(), RECV_S)
+
+
 @pytest.fixture(scope="module")
 def policy():
     return random_init("delay", "small", {"delay_ms": 1}, device="cpu")
@@ -131,14 +140,15 @@ def test_malformed_flood_never_hurts_valid_clients(policy):
             for i in indices:
                 kind, message, needle = malformed(i)
                 async with connect(srv.url, max_size=None, compression=None) as ws:
-                    await ws.recv()  # metadata
+                    await recv(ws)  # metadata
                     await ws.send(message)
-                    text = await ws.recv()
+                    text = await recv(ws)
                     if not isinstance(text, str) or not re.search(needle, text):
                         failures.append(f"{kind}: got {text!r:.200}")
                     try:
-                        await ws.recv()
-                        failures.append(f"{kind}: connection stayed open")
+                        failures.append(f"{kind}: another frame after the error: {await recv(ws)!r:.200}")
+                    except TimeoutError:
+                        failures.append(f"{kind}: connection stayed open for {RECV_S:g} s")
                     except ConnectionClosed:
                         if ws.close_code != 1011:
                             failures.append(f"{kind}: close code {ws.close_code}")
@@ -147,7 +157,7 @@ def test_malformed_flood_never_hurts_valid_clients(policy):
         async def vanisher(n: int) -> None:
             for i in range(n):  # send a valid request and leave before the reply
                 ws = await connect(srv.url, max_size=None, compression=None)
-                await ws.recv()
+                await recv(ws)
                 await ws.send(packb(valid(i)))
                 ws.transport.abort()
             for _ in range(n):  # not even a websocket: raw bytes on the port
@@ -173,10 +183,10 @@ def test_malformed_flood_never_hurts_valid_clients(policy):
 
         async def after():  # far beyond the limit, websockets itself refuses the frame (1009)
             async with connect(srv.url, max_size=None, compression=None) as ws:
-                await ws.recv()
+                await recv(ws)
                 await ws.send(b"\0" * (2 * int(LIMIT_MB * 2**20) + 2**20 + 1))
                 with pytest.raises(ConnectionClosed):
-                    await ws.recv()
+                    await recv(ws)
                 return ws.close_code
 
         assert asyncio.run(after()) == 1009

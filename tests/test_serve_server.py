@@ -7,11 +7,13 @@ import signal
 import subprocess
 import sys
 import urllib.request
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from openpi_client.websocket_client_policy import WebsocketClientPolicy
+from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from wamkit.actions.stats import FeatureStats, StatsFile
@@ -24,6 +26,7 @@ from wamkit.serve.loading import load_served, random_init
 from wamkit.serve.policy import RequestError, ServedPolicy
 from wamkit.serve.server import start_server_in_thread
 
+from .child_env import start_logged, wait_for_log
 from .conftest import spec_of
 from .exactness import assert_rounding_close
 
@@ -204,13 +207,13 @@ def test_modes_inverse_and_forward_dynamics(server, policy):
 )
 def test_bad_request_gets_text_frame_naming_it_then_close_1011(server, change, needle):
     with connect(server.url) as ws:
-        unpackb(ws.recv())  # metadata
+        unpackb(ws.recv(timeout=60))  # metadata
         ws.send(packb({**obs(0), **change}))
-        text = ws.recv()
+        text = ws.recv(timeout=60)
         assert isinstance(text, str) and re.search(needle, text), text
-        with pytest.raises(Exception) as info:
-            ws.recv()
-        assert ws.close_code == 1011, info.value
+        with pytest.raises(ConnectionClosed):  # not a TimeoutError: the server closed it
+            ws.recv(timeout=60)
+        assert ws.close_code == 1011
     with PolicyClient(server.url) as client:  # the server is still fine
         assert client.infer(obs(0))["actions"].shape == (16, 4)
 
@@ -237,18 +240,14 @@ def test_healthz_and_metrics(server):
     assert float(values['wamkit_errors_total{kind="request"}']) >= 0
 
 
-def _start_cli(*args: str) -> subprocess.Popen:
+def _start_cli(log: Path, *args: str) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "wamkit", "serve", *args, "--port", "0", "--device", "cpu"]
-    return subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+    return start_logged(cmd, log)
 
 
-def _port(proc: subprocess.Popen) -> int:
+def _port(proc: subprocess.Popen, log: Path) -> int:
     """The port a ``wamkit serve --port 0`` process logged."""
-    for line in proc.stderr:
-        if m := re.search(r"serving \S+ on ws://127\.0\.0\.1:(\d+)", line):
-            return int(m.group(1))
-    proc.wait(20)
-    pytest.fail(f"`{' '.join(proc.args)}` never logged its port (exit code {proc.returncode})")
+    return int(wait_for_log(proc, log, r"serving \S+ on ws://127\.0\.0\.1:(\d+)", timeout=120).group(1))
 
 
 def _export(root) -> np.ndarray:
@@ -272,14 +271,15 @@ def test_serving_directory_loads_exactly(tmp_path):
 def test_serve_cli_starts_and_answers(tmp_path):
     want = _export(tmp_path / "export")
     # both processes start at once (the imports dominate)
+    logs = [tmp_path / "export.log", tmp_path / "delay.log"]
     procs = [
-        _start_cli(str(tmp_path / "export")),
-        _start_cli("--model", "delay", "--random-init", "--option", "delay_ms=20"),
+        _start_cli(logs[0], str(tmp_path / "export")),
+        _start_cli(logs[1], "--model", "delay", "--random-init", "--option", "delay_ms=20"),
     ]
     try:
-        with PolicyClient(f"127.0.0.1:{_port(procs[0])}") as client:
+        with PolicyClient(f"127.0.0.1:{_port(procs[0], logs[0])}") as client:
             np.testing.assert_allclose(client.infer(obs(4))["actions"], want, atol=1e-5)
-        with PolicyClient(f"127.0.0.1:{_port(procs[1])}") as client:
+        with PolicyClient(f"127.0.0.1:{_port(procs[1], logs[1])}") as client:
             assert client.metadata["source"] == "random-init delay/small"
             assert client.infer(obs(4))["actions"].shape == (16, 4)
         procs[1].send_signal(signal.SIGINT)  # Ctrl-C: the model's (main) thread stops the server

@@ -118,6 +118,7 @@ class Row:
     peak_gib: float | None
     vs_stock: float | None = None
     max_action_diff: float | None = None
+    stock_action_max: float | None = None  # the stock actions' largest magnitude: the diff's scale
     prepare_ms: float | None = None  # the prediction's work before the steps (VAE encode, requests)
 
 
@@ -388,6 +389,7 @@ def main(args: argparse.Namespace) -> int:
                 elif b in stock:
                     row.vs_stock = row.obs_per_s / stock[b][0].obs_per_s
                     row.max_action_diff = float(np.abs(actions - stock[b][1]).max())
+                    row.stock_action_max = float(np.abs(stock[b][1]).max())
                 rows.append(row)
                 _print_row(row)
         if args.profile:

@@ -78,7 +78,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--render-gpus",
         default="-1",
-        help="comma-separated env.render_gpu values (-1: EGL's choice; N: EGL device N) (default: -1)",
+        help="comma-separated env.render_gpu values (-1: EGL's choice; N: EGL device N); a list that "
+        "starts with -1 is written with '=': --render-gpus=-1,1 (default: -1)",
     )
     p.add_argument("--seconds", type=float, default=5.0, help="stepping time per measurement")
     p.add_argument("--json", help="also write the figures to this JSON file")
