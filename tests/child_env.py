@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -53,3 +55,23 @@ def wait_for_log(proc: subprocess.Popen, log: Path, pattern: str, timeout: float
                 f"`{' '.join(map(str, proc.args))}` never logged {pattern!r} ({why}):\n{text[-3000:]}"
             )
         time.sleep(0.1)
+
+
+def run_shell_block(
+    script: str, cwd: Path, env: dict[str, str], timeout: float = 900
+) -> subprocess.CompletedProcess:
+    """A documentation block run as one bash script under ``set -euo pipefail`` (so ``cmd &``,
+    ``SERVER=$!`` and ``kill $SERVER`` work as shown, and a failing command ends it), in a process group
+    of its own that is killed when bash ends: a server the block started in the background, and that a
+    failure left running, cannot outlive the test, keep its port or hold its output open."""
+    out, err = cwd / ".block.out", cwd / ".block.err"
+    with open(out, "w") as o, open(err, "w") as e:
+        proc = subprocess.Popen(["bash", "-c", "set -euo pipefail\n" + script], cwd=cwd, env=env, stdout=o,
+                                stderr=e, text=True, start_new_session=True)  # fmt: skip
+    try:
+        code = proc.wait(timeout=timeout)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    return subprocess.CompletedProcess(proc.args, code, out.read_text(), err.read_text())

@@ -26,6 +26,7 @@ import pytest
 
 from wamkit.cli import build_parser
 
+from .child_env import run_shell_block
 from .conftest import REPO
 
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "maintainers" / "README.md"]
@@ -152,7 +153,6 @@ def test_page_commands_run_in_small_form(page: Path, tmp_path: Path):
     shutil.copytree(REPO / "tests" / "fixtures", tmp_path / "tests" / "fixtures")
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     for block in RUNNABLE[page]:
-        # a block runs as one bash script, so `cmd &`, `SERVER=$!` and `kill $SERVER` work as shown
         lines = []
         for cmd in block.commands:
             small = (
@@ -163,10 +163,8 @@ def test_page_commands_run_in_small_form(page: Path, tmp_path: Path):
             if cmd.startswith("make "):  # make targets belong to the checkout, not the scratch folder
                 cmd = f"make -C {shlex.quote(str(REPO))} {cmd[5:]}"
             lines.append(f"{cmd} {small}" if not cmd.endswith("&") else f"{cmd[:-1].strip()} {small} &")
-        script = "set -euo pipefail\n" + "\n".join(lines)
-        out = subprocess.run(
-            ["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900
-        )
+        script = "\n".join(lines)
+        out = run_shell_block(script, tmp_path, env, timeout=900)
         assert out.returncode == 0, f"{page.name}:{block.line}: block failed:\n{script}\n{out.stderr[-3000:]}"
 
 

@@ -69,17 +69,17 @@ def test_the_documented_cpu_smoke_run(tmp_path):
     working directory), run as written: the evaluation waits for the server started beside it, the
     random-init server takes LIBERO's shapes, the episode runs."""
     import os
-    import subprocess
+    import sys
+    from pathlib import Path
 
+    from .child_env import GL_VARS, run_shell_block
     from .conftest import REPO
 
     page = (REPO / "docs" / "libero.md").read_text()
     block = page.split("test_the_documented_cpu_smoke_run -->\n```bash\n", 1)[1].split("```", 1)[0]
-    env = {k: v for k, v in os.environ.items() if k not in ("MUJOCO_GL", "PYOPENGL_PLATFORM", "DISPLAY")}
-    env["PATH"] = f"{REPO / '.venv' / 'bin'}:{env['PATH']}"
-    run = subprocess.run(
-        ["bash", "-c", block], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
-    )
+    env = {k: v for k, v in os.environ.items() if k not in GL_VARS}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"  # the activated venv
+    run = run_shell_block(block, tmp_path, env, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "| **libero_10** | **all** | **1** |" in run.stdout, run.stdout
     records = list(read_journal(tmp_path / "runs" / "libero_smoke" / "episodes.jsonl").values())

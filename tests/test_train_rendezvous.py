@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-from tests.child_env import child_env
+from tests.child_env import child_env, start_logged
 from tests.exactness import assert_rounding_close
 from tests.test_train_support import ToyAdapter, ToyLoader
 from wamkit.config import DataConfig
@@ -37,14 +37,14 @@ def _free_port() -> int:
 
 
 def _node(rank: int, port: int, run: Path) -> subprocess.Popen:
+    """Node ``rank``'s launcher, its log in ``node<rank>.log`` beside ``run`` (a pipe left unread while
+    the other node is waited on could fill, and stall both in their collectives)."""
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
         "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}", "--rdzv_id=wamkit_two_nodes",
         f"--node_rank={rank}", *TRAIN, f"train.run_dir={run}", "--resume", "auto",
     ]  # fmt: skip
-    return subprocess.Popen(
-        cmd, env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-    )
+    return start_logged(cmd, run.parent / f"node{rank}.log", env=child_env())
 
 
 def _weights(step_dir: Path, out: Path) -> dict:
@@ -87,7 +87,15 @@ def test_two_node_rendezvous_resumes_a_one_process_checkpoint(tmp_path):
 
     port = _free_port()
     launchers = [_node(rank, port, nodes) for rank in (0, 1)]
-    errs = [p.communicate(timeout=300)[1] for p in launchers]
+    try:
+        for p in launchers:
+            p.wait(timeout=300)
+    finally:
+        for p in launchers:  # a failed or timed-out wait leaves no launcher running
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    errs = [(tmp_path / f"node{rank}.log").read_text() for rank in (0, 1)]
     assert [p.returncode for p in launchers] == [0, 0], "\n".join(e[-2000:] for e in errs)
     log = "\n".join(errs)
     assert "2 process(es)" in log and "= 2 x 2 x 1" in log  # the same global batch, no accumulation

@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import load_file
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-from tests.child_env import child_env
+from tests.child_env import child_env, start_logged
 from tests.conftest import REPO
 from tests.test_train_support import build_toy, killed_and_resumed
 from wamkit.export import checkpoint_to_serving
@@ -150,27 +150,31 @@ def test_sigkill_while_an_async_save_is_writing_resumes_exactly(tmp_path, libero
         "train.async_save=true",
     ]  # fmt: skip
     full, cut = tmp_path / "full", tmp_path / "cut"
-    ref = subprocess.Popen(
-        _train_cmd(full, args), env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-    )
-    proc = subprocess.Popen(
-        _train_cmd(cut, args), env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-    )
+    # the two runs log to files: their stderr is not read while they train (a pipe could fill)
+    logs = tmp_path / "full.log", tmp_path / "cut.log"
+    ref = start_logged(_train_cmd(full, args), logs[0], env=child_env())
+    proc = start_logged(_train_cmd(cut, args), logs[1], env=child_env())
     root, caught = cut / "checkpoints", None
-    deadline = time.monotonic() + 240
-    while caught is None:
-        assert proc.poll() is None, (
-            f"training ended before a save could be caught: {proc.stderr.read().decode()[-2000:]}"
-        )
-        assert time.monotonic() < deadline, "no save in flight was seen in time"
-        names = os.listdir(root) if root.is_dir() else []
-        flying = [n for n in names if n.startswith(".tmp_step_") and int(n[-6:]) >= 3]
-        if flying and not (root / flying[0] / "meta.json").exists():
-            proc.send_signal(signal.SIGKILL)
-            caught = int(flying[0][-6:])
-        time.sleep(0.001)
-    proc.wait()
-    assert ref.wait(timeout=300) == 0, ref.stderr.read().decode()[-3000:]
+    try:
+        deadline = time.monotonic() + 240
+        while caught is None:
+            assert proc.poll() is None, (
+                f"training ended before a save could be caught: {logs[1].read_text()[-2000:]}"
+            )
+            assert time.monotonic() < deadline, "no save in flight was seen in time"
+            names = os.listdir(root) if root.is_dir() else []
+            flying = [n for n in names if n.startswith(".tmp_step_") and int(n[-6:]) >= 3]
+            if flying and not (root / flying[0] / "meta.json").exists():
+                proc.send_signal(signal.SIGKILL)
+                caught = int(flying[0][-6:])
+            time.sleep(0.001)
+        proc.wait()
+        assert ref.wait(timeout=300) == 0, logs[0].read_text()[-3000:]
+    finally:
+        for p in (ref, proc):  # a failed assertion leaves no trainer running
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     assert (root / f".tmp_step_{caught:06d}").is_dir() and not (root / f"step_{caught:06d}").exists()
     done = subprocess.run(
         [*_train_cmd(cut, args), "--resume", "auto"],
