@@ -46,7 +46,7 @@ def test_server_idle_splits_each_gap_at_the_next_requests_send_time():
     assert server_idle([], wall=3.0) == {"idle": 0.0, "simulation": 0.0, "transit": 0.0, "fill_drain": 0.0}
 
 
-def test_merged_requests_count_once_and_efficiency_stays_within_100_percent(tmp_path):
+def test_merged_requests_count_once_in_the_busy_time_and_the_bound(tmp_path):
     args = ["--model", "delay", "--random-init", "--device", "cpu", "--option", "delay_ms=150"]
     with start_server_process(args, log_path=tmp_path / "server.log") as srv:
         cfg = load_config(
@@ -71,5 +71,9 @@ def test_merged_requests_count_once_and_efficiency_stays_within_100_percent(tmp_
     # 4 episodes x 4 requests each, >= 150 ms per model call: the per-request sum is >= 2.4 s, but
     # merged calls overlap, so the server was busy for less than the run lasted
     assert tp["infer"] <= tp["wall"]
-    assert tp["efficiency"] <= 1.0
     assert tp["infer"] >= 0.15  # at least one model call was counted
+    # the bound charges a merged call once: about the busy time (both are 150 ms sleeps a call, the
+    # bound's calibrated before the run, so load on the machine moves them apart by some ms a call),
+    # where charging each request would double it and put the efficiency near 2
+    assert tp["bound_infer"] < 1.5 * tp["infer"], tp
+    assert tp["efficiency"] < 1.5, tp
