@@ -216,3 +216,28 @@ def test_an_evaluation_at_another_image_size_than_its_model_warns_once(tmp_path)
     said = [line for line in run.stderr.splitlines() if "env.image_size=64: the model served at" in line]
     assert len(said) == 1, run.stderr
     assert "takes 32 px images" in said[0] and "set env.image_size=32" in said[0]
+
+
+def test_serve_refuses_a_bad_serving_directory_or_a_taken_port_in_one_line(tmp_path):
+    """Each is one line naming the directory, the file or the address, before anything is built."""
+    said = one_line_error(wamkit("serve", "typo/dir", "--port", "0", cwd=tmp_path), "serve")
+    assert "serving directory typo/dir does not exist" in said
+    half = tmp_path / "half"
+    half.mkdir()
+    (half / "model.json").write_text("{}")
+    said = one_line_error(wamkit("serve", "half", "--port", "0", cwd=tmp_path), "serve")
+    assert (
+        "serving directory half lacks model.safetensors, preprocess.json" in said and "wamkit convert" in said
+    )
+    for name in ("model.safetensors", "preprocess.json"):
+        (half / name).write_bytes(b"")
+    for extra in ([], ["--plan"]):  # the serving plan reads model.json too
+        said = one_line_error(wamkit("serve", "half", *extra, "--port", "0", cwd=tmp_path), "serve")
+        assert 'half/model.json: expected a JSON object with "format": "wamkit-model"' in said
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        run = wamkit("serve", "--model", "delay", "--random-init", "--port", str(port), cwd=tmp_path)
+    said = one_line_error(run, "serve")
+    assert f"cannot listen on 127.0.0.1:{port}" in said and "--port 0 picks a free one" in said

@@ -442,6 +442,7 @@ def test_a_reply_timeout_fails_in_the_calling_thread_and_a_late_reply_answers_no
 
 
 def test_a_server_that_cannot_bind_says_why_once():
+    from wamkit.config import UserError
     from wamkit.serve.server import run_server
 
     served = random_init("delay", "small", device="cpu")
@@ -452,3 +453,4 @@ def test_a_server_that_cannot_bind_says_why_once():
         with pytest.raises(RuntimeError, match="server failed to start") as err:
             run_server(served, "127.0.0.1", port)
     assert str(err.value).count("server failed to start") == 1 and "Errno" in str(err.value)
+    assert isinstance(err.value, UserError)  # the command prints it in one line: the user's to fix

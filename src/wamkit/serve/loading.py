@@ -48,6 +48,33 @@ def identity_spec(io: ModelIO) -> PreprocessSpec:
     )
 
 
+def check_serving_dir(export_dir: str | Path) -> Path:
+    """``export_dir`` as a serving directory, checked before anything reads it: it exists, and holds
+    the files of one (:data:`SERVING_FILES`) or is LeRobot's own pretrained folder; else a
+    :class:`ConfigError` naming what is missing and how to make it."""
+    root = Path(export_dir)
+    if not root.is_dir():
+        raise ConfigError(f"serving directory {root} does not exist")
+    from wamkit.models.lerobot.adapter import is_lerobot_folder
+
+    if is_lerobot_folder(root):
+        return root
+    missing = [f for f in SERVING_FILES if not (root / f).is_file()]
+    if missing == [SPEC_FILE] and (root / STATS_FILE).is_file():
+        raise ConfigError(
+            f"serving directory {root} has {STATS_FILE} but no {SPEC_FILE}: it was exported before the "
+            "preprocessing spec existed. Re-export it from its training checkpoint with "
+            f"`wamkit convert <run_dir>/checkpoints/step_N {root}.new` (an old checkpoint's spec is rebuilt "
+            "from the config.yaml and stats.json its run saved)"
+        )
+    if missing:
+        raise ConfigError(
+            f"serving directory {root} lacks {', '.join(missing)} (expected {', '.join(SERVING_FILES)}; "
+            "make one with `wamkit convert`)"
+        )
+    return root
+
+
 def load_served(
     export_dir: str | Path,
     device: str = "auto",
@@ -58,9 +85,7 @@ def load_served(
     """Load a serving directory onto ``device``; a missing file is an error naming it. ``precision``:
     ``serve.precision`` (:class:`ServedPolicy`); ``text_tower``: ``serve.text_tower`` resolved
     (device | host: :func:`place`)."""
-    root = Path(export_dir)
-    if not root.is_dir():
-        raise ConfigError(f"serving directory {root} does not exist")
+    root = check_serving_dir(export_dir)
     from wamkit.models.lerobot.adapter import is_lerobot_folder
 
     if is_lerobot_folder(root):  # LeRobot's own pretrained folder, served as it is (docs/lerobot.md)
@@ -75,19 +100,6 @@ def load_served(
         auto = "bf16" if adapter.config.use_amp and torch.device(dev).type == "cuda" else "fp32"
         return ServedPolicy(adapter, identity_spec(adapter.io), raw_actions=raw_actions, source=str(root),
                             precision=auto if precision == "auto" else precision)  # fmt: skip
-    missing = [f for f in SERVING_FILES if not (root / f).is_file()]
-    if missing == [SPEC_FILE] and (root / STATS_FILE).is_file():
-        raise ConfigError(
-            f"serving directory {root} has {STATS_FILE} but no {SPEC_FILE}: it was exported before the "
-            "preprocessing spec existed. Re-export it from its training checkpoint with "
-            f"`wamkit convert <run_dir>/checkpoints/step_N {root}.new` (an old checkpoint's spec is rebuilt "
-            "from the config.yaml and stats.json its run saved)"
-        )
-    if missing:
-        raise ConfigError(
-            f"serving directory {root} lacks {', '.join(missing)} (expected {', '.join(SERVING_FILES)}; "
-            "make one with `wamkit convert`)"
-        )
     from wamkit.models.pretrained import load_pretrained
 
     dev = resolve_device(device)

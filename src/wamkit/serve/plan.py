@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -213,8 +212,12 @@ def served_model(
     if not export_dir:
         return model, io, None
     from wamkit.models.pretrained import read_model_json
+    from wamkit.serve.loading import check_serving_dir
 
-    meta = read_model_json(Path(export_dir))
+    try:
+        meta = read_model_json(check_serving_dir(export_dir))
+    except (FileNotFoundError, ValueError) as err:  # model.json unreadable: one line naming it
+        raise ConfigError(str(err)) from err
     cfg = ModelConfig(name=meta["name"], preset=meta["preset"], options=meta["options"])
     return cfg, ModelIO.from_dict(meta["io"]), "cpu"
 

@@ -34,6 +34,7 @@ from typing import Any
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
+from wamkit.config import UserError
 from wamkit.serve.batcher import CallerThreadExecutor, DynamicBatcher, ModelError
 from wamkit.serve.codec import CodecError, packb, unpackb
 from wamkit.serve.metrics import ServerMetrics
@@ -256,6 +257,10 @@ class PolicyServer:
             await self.batcher.stop()
 
 
+class BindError(UserError, RuntimeError):
+    """The server cannot listen on its address (a port in use, a host not this machine's)."""
+
+
 class ServerHandle:
     """A server running on its own event loop in a daemon thread; a context manager."""
 
@@ -290,6 +295,12 @@ class ServerHandle:
         self._thread.start()
         if not self._ready.wait(timeout):
             raise TimeoutError(f"server did not start within {timeout} s")
+        if isinstance(self._error, OSError):  # the address: taken, or not this machine's
+            where = f"{self.server.host}:{self.server.port}"
+            raise BindError(
+                f"server failed to start: cannot listen on {where} ({self._error}); if another server "
+                "holds the port, stop it or give another (--port N; --port 0 picks a free one)"
+            ) from self._error
         if self._error is not None:
             raise RuntimeError(f"server failed to start: {self._error}") from self._error
         return self
