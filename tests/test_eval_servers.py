@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import threading
 import time
 
@@ -244,3 +245,40 @@ def test_a_server_hung_in_the_calibration_stops_the_run_naming_it(tmp_path):
             run_eval(cfg, progress=False)
         assert time.monotonic() - t0 < 20
     assert not (tmp_path / "episodes.jsonl").read_text()
+
+
+def test_the_last_servers_failed_reconnect_stops_the_stage_instead_of_retrying_forever():
+    """Two servers, both gone (refused ports): a stage that never connected drops its first server,
+    moves to the last, and that one's reconnect, waited for as a single server's is, ends the stage
+    with the connection error. So does a stage whose last server refuses its first connection."""
+    from wamkit.eval.servers import ServerPool
+
+    urls = []
+    for _ in range(2):  # ports that were free a moment ago: nothing listens there
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            urls.append(f"ws://127.0.0.1:{s.getsockname()[1]}")
+    tried = []
+
+    def connect(url, patience):
+        tried.append((url, patience.retries))
+        return RemotePolicy(url, ["corner"], patience=patience)
+
+    patience = Patience(retries=1, connect_timeout_s=0.5)
+    for pool_urls, want in ((urls, [(urls[0], 0), (urls[1], 1)]), (urls[:1], [(urls[0], 1)])):
+        tried.clear()
+        policy = ServerPool(pool_urls, connect, stages=2, patience=patience).stage_policy(0)
+        done = threading.Event()
+        failure = []
+
+        def run(policy=policy, failure=failure, done=done):
+            try:
+                policy([{}])
+            except OSError as err:
+                failure.append(err)
+            finally:
+                done.set()
+
+        threading.Thread(target=run, daemon=True).start()
+        assert done.wait(20), f"the stage kept reconnecting: {tried[:6]} ..."
+        assert failure and tried == want  # the first server failed fast, the last was waited for once

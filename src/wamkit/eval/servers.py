@@ -88,11 +88,10 @@ class ServerPool:
         with self._lock:
             return len(self.urls) - len(self.dropped)
 
-    def connect(self, server: int) -> tuple[Callable, bool]:
-        """``(connection, patient)``: the last live server is waited for, others are not."""
-        patient = self.live() == 1
-        patience = self.patience if patient else self.patience.failover()
-        return self._connect(self.urls[server], patience), patient
+    def connect(self, server: int, patient: bool) -> Callable:
+        """A connection to ``server``: ``patient`` (the last live server) waits for it, else it fails
+        fast so that another server can take the request."""
+        return self._connect(self.urls[server], self.patience if patient else self.patience.failover())
 
     def drop(self, server: int, reason: str) -> bool:
         """Drop ``server`` and move its stages; False (nothing dropped) when it is the last one up."""
@@ -148,7 +147,10 @@ class StagePolicy:
                 if self.conn is None or server != self.server:
                     self.close()
                     self.server = server
-                    self.conn, self.patient = self.pool.connect(server)
+                    # set before connecting: a connect that fails is judged by its own patience, so
+                    # the last server's failed reconnect stops the run instead of being retried forever
+                    self.patient = self.pool.live() == 1
+                    self.conn = self.pool.connect(server, self.patient)
                 actions, infer_s, call = self.conn(obs_list, seeds)
                 return actions, infer_s, call, server
             except SERVER_LOST as err:
