@@ -89,6 +89,21 @@ def test_undisturbed_run_records_every_episode_once(reference):
         assert (out / name).is_file()
 
 
+def test_a_video_that_cannot_be_written_loses_no_episode(server, reference, tmp_path, caplog):
+    """A video is a by-product: where it cannot be written (here ``videos`` is a file, so no folder can
+    be made; a full disk or a PyAV without the encoder fail alike), the run says so and journals every
+    episode, with no video field and no temp file left."""
+    (tmp_path / "videos").write_text("not a folder")
+    with caplog.at_level("WARNING", logger="wamkit.eval.runner"):
+        summary = run_eval(config(server, tmp_path, "eval.videos=1"), progress=False)
+    assert summary["all"]["episodes"] == len(TASKS) * TRIALS
+    assert results(tmp_path) == results(reference[0])
+    assert not any("video" in r for r in read_journal(tmp_path / "episodes.jsonl").values())
+    said = [r.getMessage() for r in caplog.records if "was not written" in r.getMessage()]
+    assert said and all("videos/reach-v3/trial" in m for m in said), said
+    assert (tmp_path / "videos").read_text() == "not a folder"
+
+
 @pytest.mark.slow
 def test_other_schedules_give_the_same_results(server, reference, tmp_path):
     """P=1 over one env and one worker instead of P=2 over two: same episodes, same records."""

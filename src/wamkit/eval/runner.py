@@ -392,8 +392,12 @@ def _run(
     def on_finish(record: dict[str, Any], frames) -> None:
         if frames and videos.keep(str(record["task"]), bool(record["success_once"])):
             name = f"videos/{record['task']}/trial{record['trial']}_seed{record['seed']}.mp4"
-            write_mp4(frames, out / name, fps=fps)
-            record["video"] = name
+            try:
+                write_mp4(frames, out / name, fps=fps)
+                record["video"] = name
+            except Exception as err:  # noqa: BLE001 -- a video is a by-product: the episode is journaled
+                log.warning("episode %s/%s: its video %s was not written (%s: %s)", record["task"],
+                            record["trial"], name, type(err).__name__, err)  # fmt: skip
         if journal.append(record):
             bar.update(record)
 

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from wamkit.constants import image_key
+from wamkit.files import atomic_path
 
 # filmed candidates: the first this many times eval.videos trials of a task (while it has room)
 CANDIDATES = 4
@@ -65,10 +66,10 @@ def write_mp4(frames: list[np.ndarray], path: str | Path, fps: int = 20) -> Path
     path.parent.mkdir(parents=True, exist_ok=True)
     h, w = frames[0].shape[:2]
     ph, pw = h + h % 2, w + w % 2  # yuv420p needs even sizes
-    tmp = path.with_suffix(".tmp.mp4")
     import av  # only when a video is written: the evaluator runs without PyAV otherwise
 
-    with av.open(str(tmp), mode="w") as container:
+    # staged beside it and renamed into place; a failed write leaves neither a partial file nor its temp
+    with atomic_path(path) as tmp, av.open(str(tmp), mode="w") as container:
         stream = container.add_stream("libx264", rate=fps)
         stream.width, stream.height, stream.pix_fmt = pw, ph, "yuv420p"
         stream.options = {"crf": "23", "preset": "veryfast"}
@@ -82,5 +83,4 @@ def write_mp4(frames: list[np.ndarray], path: str | Path, fps: int = 20) -> Path
                 container.mux(packet)
         for packet in stream.encode():
             container.mux(packet)
-    tmp.replace(path)
     return path
