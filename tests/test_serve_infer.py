@@ -51,9 +51,11 @@ def samples(tmp_path):
         "bad_url": {"vision_path": "https://example.com/clip.mp4"},
         "bad_vision": {"vision_path": "missing.png"},
         "bad_inverse": {"model_mode": "inverse_dynamics", "vision_path": "start.png"},
+        "bad_mode": {"model_mode": ["wam"], "vision_path": "start.png"},
     }
     for name, body in cases.items():
         (d / f"{name}.json").write_text(json.dumps(body))
+    (d / "utf16.json").write_text(json.dumps(cases["a"]), encoding="utf-16")  # not UTF-8: unreadable
     return d
 
 
@@ -75,13 +77,15 @@ def test_infer_writes_outputs_and_reports_invalid_samples(samples, tmp_path, cap
     )
     printed = capsys.readouterr().out
     assert rc == 1
-    assert "4 sample(s) written" in printed and "4 invalid" in printed
+    assert "4 sample(s) written" in printed and "6 invalid" in printed  # the bad ones do not stop the rest
     assert "extra_fields.json: fields recorded but not used: colour, view_point" in printed
     for needle in [
         "bad_chunk.json: field 'action_chunk_size'",
         "bad_url.json: field 'vision_path': https://example.com/clip.mp4 is a URL",
         "bad_vision.json: field 'vision_path': cannot read",
         "bad_inverse.json: field 'vision_path': inverse_dynamics needs a video",
+        "bad_mode.json: field 'model_mode': ['wam'] is not one of",
+        "utf16.json: not a readable JSON file (UnicodeDecodeError",
     ]:
         assert needle in printed, printed
 

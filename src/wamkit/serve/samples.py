@@ -113,7 +113,7 @@ class _Reader:
         }
 
     def check(self, s: dict[str, Any]) -> None:
-        if s["model_mode"] not in MODE_ALIASES:
+        if not isinstance(s["model_mode"], str) or s["model_mode"] not in MODE_ALIASES:
             raise self.bad("model_mode", f"{s['model_mode']!r} is not one of {', '.join(MODE_ALIASES)}")
         for key in ("name", "prompt", "domain_name"):
             if not isinstance(s[key], str):
@@ -183,8 +183,8 @@ def resolve_sample(path: Path, policy) -> dict[str, Any]:
     r = _Reader(path, policy)
     try:
         raw = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise SampleError(f"{path}: not a readable JSON file ({err})") from None
+    except (OSError, ValueError) as err:  # ValueError: bad JSON, and text that is not UTF-8
+        raise SampleError(f"{path}: not a readable JSON file ({type(err).__name__}: {err})") from None
     if not isinstance(raw, dict):
         raise SampleError(f"{path}: expected a JSON object with fields {', '.join(USED)}")
     s = r.defaults(raw)
