@@ -241,3 +241,20 @@ def test_serve_refuses_a_bad_serving_directory_or_a_taken_port_in_one_line(tmp_p
         run = wamkit("serve", "--model", "delay", "--random-init", "--port", str(port), cwd=tmp_path)
     said = one_line_error(run, "serve")
     assert f"cannot listen on 127.0.0.1:{port}" in said and "--port 0 picks a free one" in said
+
+
+def test_an_engine_backend_without_its_settings_is_one_line(tmp_path):
+    """A backend's settings (eval.backend_options, the URL's scheme) are the user's to fix: one line
+    naming the backend, the URL and the key, not a traceback."""
+    args = ["eval", "configs/demo.yaml", "eval.backend=sglang", "eval.out_dir=ev"]
+    said = one_line_error(
+        wamkit(*args, "eval.server_url=http://127.0.0.1:9", "--no-progress", cwd=tmp_path), "eval"
+    )
+    assert "eval.backend=sglang at http://127.0.0.1:9: eval.backend_options.serving_dir: give" in said
+    opts = [
+        "eval.server_url=http://127.0.0.1:9",
+        "eval.backend=openpi",
+        "eval.backend_options.connections=abc",
+    ]
+    said = one_line_error(wamkit(*args, *opts, "--no-progress", cwd=tmp_path), "eval")
+    assert "eval.backend_options.connections='abc'; expected an integer >= 1" in said

@@ -30,6 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from wamkit.config import UserError
+
 
 @dataclass(frozen=True)
 class Patience:
@@ -57,12 +59,25 @@ class Patience:
 FAILOVER_CONNECT_S = 5.0  # a server that refuses a new connection this long is dropped when others are up
 
 
-class BackendError(RuntimeError):
-    """A server's answer that is wrong: names the backend, the URL and what was wrong."""
+class BackendError(UserError, RuntimeError):
+    """A backend's settings or a server's answer that is wrong: names the backend, the URL and what was
+    wrong, so ``wamkit eval`` prints it in one line."""
 
     def __init__(self, backend: str, url: str, message: str):
         super().__init__(f"eval.backend={backend} at {url}: {message}")
         self.backend, self.url = backend, url
+
+
+def connections(backend: str, target: Any, default: int) -> int:
+    """``eval.backend_options.connections``: how many connections to keep open, an integer >= 1."""
+    value = target.options.get("connections", default)
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)  # as a command line's override gives it
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise BackendError(
+            backend, target.url, f"eval.backend_options.connections={value!r}; expected an integer >= 1"
+        )
+    return value
 
 
 @dataclass(frozen=True)

@@ -65,8 +65,11 @@ class Cosmos3Client:
             spec = PreprocessSpec.load(src / SPEC_FILE)
         except (SpecError, ValueError) as err:
             raise BackendError(backend, target.url, f"{src / SPEC_FILE}: {err}") from None
-        model = json.loads((src / MODEL_FILE).read_text())
         where = src / MODEL_FILE
+        try:
+            model = json.loads(where.read_text())
+        except (OSError, ValueError) as err:
+            raise BackendError(backend, target.url, f"{where}: not a readable JSON file ({err})") from None
         if not isinstance(model, dict) or model.get("name") != "cosmos3":
             name = model.get("name") if isinstance(model, dict) else None
             raise BackendError(

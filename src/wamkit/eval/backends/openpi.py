@@ -28,7 +28,7 @@ import numpy as np
 
 from wamkit import embodiments
 from wamkit.constants import OBS_STATE, PROMPT, TASK, image_key
-from wamkit.eval.backends.base import BackendError, check_actions
+from wamkit.eval.backends.base import BackendError, check_actions, connections
 from wamkit.eval.backends.wamkit import reply_timing, served_identity
 
 NAME = "openpi"
@@ -62,11 +62,7 @@ class OpenPIPolicy:
     def __init__(self, target: Any, patience: Any):
         self.url, self.cameras = target.url, tuple(target.cameras)
         self.patience = patience
-        self.width = int(target.options.get("connections", MAX_CONNECTIONS))
-        if self.width < 1:
-            raise BackendError(
-                NAME, self.url, f"eval.backend_options.connections={self.width}; expected >= 1"
-            )
+        self.width = connections(NAME, target, MAX_CONNECTIONS)
         self.dim = target.suite.action_dim if target.suite is not None else None
         self.keys = request_keys(target.suite)
         self.clients = [patience.client(self.url)]  # connects now: an unreachable server fails here

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from wamkit.eval.backends.base import BackendError, HttpEndpoint, png_bytes
+from wamkit.eval.backends.base import BackendError, HttpEndpoint, connections, png_bytes
 from wamkit.eval.backends.cosmos3 import Cosmos3Client
 
 NAME = "vllm_omni"
@@ -102,11 +102,7 @@ class VllmOmniPolicy:
         self.url, self.patience = target.url, patience
         self.client = Cosmos3Client.load(NAME, target)
         self.http = HttpEndpoint(NAME, target.url, patience)
-        self.width = int(target.options.get("connections", MAX_CONNECTIONS))
-        if self.width < 1:
-            raise BackendError(
-                NAME, self.url, f"eval.backend_options.connections={self.width}; expected >= 1"
-            )
+        self.width = connections(NAME, target, MAX_CONNECTIONS)
         self.seed = target.options.get("seed")
         models = self.http.json("GET", MODELS, field="models")  # an unreachable server fails here
         cards = models.get("data") if isinstance(models, dict) else None
