@@ -454,3 +454,27 @@ def test_a_server_that_cannot_bind_says_why_once():
             run_server(served, "127.0.0.1", port)
     assert str(err.value).count("server failed to start") == 1 and "Errno" in str(err.value)
     assert isinstance(err.value, UserError)  # the command prints it in one line: the user's to fix
+
+
+def test_stopping_the_batcher_fails_a_batch_still_gathering_and_what_comes_after():
+    """stop() while a batch waits for more requests (a long max_wait_ms, room for more): its request
+    fails with "shutting down" at once instead of waiting forever, as does one enqueued after stop()
+    (a connection read it late). A hung future here would hold its connection and the server's close."""
+    from wamkit.serve.batcher import DynamicBatcher, ModelError
+    from wamkit.serve.policy import Request
+
+    def one() -> Request:
+        return Request(batch={}, n=1, batched=False)
+
+    async def scenario():
+        batcher = DynamicBatcher(lambda reqs: [{} for _ in reqs], max_batch=4, max_wait_ms=60_000)
+        batcher.start()
+        gathering = batcher.enqueue(one())
+        await asyncio.sleep(0.2)  # the loop took it and waits up to 60 s for three more
+        assert not gathering.done()
+        await asyncio.wait_for(batcher.stop(), 10)
+        late = batcher.enqueue(one())
+        return await asyncio.wait_for(asyncio.gather(gathering, late, return_exceptions=True), 10)
+
+    for error in asyncio.run(scenario()):
+        assert isinstance(error, ModelError) and "shutting down" in str(error)

@@ -180,6 +180,7 @@ class DynamicBatcher:
         # where model calls run: a worker thread of their own unless given (CallerThreadExecutor)
         self._pool = executor or ThreadPoolExecutor(1, thread_name_prefix="wamkit-model")
         self._deferred: collections.deque[_Item] = collections.deque()  # queued, set aside for a later batch
+        self._stopped = False
 
     def start(self) -> None:
         """Start the batching loop on the running event loop."""
@@ -187,8 +188,10 @@ class DynamicBatcher:
         self._task = asyncio.get_running_loop().create_task(self._loop(), name="wamkit-batcher")
 
     async def stop(self) -> None:
-        """Stop batching; every request not answered yet fails with "server is shutting down". Safe to
-        call twice; the model's executor is shut down even if the batching loop had died."""
+        """Stop batching; every request not answered yet, and every one queued after, fails with "server
+        is shutting down". Safe to call twice; the model's executor is shut down even if the batching
+        loop had died."""
+        self._stopped = True
         try:
             if self._task is not None:
                 self._task.cancel()
@@ -212,6 +215,9 @@ class DynamicBatcher:
         if self._queue is None:
             raise RuntimeError("DynamicBatcher.start() was not called")
         future = asyncio.get_running_loop().create_future()
+        if self._stopped:  # read by a connection after stop(): no loop is left to answer it
+            future.set_exception(ModelError("server is shutting down"))
+            return future
         self._queue.put_nowait(_Item(request, future))
         return future
 
@@ -268,20 +274,26 @@ class DynamicBatcher:
             now = time.perf_counter()
             last_call = now + MAX_GATHER_WAITS * self.max_wait
             patient_until = min(now + RETURN_PATIENCE * self._last_call_s, last_call)
-            while n < self.max_batch:
-                deadline = time.perf_counter() + self.max_wait
-                if self._returning(items[0].request.group, patient_until):
-                    deadline = max(deadline, patient_until)
-                nxt = await self._next(min(deadline, last_call))
-                if nxt is None:
-                    break
-                if nxt.future.done():
-                    continue
-                if nxt.request.group != items[0].request.group or n + nxt.request.n > self.max_batch:
-                    self._deferred.append(nxt)  # another group, or too big: it starts a later batch
-                    continue
-                items.append(nxt)
-                n += nxt.request.n
+            try:
+                while n < self.max_batch:
+                    deadline = time.perf_counter() + self.max_wait
+                    if self._returning(items[0].request.group, patient_until):
+                        deadline = max(deadline, patient_until)
+                    nxt = await self._next(min(deadline, last_call))
+                    if nxt is None:
+                        break
+                    if nxt.future.done():
+                        continue
+                    if nxt.request.group != items[0].request.group or n + nxt.request.n > self.max_batch:
+                        self._deferred.append(nxt)  # another group, or too big: it starts a later batch
+                        continue
+                    items.append(nxt)
+                    n += nxt.request.n
+            except asyncio.CancelledError:  # stop() while this batch gathered: its requests fail, not hang
+                for item in items:
+                    if not item.future.done():
+                        item.future.set_exception(ModelError("server is shutting down"))
+                raise
             start = time.perf_counter()
             try:
                 replies = await loop.run_in_executor(self._pool, self._run, [i.request for i in items])

@@ -33,7 +33,7 @@ from wamkit.config import (
 )
 from wamkit.models import ModelIO
 from wamkit.serve.lifetime import exit_with_parent
-from wamkit.serve.loading import load_served, random_init, resolve_device
+from wamkit.serve.loading import check_serving_dir, load_served, random_init, resolve_device
 from wamkit.serve.plan import print_plan, resolve_text_tower, served_model
 from wamkit.serve.policy import ServedPolicy
 from wamkit.serve.server import run_server, warm_buckets
@@ -177,6 +177,8 @@ def build_policy(args: argparse.Namespace, cfg: RunConfig) -> ServedPolicy:
     """The served policy, its text tower placed as ``serve.text_tower`` resolves on this device (the
     serving plan, before anything is built: :func:`wamkit.serve.plan.resolve_text_tower`)."""
     check_source(args)
+    if args.export_dir:  # its files, before its model.json is read for the plan
+        check_serving_dir(args.export_dir)
     s = cfg.serve
     io = suite_io(args.suite, cfg.env) if args.suite else None
     dev = torch.device(resolve_device(s.device))

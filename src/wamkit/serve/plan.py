@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -212,11 +213,13 @@ def served_model(
     if not export_dir:
         return model, io, None
     from wamkit.models.pretrained import read_model_json
-    from wamkit.serve.loading import check_serving_dir
 
+    root = Path(export_dir)  # only model.json is read: a plan needs no weights
+    if not root.is_dir():
+        raise ConfigError(f"serving directory {root} does not exist")
     try:
-        meta = read_model_json(check_serving_dir(export_dir))
-    except (FileNotFoundError, ValueError) as err:  # model.json unreadable: one line naming it
+        meta = read_model_json(root)
+    except (FileNotFoundError, ValueError) as err:  # model.json missing or unreadable: one line naming it
         raise ConfigError(str(err)) from err
     cfg = ModelConfig(name=meta["name"], preset=meta["preset"], options=meta["options"])
     return cfg, ModelIO.from_dict(meta["io"]), "cpu"
