@@ -243,3 +243,25 @@ def test_server_restart_mid_run_is_survived(reference, tmp_path):
                 t.join(30)
         assert restarted.is_set() and cfg.eval.server_url == url
     assert results(tmp_path) == results(reference[0])
+
+
+def test_a_worker_that_does_not_start_in_time_is_not_left_running(monkeypatch):
+    """A worker still spawning or building its envs when its start-up time runs out fails the
+    executor, and its process is killed rather than left building envs for nobody."""
+    import multiprocessing
+
+    from wamkit.eval import executors
+
+    monkeypatch.setattr(executors, "STARTUP_S", 0.001)  # a spawned interpreter takes far longer
+    env_cfg = eval_config("ws://127.0.0.1:1", "unused", "env.image_size=64").env
+    before = set(multiprocessing.active_children())
+    ex = executors.local_executor(env_cfg, [1], watchdog_s=0.001)
+    try:
+        deadline = time.monotonic() + 60
+        while ex._fatal is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "env worker 0 failed to start" in str(ex._fatal)
+        time.sleep(0.5)  # a killed process is reaped by the next active_children()
+        assert [p for p in multiprocessing.active_children() if p not in before] == []
+    finally:
+        ex.close()

@@ -108,8 +108,15 @@ class Executor:
         """A fresh worker, answered once: start-up (spawn, imports, building the envs) is not watched
         by the watchdog, whose limit is for one call of a running worker."""
         handle = self._make(w)
-        handle.submit("max_steps", [])
-        handle.result(timeout=max(self.watchdog_s, STARTUP_S))
+        try:
+            handle.submit("max_steps", [])
+            handle.result(timeout=max(self.watchdog_s, STARTUP_S))
+        except BaseException:  # a worker that failed or hung in its start is not left running
+            try:
+                handle.kill()
+            except (OSError, RuntimeError) as err:
+                log.warning("env worker %d: kill after a failed start failed (%s)", w, err)
+            raise
         return handle
 
     def generation(self, worker: int) -> int:
@@ -288,7 +295,16 @@ class RayEnvWorker:
             to_dict(env_cfg), num_envs
         )
         self._ref = None
-        self.pid = ray.get(self.actor.pid.remote())
+        from ray.exceptions import GetTimeoutError
+
+        try:  # an actor that no node has a CPU for waits unplaced: bounded, as a local start is
+            self.pid = ray.get(self.actor.pid.remote(), timeout=STARTUP_S)
+        except GetTimeoutError:
+            ray.kill(self.actor, no_restart=True)
+            raise TimeoutError(
+                f"env worker {worker_id}: Ray placed no actor within {STARTUP_S:g} s; the cluster has no "
+                f"free CPU for it (eval.workers asks for one CPU each: see `ray status`)"
+            ) from None
         self.node = ray.get(self.actor.node.remote())
 
     def submit(self, method: str, payload: Any) -> None:
