@@ -89,13 +89,19 @@ def test_crash_leaves_no_complete_dataset_and_open_appends(tmp_path):
     assert not (root / INFO).exists() and (root / PARTIAL).exists()
     with pytest.raises(DatasetError, match="not finalized"):
         LeRobotDataset(root)
+    # a kill inside an episode-metadata write leaves its staging file, truncated: not an episode file
+    stale = root / "meta" / "episodes" / "chunk-000" / "file-007.tmp.parquet"
+    stale.write_bytes(b"PAR1 cut short")
     w = LeRobotDatasetWriter.open(root)
-    assert (w.num_episodes, w.num_frames) == (2, 10)
+    assert (w.num_episodes, w.num_frames) == (2, 10) and not stale.exists()
     append_pattern_episodes(
         w, [5], 2, ("image", "wrist_image"), (64, 64), 8, 7, ("pick up the cube", "open the drawer")
     )
     w.finalize()
     check_round_trip(LeRobotDataset(root), [6, 4, 5])
+    stale.write_bytes(b"PAR1 cut short")  # readers pass such a file by, too
+    check_round_trip(LeRobotDataset(root), [6, 4, 5])
+    stale.unlink()
     # re-opening a finished dataset makes it incomplete again until finalize
     w = LeRobotDatasetWriter.open(root)
     assert not (root / INFO).exists()

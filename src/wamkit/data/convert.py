@@ -45,6 +45,7 @@ from wamkit.data.meta import (
     V21,
     DatasetError,
     DatasetMeta,
+    episode_meta_files,
     read_parquet,
 )
 from wamkit.data.remux import Part, cut_video, join_videos
@@ -281,7 +282,7 @@ def _write_v21_meta(meta: DatasetMeta, work: Path) -> dict:
 def _v3_episode_stats(meta: DatasetMeta) -> dict[int, dict[str, dict[str, Any]]]:
     """``{episode: {feature: {stat: value}}}`` from the ``stats/...`` columns of ``meta/episodes``."""
     out: dict[int, dict[str, dict[str, Any]]] = {}
-    for path in sorted((meta.root / EPISODES_DIR).glob("chunk-*/file-*.parquet")):
+    for path in episode_meta_files(meta.root):
         for row in read_parquet(path).to_pylist():
             per = out.setdefault(row["episode_index"], {})
             for col, value in row.items():

@@ -50,6 +50,13 @@ VERSIONS = (CODEBASE_VERSION, V21)  # what the reader reads
 DEFAULT_FEATURES = ("timestamp", "frame_index", "episode_index", "index", "task_index")
 
 
+def episode_meta_files(root: str | Path) -> list[Path]:
+    """The episode-metadata files of the dataset at ``root`` (``meta/episodes/chunk-*/file-*.parquet``),
+    in order, without a write's staging file (``file-005.tmp.parquet``) that a kill left behind."""
+    files = (Path(root) / EPISODES_DIR).glob("chunk-*/file-*.parquet")
+    return sorted(f for f in files if not f.name.endswith(".tmp.parquet"))
+
+
 class DatasetError(UserError, ValueError):
     """A dataset file is missing, truncated or does not match its metadata. The message names the file."""
 
@@ -136,7 +143,7 @@ class DatasetMeta:
 
     # -- v3 episodes -------------------------------------------------------------------------------
     def _read_episodes(self) -> dict[int, EpisodeInfo]:
-        files = sorted((self.root / EPISODES_DIR).glob("chunk-*/file-*.parquet"))
+        files = episode_meta_files(self.root)
         if not files:
             raise DatasetError(
                 f"{self.root / EPISODES_DIR}: no episode metadata files (chunk-*/file-*.parquet)"

@@ -25,7 +25,16 @@ import pyarrow.parquet as pq
 
 from wamkit.constants import EPISODE_INDEX, FRAME_INDEX, INDEX, TASK, TASK_INDEX, TIMESTAMP
 from wamkit.data import lerobot_stats as es
-from wamkit.data.meta import CODEBASE_VERSION, EPISODES_DIR, INFO, PARTIAL, TASKS, DatasetError, read_parquet
+from wamkit.data.meta import (
+    CODEBASE_VERSION,
+    EPISODES_DIR,
+    INFO,
+    PARTIAL,
+    TASKS,
+    DatasetError,
+    episode_meta_files,
+    read_parquet,
+)
 from wamkit.data.video import VideoEncoder
 from wamkit.files import atomic_write_bytes, atomic_write_with
 
@@ -165,7 +174,9 @@ class LeRobotDatasetWriter:
 
     def _recover(self) -> None:
         """Rebuild counts and the task table from the committed episode-metadata files."""
-        files = sorted((self.root / EPISODES_DIR).glob("chunk-*/file-*.parquet"))
+        for stale in (self.root / EPISODES_DIR).glob("chunk-*/file-*.tmp.parquet"):
+            stale.unlink()  # a write a kill interrupted: its episodes were never committed
+        files = episode_meta_files(self.root)
         rows = []
         for path in files:
             rows += read_parquet(path, columns=["episode_index", "tasks", "length"]).to_pylist()
@@ -292,7 +303,7 @@ class LeRobotDatasetWriter:
             raise DatasetError(f"{self.root}: finalize: the dataset has no episodes")
         _write_table(self.root / TASKS, tasks_table(self.tasks))
         per_feature: dict[str, list[dict[str, np.ndarray]]] = {}
-        for path in sorted((self.root / EPISODES_DIR).glob("chunk-*/file-*.parquet")):
+        for path in episode_meta_files(self.root):
             table = read_parquet(path)
             for row in table.to_pylist():
                 for key in self.features:
