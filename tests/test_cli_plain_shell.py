@@ -258,3 +258,17 @@ def test_an_engine_backend_without_its_settings_is_one_line(tmp_path):
     ]
     said = one_line_error(wamkit(*args, *opts, "--no-progress", cwd=tmp_path), "eval")
     assert "eval.backend_options.connections='abc'; expected an integer >= 1" in said
+
+
+def test_a_stats_file_that_does_not_fit_the_run_is_one_line_naming_it(tmp_path):
+    """LeRobot's own stats file, or wamkit's of another action representation, given as data.stats:
+    one line naming the file given (not the run's copy of it), and no run folder left."""
+    fixture = Path(__file__).parent / "fixtures" / "libero_tiny"
+    base = ["train", "configs/demo.yaml", f"data.root={fixture}", "train.run_dir=run"]
+    said = one_line_error(wamkit(*base, f"data.stats={fixture}/meta/stats.json", cwd=tmp_path), "train")
+    assert f"{fixture}/meta/stats.json: 'format' is None, expected 'wamkit-stats/1'" in said
+    assert wamkit("stats", str(fixture), "--out", "raw.json", cwd=tmp_path).returncode == 0
+    run = wamkit(*base, "data.stats=raw.json", "data.representation=libero_rot6d", cwd=tmp_path)
+    said = one_line_error(run, "train")
+    assert "raw.json: metadata representation='raw' but this run has representation='libero_rot6d'" in said
+    assert not (tmp_path / "run").exists()

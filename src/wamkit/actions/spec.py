@@ -59,6 +59,7 @@ from wamkit.actions.steps import (
     build_step,
     standard_steps,
 )
+from wamkit.config import UserError
 from wamkit.constants import ACTION, OBS_STATE
 from wamkit.files import SPEC_FILE, atomic_write_json, read_json
 
@@ -72,7 +73,7 @@ _FIELDS = ("representation", "normalization", "clip", "gripper", "chunk", "fps",
 __all__ = ["FORMAT", "NORMALIZATIONS", "PreprocessSpec", "SpecError"]
 
 
-class SpecError(ValueError):
+class SpecError(UserError, ValueError):
     """A preprocessing spec is missing, malformed, or does not fit the model or data it meets."""
 
 

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from wamkit.config import UserError
 from wamkit.files import atomic_write_json, read_json
 
 FORMAT = "wamkit-stats/1"
@@ -31,7 +32,7 @@ STAT_KEYS = ("mean", "std", "min", "max", "q01", "q99")
 TINY_RANGE = 1e-4  # q99 - q01 below this amplifies errors after quantile normalisation
 
 
-class StatsError(ValueError):
+class StatsError(UserError, ValueError):
     """A stats file is malformed or does not fit the run."""
 
 

@@ -72,6 +72,10 @@ def resolve_stats(cfg: RunConfig, run_dir: Path, fps: float, is_main: bool) -> P
     given = Path(cfg.data.stats) if cfg.data.stats else Path(cfg.data.root) / "meta" / "wamkit_stats.json"
     if is_main:
         if given.is_file():
+            # checked where it lies, so a mismatch names the file the user gave, not the run's copy
+            check = StatsFile.load(given, representation=cfg.data.representation)
+            if "fps" in check.metadata:
+                check.check(source=str(given), fps=fps)
             shutil.copyfile(given, out)
         elif cfg.data.stats:
             raise ConfigError(f"data.stats: {given} does not exist")
