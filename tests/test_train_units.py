@@ -81,8 +81,13 @@ def test_resume_auto_picks_newest_complete_and_ignores_partial_saves(tmp_path):
     assert ckpt.resolve_resume("auto", root).name == "step_000200"
     assert ckpt.resolve_resume("", root) is None
     assert ckpt.resolve_resume("auto", tmp_path / "nothing") is None
-    with pytest.raises(ValueError, match="not a complete checkpoint"):
+    with pytest.raises(ConfigError, match="train.resume .*step_000300: not a complete checkpoint"):
         ckpt.resolve_resume(str(root / "step_000300"), root)
+    with pytest.raises(ConfigError, match="nowhere: no such checkpoint or run directory"):
+        ckpt.resolve_resume(str(tmp_path / "nowhere"), root)
+    # a run folder, or its checkpoints folder, stands for its newest complete checkpoint
+    assert ckpt.resolve_resume(str(tmp_path), root).name == "step_000200"
+    assert ckpt.resolve_resume(str(root), root).name == "step_000200"
     ckpt.clean_stale(root)
     assert not (root / ".tmp_step_000400").exists()
 

@@ -44,6 +44,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
+from wamkit.config import ConfigError
 from wamkit.files import fsync_dir, fsync_tree
 
 log = logging.getLogger(__name__)
@@ -70,7 +71,9 @@ def list_checkpoints(ckpt_root: str | os.PathLike) -> list[Path]:
 
 
 def resolve_resume(resume: str, ckpt_root: str | os.PathLike) -> Path | None:
-    """``""`` -> None; ``"auto"`` -> the newest complete checkpoint or None; a path -> that checkpoint."""
+    """``""`` -> None; ``"auto"`` -> the newest complete checkpoint or None; a path -> that checkpoint,
+    or the newest complete one of a run folder (or of its ``checkpoints/``) given instead. A path that
+    is none of these is a :class:`ConfigError` naming ``train.resume``."""
     if resume == "":
         return None
     if resume == "auto":
@@ -78,10 +81,16 @@ def resolve_resume(resume: str, ckpt_root: str | os.PathLike) -> Path | None:
         return found[-1] if found else None
     path = Path(resume)
     if not path.is_dir():
-        raise FileNotFoundError(f"--resume {resume}: no such checkpoint directory")
-    if not is_complete(path):
-        raise ValueError(f"--resume {resume}: not a complete checkpoint (no {MARKER}; an interrupted save?)")
-    return path
+        raise ConfigError(f"train.resume (--resume) {resume}: no such checkpoint or run directory")
+    if is_complete(path):
+        return path
+    found = list_checkpoints(path / "checkpoints") or list_checkpoints(path)
+    if found:  # a run folder: its newest complete checkpoint
+        return found[-1]
+    raise ConfigError(
+        f"train.resume (--resume) {resume}: not a complete checkpoint (no {MARKER}; an interrupted save?) "
+        "nor a run folder holding one"
+    )
 
 
 def read_meta(path: str | os.PathLike) -> dict[str, Any]:

@@ -116,6 +116,8 @@ class _Loop:
         self.accum = accumulation_steps(cfg, info.world_size)
         if t.resume == "":  # every rank checks, so all of them stop (none waits at a barrier)
             ckpt.refuse_used_run_dir(self.run_dir, self.ckpt_root)
+        # a checkpoint given by path is checked before anything is built (a large model takes minutes)
+        resume_path = ckpt.resolve_resume(t.resume, self.ckpt_root) if t.resume != "auto" else None
         if info.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             setup_logging("info", str(self.run_dir / "train.log"))
@@ -161,7 +163,7 @@ class _Loop:
         self.n_params = sum(p.numel() for p in module.parameters())
         self.n_trainable = sum(p.numel() for p in self.trainable)
 
-        path = ckpt.resolve_resume(t.resume, self.ckpt_root)
+        path = ckpt.resolve_resume(t.resume, self.ckpt_root) if t.resume == "auto" else resume_path
         self.lineage = self._fresh_lineage()
         if path is not None:
             self._load(path)
