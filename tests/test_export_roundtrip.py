@@ -60,8 +60,9 @@ def test_convert_cli_writes_a_verified_serving_dir_that_loads(run_dir, tmp_path,
     adapter = load_pretrained(out)
     assert adapter.name == "tiny" and adapter.io.image_size == 64
     assert not out.with_name("serve.tmp").exists()
-    assert convert_main(args) == 1  # exists: refused without --overwrite
+    assert convert_main(args) == 1  # exists: refused without --overwrite, before any work
     assert "--overwrite" in capsys.readouterr().err
+    assert not out.with_name("serve.tmp").exists()  # no model-sized copy left beside it
 
 
 def test_ema_export_takes_the_ema_of_trained_weights(run_dir, tmp_path):
