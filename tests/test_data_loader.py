@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from wamkit.actions.spec import SpecError
-from wamkit.config import DataConfig
+from wamkit.config import ConfigError, DataConfig
 from wamkit.constants import ACTION, OBS_STATE
 from wamkit.data import compute_stats, make_train_dataset, make_train_loader
 from wamkit.data.loader import SampleStream
@@ -142,3 +142,24 @@ def test_loader_state_names_a_window_mismatch(suites, codec):
         make_train_loader(ds, 4, seed=0, num_workers=0).load_state_dict(state)
     old = {k: v for k, v in state.items() if k != "window"}  # saved before windows: the plain order
     make_train_loader(ds, 4, seed=0, num_workers=0, window=1).load_state_dict(old)
+
+
+def test_a_run_on_several_suites_needs_its_one_stats_file(suites, tmp_path):
+    """Several datasets are normalised with one stats file: without data.stats (or one at
+    data.root/meta/wamkit_stats.json) the run is refused naming data.stats, not computed over the
+    parent folder, which is no dataset. A parent holding one dataset gets that one's stats."""
+    from wamkit.config import load_config
+    from wamkit.train.data_setup import dataset_roots, resolve_stats
+
+    both = [f"data.root={suites}", "data.suites=[suite_a,suite_b]"]
+    assert [p.name for p in dataset_roots(load_config(None, both))] == ["suite_a", "suite_b"]
+    with pytest.raises(ConfigError, match=r"data.stats: the run trains on 2 datasets \(suite_a, suite_b\)"):
+        resolve_stats(load_config(None, both), tmp_path, 20.0, True)
+    given = compute_stats(suites / "suite_a", "raw", chunk=CHUNK).save(tmp_path / "given.json")
+    assert resolve_stats(load_config(None, [*both, f"data.stats={given}"]), tmp_path, 20.0, True).is_file()
+    one = tmp_path / "one"
+    write_pattern_dataset(one / "only", [4], size=(64, 64))
+    single = load_config(None, [f"data.root={one}"])
+    assert dataset_roots(single) == [one / "only"]
+    (tmp_path / "run").mkdir()
+    assert resolve_stats(single, tmp_path / "run", 20.0, True).is_file()

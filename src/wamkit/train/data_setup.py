@@ -28,9 +28,20 @@ from wamkit.models.base import LATENT_CACHE_OPTION, CachesLatents, ModelAdapter,
 log = logging.getLogger(__name__)
 
 
-def first_dataset_root(cfg: RunConfig) -> Path:
+def dataset_roots(cfg: RunConfig) -> list[Path]:
+    """The dataset folders the run trains on: ``data.suites`` under ``data.root``, ``data.root``
+    itself, or the sub-folders of ``data.root`` that hold one (:func:`wamkit.data.sft_dataset.suite_roots`).
+    A root that is not a folder comes back as itself, for the reader to name what is missing."""
     root = Path(cfg.data.root)
-    return root / cfg.data.suites[0] if cfg.data.suites else root
+    if not cfg.data.suites and (not root.is_dir() or (root / "meta" / "info.json").is_file()):
+        return [root]
+    from wamkit.data.sft_dataset import suite_roots
+
+    return list(suite_roots(cfg.data).values())
+
+
+def first_dataset_root(cfg: RunConfig) -> Path:
+    return dataset_roots(cfg)[0]
 
 
 def io_from_dataset(cfg: RunConfig, features: dict[str, Any], source: str) -> ModelIO:
@@ -79,9 +90,16 @@ def resolve_stats(cfg: RunConfig, run_dir: Path, fps: float, is_main: bool) -> P
             shutil.copyfile(given, out)
         elif cfg.data.stats:
             raise ConfigError(f"data.stats: {given} does not exist")
+        elif len(roots := dataset_roots(cfg)) > 1:
+            raise ConfigError(
+                f"data.stats: the run trains on {len(roots)} datasets ({', '.join(r.name for r in roots)}) and "
+                f"normalises them with one stats file, which is not given and not at {given}: give "
+                "data.stats=FILE (cosmos' LIBERO normalizer JSON reads as it is: docs/cosmos3.md) or put "
+                f"one at {given}"
+            )
         else:
-            log.info("computing stats of %s into %s", cfg.data.root, out)
-            compute_stats(cfg.data.root, cfg.data.representation, cfg.data.chunk, cfg.data.seed).save(out)
+            log.info("computing stats of %s into %s", roots[0], out)
+            compute_stats(roots[0], cfg.data.representation, cfg.data.chunk, cfg.data.seed).save(out)
     if dist.is_initialized():
         dist.barrier()
     stats = StatsFile.load(out, representation=cfg.data.representation)
