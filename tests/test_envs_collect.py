@@ -76,6 +76,16 @@ def test_collect_writes_a_readable_dataset_and_resumes(tmp_path, capsys):
     assert "0 new episodes" in (cli_main(["collect", *ARGS, "--episodes", "3", "--out", str(out),
                                           "--render-quality", "fast"]) == 0 and capsys.readouterr().out)  # fmt: skip
 
+    # a journal edited by hand no longer accounts for the dataset's episodes: refused, and the finished
+    # dataset stays finished and readable
+    journal_path = out / "meta" / "wamkit_collect.jsonl"
+    lines = journal_path.read_text().splitlines(keepends=True)
+    journal_path.write_text("".join(lines[:-1]))
+    assert cli_main(["collect", *ARGS, "--episodes", "4", "--out", str(out), "--render-quality", "fast"]) == 2
+    assert "it was changed by hand" in capsys.readouterr().err
+    assert LeRobotDataset(out).num_episodes == 6
+    journal_path.write_text("".join(lines))
+
     # a different look cannot be appended to the same dataset
     assert (
         cli_main(["collect", *ARGS, "--episodes", "4", "--out", str(out), "--render-quality", "default"]) == 2

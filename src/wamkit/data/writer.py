@@ -161,15 +161,16 @@ class LeRobotDatasetWriter:
         """Re-open a partial or finished dataset to append episodes (a finished one becomes partial)."""
         root = Path(root)
         if (root / PARTIAL).is_file():
-            info = json.loads((root / PARTIAL).read_text())
+            writer = cls(root, json.loads((root / PARTIAL).read_text()))
+            writer._recover()
         elif (root / INFO).is_file():
             info = json.loads((root / INFO).read_text())
+            writer = cls(root, info)
+            writer._recover()  # checked while the dataset is still complete: a refusal leaves it so
             _atomic_write(root / PARTIAL, json.dumps(info, indent=4))
             (root / INFO).unlink()  # no longer complete until finalize()
         else:
             raise DatasetError(f"{root}: neither {PARTIAL} nor {INFO} exists; nothing to open")
-        writer = cls(root, info)
-        writer._recover()
         return writer
 
     def _recover(self) -> None:

@@ -138,9 +138,12 @@ def _open_writer(cfg: RunConfig, root: Path, journal: CollectJournal):
             f"collect.out: {root} holds a dataset made with {have} at {info.get('fps')} fps; this run asks "
             f"for {extra} at {fps} fps: choose another --out, or the same settings to resume"
         )
+    finished = (root / INFO).is_file()
     writer = LeRobotDatasetWriter.open(root)
     kept = journal.reconcile(writer.num_episodes)
     if kept != writer.num_episodes:
+        if finished:  # refused: the dataset is left as it was found, complete and readable
+            writer.finalize()
         raise ConfigError(
             f"collect.out: {root} holds {writer.num_episodes} episodes but its journal "
             f"({journal.path}) accounts for {kept}; it was changed by hand: use another --out"
