@@ -319,3 +319,36 @@ def test_collect_with_late_actions_executes_the_experts_action_of_k_steps_before
     assert "collect.action_lag, collect.lag_prob" in capsys.readouterr().err
     assert cli_main([*args, "--action-lag", "3", "--lag-prob", "1.5"]) == 2
     assert "collect.lag_prob" in capsys.readouterr().err
+
+
+def test_ctrl_c_keeps_the_episodes_collected_and_waits_for_no_rollout(tmp_path):
+    """Ctrl-C while both workers roll out: the run finalizes the episodes it has (a readable dataset
+    that a rerun resumes) and kills the rollouts in flight instead of waiting for each worker's close
+    to time out (a worker blocks sending a rollout nobody reads)."""
+    import signal
+    import sys
+    import time
+
+    from .child_env import child_env, start_logged
+
+    out, log = tmp_path / "mw", tmp_path / "collect.log"
+    # 128 px: a rollout's frames are megabytes, far more than a pipe holds
+    cmd = [sys.executable, "-m", "wamkit", "collect", *ARGS, "--image-size", "128", "--episodes", "50"]
+    cmd += ["--out", str(out)]
+    proc = start_logged(cmd, log, env=child_env())
+    try:
+        deadline = time.monotonic() + 240
+        while not ((out / JOURNAL).is_file() and len(_journal(out)) >= 2):
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=120) == 130, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = log.read_text()
+    assert "did not exit within" not in text and "Traceback" not in text, text[-3000:]
+    # finalized with what was committed (an episode being written at the Ctrl-C is dropped, and redone
+    # by a rerun, as its journal line is reconciled away)
+    assert LeRobotDataset(out).num_episodes >= 1

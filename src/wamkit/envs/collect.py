@@ -280,12 +280,16 @@ def collect(cfg: RunConfig, progress: bool = True) -> dict[str, Any]:
                     hand_out(w, nxt)
     finally:
         bar.close()
-        for w in workers:
-            w.close()
-        if writer.num_episodes:
-            writer.finalize()
-        else:
-            log.warning("%s: no episode was kept; the dataset is left unfinished", root)
+        for i in busy:  # stopped early (Ctrl-C, an error): a rollout still running is dropped, not waited
+            workers[i].kill()  # for (its reply, larger than the pipe, would block it from ever exiting)
+        try:
+            if writer.num_episodes:
+                writer.finalize()
+            else:
+                log.warning("%s: no episode was kept; the dataset is left unfinished", root)
+        finally:
+            for w in workers:
+                w.close()
     wall = time.perf_counter() - start
     for task in tasks:
         if kept[task] < c.episodes:
