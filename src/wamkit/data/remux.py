@@ -54,40 +54,40 @@ def _packets(container) -> list[av.Packet]:
 
 def join_videos(parts: list[Part], out: Path, fps: int) -> tuple[list[tuple[float, float]], bool]:
     """Write ``parts`` one after the other to ``out``. Returns each part's ``(from_ts, to_ts)`` in
-    ``out`` (``to_ts = from_ts + frames / fps``) and whether the streams were copied (else re-encoded)."""
-    inputs = [open_input(p.path) for p in parts]
-    try:
-        streams = [c.streams.video[0] for c in inputs]
-        if len({_signature(s) for s in streams}) == 1:
-            try:
-                return _copy_join(inputs, parts, out, fps), True
-            except (av.error.FFmpegError, ValueError) as err:  # e.g. timestamps a muxer refuses
-                log.warning("%s: stream copy failed (%s); re-encoding", out, err)
-        else:
-            log.warning("%s: the parts' streams differ (codec, size or extradata); re-encoding", out)
-    finally:
-        for c in inputs:
-            c.close()
+    ``out`` (``to_ts = from_ts + frames / fps``) and whether the streams were copied (else re-encoded).
+    One part's file is open at a time (a group may hold more files than a process may open)."""
+    signatures = set()
+    for part in parts:
+        with open_input(part.path) as container:
+            signatures.add(_signature(container.streams.video[0]))
+    if len(signatures) == 1:
+        try:
+            return _copy_join(parts, out, fps), True
+        except (av.error.FFmpegError, ValueError) as err:  # e.g. timestamps a muxer refuses
+            log.warning("%s: stream copy failed (%s); re-encoding", out, err)
+    else:
+        log.warning("%s: the parts' streams differ (codec, size or extradata); re-encoding", out)
     return _reencode_join(parts, out, fps), False
 
 
-def _copy_join(inputs, parts: list[Part], out: Path, fps: int) -> list[tuple[float, float]]:
-    template = inputs[0].streams.video[0]
-    tb = template.time_base
+def _copy_join(parts: list[Part], out: Path, fps: int) -> list[tuple[float, float]]:
     spans, offset = [], 0  # offset in time-base units
-    with atomic_path(out) as tmp, av.open(str(tmp), mode="w") as dst:
+    with open_input(parts[0].path) as first_part, atomic_path(out) as tmp, av.open(str(tmp), mode="w") as dst:
+        template = first_part.streams.video[0]
+        tb = template.time_base
         stream = dst.add_stream_from_template(template=template, opaque=True)
         stream.time_base = tb
-        for container, part in zip(inputs, parts):
-            packets = _packets(container)
-            if not packets:
-                raise DatasetError(f"{part.path}: has no video packets")
-            first = min(p.pts for p in packets)
-            end = max(p.pts + max(p.duration or 0, 1) for p in packets)
-            for p in packets:
-                p.pts, p.dts = p.pts - first + offset, p.dts - first + offset
-                p.stream = stream
-                dst.mux(p)
+        for part in parts:
+            with open_input(part.path) as container:
+                packets = _packets(container)
+                if not packets:
+                    raise DatasetError(f"{part.path}: has no video packets")
+                first = min(p.pts for p in packets)
+                end = max(p.pts + max(p.duration or 0, 1) for p in packets)
+                for p in packets:
+                    p.pts, p.dts = p.pts - first + offset, p.dts - first + offset
+                    p.stream = stream
+                    dst.mux(p)
             start = float(offset * tb)
             spans.append((start, start + part.frames / fps))
             offset += max(end - first, _units(part.frames / fps, tb))
