@@ -108,8 +108,11 @@ def test_resume_is_exact_with_workers_across_epochs(suites, codec):
     resumed = make_train_loader(ds, 6, seed=1, num_workers=0)
     resumed.load_state_dict(state)
     assert [key(next(resumed)) for _ in range(5)] == seen[3:]
-    with pytest.raises(ValueError, match="seed=1 but this loader has seed=2"):
+    with pytest.raises(ConfigError, match="loader had seed=1, this run's has 2; data.seed changed"):
         make_train_loader(ds, 6, seed=2, num_workers=0).load_state_dict(state)
+    smaller = make_train_dataset(cfg(suites, suites=["suite_a"]), codec)
+    with pytest.raises(ConfigError, match=r"epoch_len=20, this run's has 15; the dataset's size \(data.root"):
+        make_train_loader(smaller, 6, seed=1, num_workers=0).load_state_dict(state)
 
 
 def test_ranks_split_the_global_batch(suites, codec):
@@ -138,7 +141,7 @@ def test_training_order_visits_file_local_windows():
 def test_loader_state_names_a_window_mismatch(suites, codec):
     ds = make_train_dataset(cfg(suites), codec)
     state = make_train_loader(ds, 4, seed=0, num_workers=0, window=1).state_dict()
-    with pytest.raises(ValueError, match="window=1 but this loader has window=8"):
+    with pytest.raises(ConfigError, match="loader had window=1, this run's has 8"):
         make_train_loader(ds, 4, seed=0, num_workers=0).load_state_dict(state)
     old = {k: v for k, v in state.items() if k != "window"}  # saved before windows: the plain order
     make_train_loader(ds, 4, seed=0, num_workers=0, window=1).load_state_dict(old)

@@ -24,6 +24,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from wamkit.config import ConfigError
+
 
 def collate(samples: list[dict[str, Any]]) -> dict[str, Any]:
     """Per-sample dicts -> a batch: tensors stacked on a new axis 0, strings (``task``) as a list."""
@@ -174,8 +176,13 @@ class TrainLoader:
         have = {"seed": self.seed, "epoch_len": self.stream.epoch_len, "window": self.stream.window}
         for key, value in have.items():
             got = state.get(key, 1 if key == "window" else None)
-            if got != value:
-                raise ValueError(f"loader state: {key}={got!r} but this loader has {key}={value!r}")
+            if got != value:  # the checkpoint's data is not this run's: no exact resume is possible
+                what = {"seed": "data.seed", "epoch_len": "the dataset's size (data.root, data.suites)"}
+                raise ConfigError(
+                    f"resume: the checkpoint's data loader had {key}={got!r}, this run's has {value!r}; "
+                    f"{what.get(key, 'the loader')} changed since it was saved: resume with the same data, "
+                    "or start a new run"
+                )
         self.close()
         self.samples_seen = int(state["samples_seen"])
 
