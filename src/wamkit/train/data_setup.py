@@ -94,7 +94,7 @@ def resolve_stats(cfg: RunConfig, run_dir: Path, fps: float, is_main: bool) -> P
             raise ConfigError(
                 f"data.stats: the run trains on {len(roots)} datasets ({', '.join(r.name for r in roots)}) and "
                 f"normalises them with one stats file, which is not given and not at {given}: give "
-                "data.stats=FILE (cosmos' LIBERO normalizer JSON reads as it is: docs/cosmos3.md) or put "
+                "data.stats=FILE (a cosmos normalizer JSON reads as it is: docs/cosmos3.md) or put "
                 f"one at {given}"
             )
         else:
