@@ -41,7 +41,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests
 	$(VENV)/bin/ruff format --check src tests
 
-# Fast suite (on 2 cores the main pass takes about 13 minutes, all three about 20). Slow tests run with
+# Fast suite (on 2 cores the main pass takes 12-14 minutes, all three 19-23). Slow tests run with
 # `make test-slow`. The numerically sensitive tests run a second time under the generic CPU kernels and
 # one thread (tests/conftest.py).
 # TEST_WORKERS pytest-xdist processes, each given whole files (a module's fixtures are built once): a
