@@ -18,15 +18,17 @@ from tests.conftest import REPO
 GL_VARS = ("MUJOCO_GL", "PYOPENGL_PLATFORM", "DISPLAY", "WAYLAND_DISPLAY")
 
 
+def user_shell_env() -> dict[str, str]:
+    """This process's environment as the README's activated shell has it: no rendering variables."""
+    return {k: v for k, v in os.environ.items() if k not in GL_VARS}
+
+
 def child_env(*, user_shell: bool = False) -> dict[str, str]:
     """This process's environment with one thread per process (2 cores are shared, and no result may
     depend on the thread count) and the checkout on ``PYTHONPATH``. ``user_shell`` also drops the
     Makefile's rendering variables, as the README's activated shell has none: wamkit and LeRobot's
     plug-in env must choose offscreen rendering themselves."""
-    env = dict(os.environ)
-    if user_shell:
-        for key in GL_VARS:
-            env.pop(key, None)
+    env = user_shell_env() if user_shell else dict(os.environ)
     return {**env, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
 
 

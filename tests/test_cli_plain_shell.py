@@ -5,7 +5,6 @@ key or URL, with no traceback."""
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import sys
@@ -14,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.child_env import GL_VARS, start_logged, wait_for_log
+from tests.child_env import start_logged, user_shell_env, wait_for_log
 
 WAMKIT = Path(sys.executable).parent / "wamkit"
 
 
 def wamkit(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in GL_VARS}
+    env = user_shell_env()
     return subprocess.run(
         [str(WAMKIT), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
     )
@@ -109,7 +108,7 @@ def _free_port() -> int:
 
 def _eval_without_server(tmp_path: Path) -> tuple[subprocess.Popen, str]:
     url = f"ws://127.0.0.1:{_free_port()}"
-    env = {k: v for k, v in os.environ.items() if k not in GL_VARS}
+    env = user_shell_env()
     args = [str(WAMKIT), "eval", "configs/demo.yaml", f"eval.server_url={url}", "eval.out_dir=ev"]
     proc = subprocess.Popen(args, cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True)
     return proc, url
@@ -145,7 +144,7 @@ def test_a_random_init_server_takes_the_shape_of_the_suite(tmp_path):
 
     from wamkit.serve.client import PolicyClient
 
-    env = {k: v for k, v in os.environ.items() if k not in GL_VARS}
+    env = user_shell_env()
     args = ["serve", "--model", "tiny", "--preset", "small", "--random-init", "--suite", "libero_10"]
     args += ["--set", "env.image_size=64", "--option", "num_steps=2", "--port", "0", "--device", "cpu"]
     proc, port = _start_server(args, tmp_path, env)
@@ -199,7 +198,7 @@ def test_train_ends_with_a_summary_and_a_next_command_that_runs(metaworld_data, 
 def test_an_evaluation_at_another_image_size_than_its_model_warns_once(tmp_path):
     """A model taking 32 px images evaluated on 64 px renders runs (the server resizes) and says so,
     once, not per pipeline stage or per connection."""
-    env = {k: v for k, v in os.environ.items() if k not in GL_VARS}
+    env = user_shell_env()
     args = ["serve", "--model", "tiny", "--preset", "small", "--random-init", "--suite", "metaworld"]
     args += ["--set", "env.state=proprio", "--set", "env.image_size=32", "--option", "num_steps=2"]
     args += ["--port", "0", "--device", "cpu"]

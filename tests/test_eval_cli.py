@@ -4,7 +4,6 @@ in its own process, the exit codes and messages of bad input, ``--resume``."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +17,7 @@ from wamkit.models.pretrained import save_pretrained
 from wamkit.serve.client import PolicyClient
 from wamkit.serve.loading import identity_spec
 
-from .child_env import GL_VARS
+from .child_env import user_shell_env
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +33,7 @@ def serve_dir(tmp_path_factory):
 def wamkit(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     """``wamkit eval ARGS`` as typed in the README's activated shell: the venv's ``wamkit``, no rendering
     variables (the evaluator sets up headless rendering itself), run from ``cwd``, not the checkout."""
-    env = {k: v for k, v in os.environ.items() if k not in GL_VARS}
+    env = user_shell_env()
     cmd = [str(Path(sys.executable).parent / "wamkit"), "eval", *args, "--no-progress"]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=cwd)
 

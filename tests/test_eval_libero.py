@@ -72,12 +72,12 @@ def test_the_documented_cpu_smoke_run(tmp_path):
     import sys
     from pathlib import Path
 
-    from .child_env import GL_VARS, run_shell_block
+    from .child_env import run_shell_block, user_shell_env
     from .conftest import REPO
 
     page = (REPO / "docs" / "libero.md").read_text()
     block = page.split("test_the_documented_cpu_smoke_run -->\n```bash\n", 1)[1].split("```", 1)[0]
-    env = {k: v for k, v in os.environ.items() if k not in GL_VARS}
+    env = user_shell_env()
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"  # the activated venv
     run = run_shell_block(block, tmp_path, env, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from wamkit.config import ModelConfig
+from wamkit.config import ModelConfig, UserError
 from wamkit.files import (
     MODEL_FILE,
     MODEL_FORMAT,
@@ -40,6 +40,14 @@ def save_pretrained(adapter: ModelAdapter, out_dir: str | Path) -> Path:
     return out
 
 
+class ModelFileMissing(UserError, FileNotFoundError):
+    """A model directory has no ``model.json`` (and is no LeRobot folder); the message names the path."""
+
+
+class ModelFileError(UserError, ValueError):
+    """A model directory's ``model.json`` is not what ``save_pretrained`` writes; the message names it."""
+
+
 def read_model_json(model_dir: str | Path) -> dict[str, Any]:
     """The checked contents of ``<model_dir>/model.json``."""
     path = Path(model_dir) / CONFIG
@@ -50,16 +58,16 @@ def read_model_json(model_dir: str | Path) -> dict[str, Any]:
             policy_type, io = folder_io(Path(model_dir))
             return {"format": FORMAT, "name": "lerobot", "preset": policy_type, "options": {},
                     "io": io.to_dict(), "lerobot_folder": str(model_dir)}  # fmt: skip
-        raise FileNotFoundError(f"{path} does not exist; expected a directory written by save_pretrained")
+        raise ModelFileMissing(f"{path} does not exist; expected a directory written by save_pretrained")
     try:
         meta = json.loads(path.read_text())
     except json.JSONDecodeError as err:
-        raise ValueError(f"{path}: not valid JSON: {err}") from err
+        raise ModelFileError(f"{path}: not valid JSON: {err}") from err
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise ValueError(f'{path}: expected a JSON object with "format": "{FORMAT}"')
+        raise ModelFileError(f'{path}: expected a JSON object with "format": "{FORMAT}"')
     missing = [k for k in ("name", "preset", "options", "io") if k not in meta]
     if missing:
-        raise ValueError(f"{path}: missing keys {missing}; expected name, preset, options, io")
+        raise ModelFileError(f"{path}: missing keys {missing}; expected name, preset, options, io")
     return meta
 
 

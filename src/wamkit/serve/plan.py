@@ -214,13 +214,7 @@ def served_model(
         return model, io, None
     from wamkit.models.pretrained import read_model_json
 
-    root = Path(export_dir)  # only model.json is read: a plan needs no weights
-    if not root.is_dir():
-        raise ConfigError(f"serving directory {root} does not exist")
-    try:
-        meta = read_model_json(root)
-    except (FileNotFoundError, ValueError) as err:  # model.json missing or unreadable: one line naming it
-        raise ConfigError(str(err)) from err
+    meta = read_model_json(Path(export_dir))  # only model.json is read: a plan needs no weights
     cfg = ModelConfig(name=meta["name"], preset=meta["preset"], options=meta["options"])
     return cfg, ModelIO.from_dict(meta["io"]), "cpu"
 
