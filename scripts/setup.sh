@@ -41,10 +41,10 @@ if ! "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
 fi
 
 # 4. The package, editable, with the test tools and the extras the test suite exercises (Cosmos3
-#    through diffusers, Ray, torchao for LoRA's int8 base). LIBERO has its own step:
+#    through diffusers, Ray, torchao for LoRA's int8 base, gym-aloha for the aloha suite). LIBERO has its own step:
 #    scripts/setup_libero.sh. `make demo` asks for the package alone (WAMKIT_EXTRAS= ): the demo
 #    needs none of the extras, and skipping them is a minute of a fresh clone's set-up.
-EXTRAS=${WAMKIT_EXTRAS-dev,cosmos3,ray,lora-int8}
+EXTRAS=${WAMKIT_EXTRAS-dev,cosmos3,ray,lora-int8,aloha}
 if [ -n "$EXTRAS" ]; then
   "$PIP" install -q -e ".[$EXTRAS]"
 else

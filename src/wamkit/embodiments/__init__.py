@@ -16,6 +16,7 @@ _MODULES: dict[str, str] = {
     "libero": "wamkit.embodiments.libero",  # Franka Panda in LIBERO (robosuite 1.4), openpi's protocol
     "metaworld": "wamkit.embodiments.metaworld",  # Sawyer in MetaWorld v3, the default suite
     "libero_pro": "wamkit.embodiments.libero_pro",  # LIBERO's suites under perturbation (LIBERO-PRO)
+    "aloha": "wamkit.embodiments.aloha",  # bimanual ViperX arms in gym-aloha (the ACT paper's tasks)
 }
 _LOADED: dict[str, Embodiment] = {}
 
@@ -96,6 +97,19 @@ class Embodiment:
     # the camera keys of its published datasets (LeRobot's ``observation.images.<key>``), in the
     # order of ``default_cameras``; () where it has none
     dataset_cameras: tuple[str, ...] = ()
+    # the action dims that command a gripper; None: the last one
+    gripper_dims: tuple[int, ...] | None = None
+    # the gripper command values that open and close the fingers (what ``gripper`` says, as numbers)
+    gripper_open: float = -1.0
+    gripper_close: float = 1.0
+    # the actions are absolute targets laid out as the state (joint positions): the action that holds the
+    # robot where it is is its state (``hold_action``); False: normalised deltas, zero holds
+    absolute_actions: bool = False
+    # its env backend has a scripted expert (``Env.expert_action``), so ``wamkit collect`` can record it
+    scripted_expert: bool = False
+    # the camera images' width over height as the simulator frames them; a square ``env.image_size``
+    # image is that frame resized (squeezed horizontally), so the whole view is kept
+    camera_aspect: float = 1.0
 
     @property
     def state_dim(self) -> int:
@@ -116,6 +130,24 @@ class Embodiment:
     @property
     def action_dim(self) -> int:
         return len(self.action_names)
+
+    @property
+    def grippers(self) -> tuple[int, ...]:
+        """The action dims that command a gripper."""
+        return self.gripper_dims if self.gripper_dims is not None else (self.action_dim - 1,)
+
+    def hold_action(self, state=None):
+        """The action that keeps the robot where it is, float64 [action_dim]: zeros for delta actions
+        (grippers at their open value), the ``full`` state itself for absolute ones (``state`` needed)."""
+        import numpy as np
+
+        if not self.absolute_actions:
+            out = np.zeros(self.action_dim)
+            out[list(self.grippers)] = self.gripper_open
+            return out
+        if state is None:
+            raise ValueError(f"{self.name}: the hold action of absolute actions is the state; none given")
+        return np.asarray(state, np.float64)[: self.action_dim].copy()
 
 
 def register(name: str, module: str) -> None:

@@ -42,6 +42,7 @@ PROFILE = Embodiment(
     cosmos3_view_point="third_person_view",
     packages=("mujoco", "metaworld"),
     bench_suite="metaworld",
+    scripted_expert=True,  # metaworld.policies: one per task
     # the gripper: the pads' distance normalised to [0, 1]; quaternions are unitless
     state_units=(*_NOW_UNITS, *_NOW_UNITS, "m", "m", "m"),
     action_units=("0.01 m", "0.01 m", "0.01 m", "command"),  # SawyerXYZEnv.action_scale = 1/100

@@ -66,6 +66,8 @@ def resolve_config(args: argparse.Namespace) -> RunConfig:
     cfg = load_config(args.config, overrides)
     if cfg.env.suite != "metaworld" and cfg.env.cameras == EnvConfig().cameras:
         cfg.env.cameras = list(suite_info(cfg.env.suite).cameras)  # the default camera is MetaWorld's
+    if cfg.env.suite != "metaworld" and cfg.env.tasks == EnvConfig().tasks:
+        cfg.env.tasks = list(suite_info(cfg.env.suite).tasks)  # the default task is MetaWorld's
     return cfg
 
 

@@ -19,6 +19,7 @@ from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
 
+from wamkit import embodiments
 from wamkit.config import ConfigError, RunConfig
 from wamkit.constants import ACTION, EXECUTED_ACTION, OBS_STATE, TASK, image_key
 from wamkit.envs.base import EpisodeSpec, check_env_config, render_info
@@ -34,8 +35,6 @@ log = logging.getLogger(__name__)
 # command-line flag -> dotted config key
 def features_for(cfg: RunConfig) -> dict[str, dict[str, Any]]:
     """LeRobot v3 feature descriptions of a collected dataset."""
-    from wamkit import embodiments
-
     info = suite_info(cfg.env.suite, cfg.env.state)
     names = list(embodiments.for_suite(cfg.env.suite).state_names_of(cfg.env.state))
     s = cfg.env.image_size
@@ -73,12 +72,14 @@ def _check_collect(cfg: RunConfig) -> None:
         raise ConfigError(f"collect.noise_hold: expected >= 1 steps per noise draw, got {c.noise_hold}")
     if not c.out:
         raise ConfigError("collect.out: a dataset folder is needed")
-    if cfg.env.suite != "metaworld":
-        raise ConfigError(
-            f"env.suite: {cfg.env.suite} has no scripted expert to collect with; use metaworld "
-            "(its datasets come from recorded demonstrations)"
-        )
     check_env_config(cfg.env)
+    profile = embodiments.for_suite(cfg.env.suite)
+    if profile is not None and not profile.scripted_expert:
+        with_expert = [s for s, e in embodiments.suites().items() if e.scripted_expert]
+        raise ConfigError(
+            f"env.suite: {cfg.env.suite} has no scripted expert to collect with (its datasets come from "
+            f"recorded demonstrations); suites with one: {', '.join(with_expert)}"
+        )
 
 
 _NOISE_KEYS = ("action_noise", "noise_hold", "action_lag", "lag_prob")

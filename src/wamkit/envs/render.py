@@ -41,6 +41,7 @@ class CameraRenderer:
         size: int,
         quality: str = "default",
         rotate_180: str | set[str] = "auto",
+        aspect: float = 1.0,
     ) -> None:
         if quality not in RENDER_QUALITIES:
             raise ValueError(f"render quality: {quality!r} is not one of {RENDER_QUALITIES}")
@@ -50,6 +51,12 @@ class CameraRenderer:
             raise ValueError(f"env.cameras: unknown camera(s) {unknown}; this model has {have}")
         self.model, self.cameras, self.size, self.quality = model, list(cameras), size, quality
         self.rotate_180 = rotate_180
+        # a camera framed wider than tall (aspect > 1) renders at that width and is squeezed to a square
+        # by picking evenly spaced columns, so the image keeps the camera's whole field of view
+        self.width = max(size, round(size * aspect))
+        self._columns = (
+            ((np.arange(size) + 0.5) * self.width / size).astype(np.int64) if self.width > size else None
+        )
         self._renderer: mujoco.Renderer | None = None
         self.gl_info: dict[str, str] = {}  # filled on the first render
 
@@ -57,9 +64,9 @@ class CameraRenderer:
         if self.quality == "fast":
             self.model.vis.quality.offsamples = 0  # MSAA off; read when the GL context is made
         # the offscreen buffer must hold the image; models ship 640x480 by default
-        self.model.vis.global_.offwidth = max(self.model.vis.global_.offwidth, self.size)
+        self.model.vis.global_.offwidth = max(self.model.vis.global_.offwidth, self.width)
         self.model.vis.global_.offheight = max(self.model.vis.global_.offheight, self.size)
-        r = mujoco.Renderer(self.model, self.size, self.size)  # makes its GL context current
+        r = mujoco.Renderer(self.model, self.size, self.width)  # makes its GL context current
         self.gl_info = current_gl_info()
         if self.quality == "fast":
             r.scene.flags[mujoco.mjtRndFlag.mjRND_SHADOW] = 0
@@ -81,6 +88,8 @@ class CameraRenderer:
         for cam in self.cameras:
             self._renderer.update_scene(data, camera=cam)
             img = self._renderer.render()
+            if self._columns is not None:
+                img = np.ascontiguousarray(img[:, self._columns])
             out[cam] = np.ascontiguousarray(img[::-1, ::-1]) if self._upside_down(data, cam) else img
         return out
 
