@@ -4,6 +4,7 @@ its profile and env backend) is built and resolved by the env layer with no othe
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -97,7 +98,7 @@ def test_each_profile_agrees_with_its_backend_and_each_list_exists_once():
     assert not hasattr(sft_dataset, "LIBERO_SUITES")  # the data stage reads the profile's mix
     from wamkit.embodiments import libero_pro
 
-    assert suites() == [*libero.SUITES, "metaworld", *libero_pro.SUITES]
+    assert suites() == [*libero.SUITES, "metaworld", *libero_pro.SUITES, "aloha"]
     # LIBERO-PRO is LIBERO's robot and protocol on other suites: only what it declares apart differs
     same = ("state_names", "action_names", "cameras", "fps", "protocol", "settle_steps", "gripper")
     assert all(getattr(libero_pro.PROFILE, k) == getattr(libero.PROFILE, k) for k in same)
@@ -111,8 +112,15 @@ def test_each_profile_agrees_with_its_backend_and_each_list_exists_once():
     assert libero.PROFILE.cosmos3_domain in _EMBODIMENT_TO_DOMAIN_ID
     assert Cosmos3Options.domain_name == libero.PROFILE.cosmos3_domain
     assert {libero.PROFILE.representation, metaworld.PROFILE.representation} <= set(representations())
-    with pytest.raises(KeyError, match="unknown embodiment 'aloha'"):
-        embodiments.get("aloha")
+    with pytest.raises(KeyError, match="unknown embodiment 'koch'"):
+        embodiments.get("koch")
+    # ALOHA: gym-aloha's layout (constants.JOINTS: left arm, its gripper, right arm, its gripper)
+    from gym_aloha.constants import JOINTS
+
+    aloha = embodiments.get("aloha")
+    assert [n.split("_arm_")[-1] for n in JOINTS] == [n.split("_", 1)[1] for n in aloha.state_names]
+    assert aloha.grippers == (JOINTS.index("left_arm_gripper"), JOINTS.index("right_arm_gripper"))
+    assert aloha.hold_action(np.arange(14.0)).tolist() == list(range(14))
 
 
 def test_a_run_resolves_its_auto_env_settings_once_and_backends_take_them_resolved(monkeypatch, tmp_path):

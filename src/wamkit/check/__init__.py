@@ -78,9 +78,9 @@ def check_dataset(
         report = Report(str(root), suite, probe.describe())
         mod = backend(suite)
         check_fps(data, probe, report)
-        check_action(data, probe, report, mod.ACTION_NAMES)
-        check_gripper(data, probe, report, mod.finger_width)
         profile = embodiments.for_suite(suite)
+        check_action(data, probe, report, mod.ACTION_NAMES, profile.absolute_actions)
+        check_gripper(data, probe, report, mod.finger_width, profile.gripper_close, profile.gripper_open)
         kept = profile.state_dims(state)  # the dims the dataset's state holds, of the suite's whole state
         axis = tuple(kept.index(d) for d in mod.AXIS_ANGLE_DIMS if d in kept)
         check_state(data, probe, report, profile.state_names_of(state), axis, mod.STATE_SOURCE)

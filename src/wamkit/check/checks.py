@@ -43,7 +43,9 @@ def check_fps(data: DataView, env: EnvProbe, report: Report) -> None:
     )
 
 
-def check_action(data: DataView, env: EnvProbe, report: Report, names: tuple[str, ...]) -> None:
+def check_action(
+    data: DataView, env: EnvProbe, report: Report, names: tuple[str, ...], absolute: bool = False
+) -> None:
     dim = data.actions.shape[1]
     if dim != env.action_dim:
         guess = " (10-D looks like [dpos, rot6d, gripper])" if dim == 10 else ""
@@ -54,6 +56,9 @@ def check_action(data: DataView, env: EnvProbe, report: Report, names: tuple[str
             "store the env's raw actions in the dataset; a training representation "
             "(data.representation) is applied by the loader and decoded by the server",
         )
+        return
+    if absolute:  # joint targets in the state's units: no normalised range to check them against
+        report.add("action", "ok", f"{dim}-D [{', '.join(names)}], absolute targets laid out as the state")
         return
     lo, hi = data.actions.min(axis=0), data.actions.max(axis=0)
     out = [i for i in range(dim - 1) if lo[i] < -1.0 - 1e-6 or hi[i] > 1.0 + 1e-6]
@@ -70,7 +75,16 @@ def check_action(data: DataView, env: EnvProbe, report: Report, names: tuple[str
     report.add("action", "ok", f"{dim}-D [{', '.join(names)}], within the env's [-1, 1]")
 
 
-def check_gripper(data: DataView, env: EnvProbe, report: Report, width_of) -> None:
+def check_gripper(
+    data: DataView,
+    env: EnvProbe,
+    report: Report,
+    width_of,
+    close_value: float = 1.0,
+    open_value: float = -1.0,
+) -> None:
+    """The gripper command (the last action dim) against the env's convention: ``close_value`` and
+    ``open_value`` are the commands the env takes (the embodiment profile's)."""
     g = data.actions[:, -1]
     if g.std() < 1e-9:
         report.add(
@@ -91,12 +105,17 @@ def check_gripper(data: DataView, env: EnvProbe, report: Report, width_of) -> No
         name, evidence = recorded, f"recorded as {recorded} in meta/info.json (wamkit.gripper)"
     else:
         name, evidence = detect_gripper(g, width)
-    env_says = "+1 closes the fingers" if env.close_shrinks else "+1 opens the fingers (unexpected)"
+    env_says = (
+        f"{close_value:+g} closes the fingers"
+        if env.close_shrinks
+        else f"{close_value:+g} opens the fingers (unexpected)"
+    )
+    takes = f"{open_value:+g} = open, {close_value:+g} = close"
     if name != "env":
         report.add(
             "gripper",
             "warn",
-            f"{evidence}: stored as {name} ({CONVENTIONS[name].doc}); the env takes -1 = open, +1 = close "
+            f"{evidence}: stored as {name} ({CONVENTIONS[name].doc}); the env takes {takes} "
             f"(measured: {env_says})",
             f"record the convention so the preprocessing spec maps it: `wamkit stats DATASET --gripper {name}` "
             f"(or data.gripper={name})",
@@ -111,7 +130,8 @@ def check_gripper(data: DataView, env: EnvProbe, report: Report, width_of) -> No
             "gripper", "info", "polarity: the fingers barely move in the data; cannot tell which end opens"
         )
         return
-    closes = r < 0  # in the data, the value the env reads as close precedes the fingers closing
+    # in the data, the value the env reads as close precedes the fingers closing
+    closes = r < 0 if close_value > open_value else r > 0
     if closes == env.close_shrinks:
         report.add(
             "gripper", "ok", f"polarity: the command the env reads as close precedes closing (r={r:.2f})"
@@ -125,9 +145,10 @@ def check_gripper(data: DataView, env: EnvProbe, report: Report, width_of) -> No
     report.add(
         "gripper",
         "error",
-        f"polarity inverted: read as {name}, the command the env takes as close (+1) is followed by the "
-        f"fingers opening in the data (r={r:+.2f}); so the data's {get_convention(name).close_value:g} means open",
-        f"{other[name]} in the dataset or its stats (the env: -1 = open, +1 = close)",
+        f"polarity inverted: read as {name}, the command the env takes as close ({close_value:+g}) is followed "
+        f"by the fingers opening in the data (r={r:+.2f}); so the data's {get_convention(name).close_value:g} "
+        "means open",
+        f"{other[name]} in the dataset or its stats (the env: {takes})",
     )
 
 

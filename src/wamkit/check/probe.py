@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from wamkit import embodiments
 from wamkit.config import EnvConfig
 from wamkit.constants import ACTION, EPISODE_INDEX, EXECUTED_ACTION, OBS_STATE, TASK, image_key
 from wamkit.envs.base import EpisodeSpec
@@ -38,6 +39,7 @@ class DataView:
     first_frames: dict[str, np.ndarray]
     framed: list[int] = field(default_factory=list)  # positions in ``episodes`` of first_frames' rows
     journal: dict[int, EpisodeSpec] = field(default_factory=dict)  # episode index -> its spec
+    solved: set[int] = field(default_factory=set)  # journaled episodes the expert solved
     # [N, A]: what the env was given, where a perturbed collection (action noise, late actions) recorded
     # it beside the expert's labels in ``actions``; None where the labels are what was executed
     executed: np.ndarray | None = None
@@ -47,18 +49,21 @@ class DataView:
         return list(self.first_frames)
 
 
-def _journal_specs(root: Path, suite: str) -> dict[int, EpisodeSpec]:
+def _journal_specs(root: Path, suite: str) -> tuple[dict[int, EpisodeSpec], set[int]]:
+    """The journal's kept episodes, index -> spec, and the indices of those the expert solved."""
     path = root / JOURNAL
     if not path.is_file():
-        return {}
-    out = {}
+        return {}, set()
+    out, solved = {}, set()
     for line in path.read_text().splitlines():
         entry = json.loads(line) if line.strip() else {}
         if entry.get("kept") and entry.get("episode_index") is not None:
             out[int(entry["episode_index"])] = EpisodeSpec(
                 suite, entry["task"], entry["trial"], entry["seed"]
             )
-    return out
+            if entry.get("success"):
+                solved.add(int(entry["episode_index"]))
+    return out, solved
 
 
 def read_dataset(root: str | Path, suite: str, max_episodes: int = 20, per_task: int = 4) -> DataView:
@@ -80,6 +85,7 @@ def read_dataset(root: str | Path, suite: str, max_episodes: int = 20, per_task:
         framed.append(i)
         for key in ds.camera_keys:
             frames.setdefault(key.removeprefix(IMAGE_PREFIX), []).append(item[key].numpy())
+    journal, solved = _journal_specs(Path(root), suite)
     return DataView(
         root=Path(root),
         fps=ds.fps,
@@ -92,7 +98,8 @@ def read_dataset(root: str | Path, suite: str, max_episodes: int = 20, per_task:
         tasks=tasks,
         first_frames={c: np.stack(v) for c, v in frames.items()},
         framed=framed,
-        journal=_journal_specs(Path(root), suite),
+        journal=journal,
+        solved=solved,
         executed=ds.numeric(EXECUTED_ACTION).astype(np.float64)
         if EXECUTED_ACTION in ds.meta.features
         else None,
@@ -109,7 +116,7 @@ class EnvProbe:
     texts: list[str]  # the task text (instruction) of each spec
     states: np.ndarray  # [K, S] after reset
     frames: dict[str, np.ndarray]  # camera -> uint8 [K, H, W, 3] after reset
-    close_shrinks: bool  # the env's +1 gripper command closes the fingers (measured)
+    close_shrinks: bool  # the profile's close command closes the fingers (measured)
     # every start a dataset of this suite may begin from -> [K, S] (stored initial states: right after setting one,
     # and after the settle steps, which reset returns); one entry, "reset", for an env with one start
     starts: dict[str, np.ndarray] = field(default_factory=dict)
@@ -135,8 +142,6 @@ def env_config(
 def state_option(data: DataView, suite: str) -> str:
     """The ``env.state`` a dataset was recorded with, by its state width: ``proprio`` where that is
     the robot's own part of the suite's state and narrower than the whole, else ``full``."""
-    from wamkit import embodiments
-
     profile = embodiments.for_suite(suite)
     own = profile.state_dims("proprio") if profile is not None else ()
     width = data.states.shape[1] if data.states.ndim == 2 else 0
@@ -144,7 +149,8 @@ def state_option(data: DataView, suite: str) -> str:
 
 
 def probe_env(env, specs: list[EpisodeSpec], cameras: list[str]) -> EnvProbe:
-    """Reset ``env`` for each of ``specs``; then, from the last, close the gripper for a few steps."""
+    """Reset ``env`` for each of ``specs``; then, from the last, command the profile's gripper open value
+    for a few steps and its close value for a few more, the arm held where it is."""
     from wamkit.envs.suites import backend, suite_info
 
     info = suite_info(env.suite)
@@ -158,12 +164,18 @@ def probe_env(env, specs: list[EpisodeSpec], cameras: list[str]) -> EnvProbe:
             frames[c].append(obs[image_key(c)])
         for kind, o in (getattr(env, "reset_starts", None) or {"reset": obs}).items():
             starts.setdefault(kind, []).append(np.asarray(o[OBS_STATE], np.float64))
-    close = np.zeros(info.action_dim)
-    close[-1] = 1.0
-    width0 = float(backend(env.suite).finger_width(states[-1]))
-    for _ in range(5):
-        obs, *_ = env.step(close)
-    width1 = float(backend(env.suite).finger_width(np.asarray(obs[OBS_STATE], np.float64)))
+    profile = embodiments.for_suite(env.suite)
+    # hold the arm (zero deltas, or the joint targets it is at) and command the grippers open, then
+    # closed: the fingers' opening after each says which way the close command moves them (from a
+    # reset whose fingers are nearly closed, closing alone would barely move them)
+    hold = profile.hold_action(states[-1] if profile.absolute_actions else None)
+    widths = []
+    for value in (profile.gripper_open, profile.gripper_close):
+        command = hold.copy()
+        command[list(profile.grippers)] = value
+        for _ in range(5):
+            obs, *_ = env.step(command)
+        widths.append(float(backend(env.suite).finger_width(np.asarray(obs[OBS_STATE], np.float64))))
     return EnvProbe(
         suite=env.suite,
         fps=info.fps,
@@ -173,6 +185,6 @@ def probe_env(env, specs: list[EpisodeSpec], cameras: list[str]) -> EnvProbe:
         texts=texts,
         states=np.stack(states),
         frames={c: np.stack(v) for c, v in frames.items()},
-        close_shrinks=width1 < width0,
+        close_shrinks=widths[1] < widths[0],
         starts={k: np.stack(v) for k, v in starts.items()},
     )

@@ -17,8 +17,9 @@ def _played(data: DataView) -> tuple[str, np.ndarray]:
 
 
 def replay(env, data: DataView, episodes: int) -> tuple[int, int]:
-    """Replay up to ``episodes`` journaled episodes; ``(successes, replayed)``."""
-    named = [(i, ep) for i, ep in enumerate(data.episodes) if ep in data.journal][:episodes]
+    """Replay up to ``episodes`` journaled episodes the expert solved (a kept failure is not expected to
+    succeed again); ``(successes, replayed)``."""
+    named = [(i, ep) for i, ep in enumerate(data.episodes) if ep in data.solved][:episodes]
     _, played = _played(data)
     ends = data.starts[1:] + [len(played)]
     wins = 0
@@ -39,6 +40,9 @@ def check_replay(env, data: DataView, report: Report, episodes: int) -> None:
         report.add("replay", "info", "no collect journal (not written by wamkit collect): replay skipped")
         return
     if episodes <= 0:
+        return
+    if not data.solved:
+        report.add("replay", "info", "the journal holds no episode the expert solved: replay skipped")
         return
     wins, n = replay(env, data, episodes)
     rate = wins / n if n else 0.0

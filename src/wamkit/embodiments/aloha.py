@@ -16,7 +16,7 @@
 
 from __future__ import annotations
 
-from wamkit.embodiments import Embodiment, SuiteProtocol
+from wamkit.embodiments import DriftPlan, Embodiment, SuiteProtocol
 
 _ARM = ("waist", "shoulder", "elbow", "forearm_roll", "wrist_angle", "wrist_rotate", "gripper")
 _NAMES = tuple(f"{side}_{j}" for side in ("left", "right") for j in _ARM)
@@ -48,6 +48,13 @@ PROFILE = Embodiment(
     absolute_actions=True,
     scripted_expert=True,
     camera_aspect=4 / 3,
+    # both tasks' first two seeds in gym-aloha's look, then 10 steps of the scripted expert (the physics)
+    drift=DriftPlan(
+        cameras=("top",),
+        looks=("default",),
+        episodes={"aloha": (("transfer_cube", 0), ("insertion", 1))},
+        expert_steps=10,
+    ),
     # no request aliases: openpi's ALOHA client (examples/aloha_sim/env.py) sends nested keys
     # ({"state", "images": {"cam_high": CHW}}) that the flat OpenPI keys cannot name
 )

@@ -7,9 +7,9 @@ from __future__ import annotations
 import argparse
 import logging
 
-from wamkit.config import EnvConfig, RunConfig, load_config
+from wamkit.config import RunConfig, load_config
 from wamkit.envs.collect import collect
-from wamkit.envs.suites import suite_info
+from wamkit.envs.suites import fill_suite_defaults
 
 _FLAGS = {
     "suite": "env.suite",
@@ -64,10 +64,7 @@ def resolve_config(args: argparse.Namespace) -> RunConfig:
     if getattr(args, "keep_failed", None):
         overrides.append("collect.keep_failed=true")
     cfg = load_config(args.config, overrides)
-    if cfg.env.suite != "metaworld" and cfg.env.cameras == EnvConfig().cameras:
-        cfg.env.cameras = list(suite_info(cfg.env.suite).cameras)  # the default camera is MetaWorld's
-    if cfg.env.suite != "metaworld" and cfg.env.tasks == EnvConfig().tasks:
-        cfg.env.tasks = list(suite_info(cfg.env.suite).tasks)  # the default task is MetaWorld's
+    fill_suite_defaults(cfg.env)  # the config's default camera and task are MetaWorld's
     return cfg
 
 

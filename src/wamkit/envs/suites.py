@@ -59,6 +59,18 @@ def protocol(suite: str) -> SuiteProtocol:
     return embodiments.for_suite(suite).protocol
 
 
+def fill_suite_defaults(env_cfg: EnvConfig) -> None:
+    """Give ``env_cfg`` its suite's default cameras and tasks (all of them) where it still holds
+    :class:`EnvConfig`'s own defaults, which are MetaWorld's (``corner``, ``reach-v3``); in place."""
+    if env_cfg.suite == "metaworld":
+        return
+    info = suite_info(env_cfg.suite)
+    if env_cfg.cameras == EnvConfig().cameras:
+        env_cfg.cameras = list(info.cameras)
+    if env_cfg.tasks == EnvConfig().tasks:
+        env_cfg.tasks = list(info.tasks)
+
+
 def unresolved(env_cfg: EnvConfig) -> list[str]:
     """The ``env.*`` settings of ``env_cfg`` still ``auto``."""
     return [f"env.{k}" for k in ("render_quality", "seed_rule") if getattr(env_cfg, k) == "auto"]

@@ -36,8 +36,10 @@ def main(args: argparse.Namespace) -> int:
         else:
             raise ConfigError(f"--pipeline: expected 'auto' or a positive stage count, got {args.pipeline!r}")
     cfg = load_config(config, overrides)
+    from wamkit.envs.suites import fill_suite_defaults
     from wamkit.eval.runner import run_eval
 
+    fill_suite_defaults(cfg.env)  # the config's default camera and task are MetaWorld's
     summary = run_eval(cfg, resume=args.resume, progress=not args.no_progress)
     from wamkit.eval.report import markdown_table
 
