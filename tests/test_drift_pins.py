@@ -32,7 +32,7 @@ def test_every_suite_of_a_pinned_embodiment_is_pinned_where_its_profile_says():
     from wamkit.embodiments.libero_pro import COMBINED
     from wamkit.envs.drift import pinned_embodiments
 
-    assert pinned_embodiments() == ["libero", "metaworld", "libero_pro"]
+    assert pinned_embodiments() == ["libero", "metaworld", "libero_pro", "aloha"]
     for name in pinned_embodiments():
         profile, pins = embodiments.get(name), load_pins(name)
         assert set(plan(name).episodes) == set(pins["pins"]) <= set(profile.suites), name

@@ -1,18 +1,18 @@
 """Scripted experts for ALOHA's two tasks, made the way the ACT paper made its scripted demonstrations.
 
-Each arm follows a plan of keyframes in end-effector space (a position, an orientation and a gripper
-opening at a step), laid out from the objects' sampled poses. The plan is played in gym-aloha's
+Each arm follows a plan of keyframes in end-effector space (where its fingertips go, the gripper's
+orientation and opening, at a step), laid out from the objects' poses. The plan is played in gym-aloha's
 mocap-driven end-effector scene (``bimanual_viperx_end_effector_*.xml``: each gripper welded to a mocap
 body, the fingers position-controlled), where MuJoCo's constraint solver does the inverse kinematics.
 The joint positions that scene passes through, with each gripper's joint replaced by its commanded
 opening (normalised as gym-aloha's action space takes it), are the expert's joint targets: replayed in
-the joint-space scene, they are what a dataset records as actions.
+the joint-space scene, they are what a dataset records as actions (row t: the joints after the
+end-effector scene has played step t of the plan).
 
-The target at step t is where the end-effector scene's joints are after its step t + 1, so the action
-recorded beside an observation is where the arms go next. Keyframe times and offsets (approach 8 cm
-above an object, grasp 1.5 cm below its origin for the cube, 3 cm for the peg and socket, the hand-over
-point and the insertion meeting point) follow the ACT paper's scripted policies (arXiv 2304.13705,
-Section 5; ``scripted_policy.py`` of its repository); the code is wamkit's.
+Keyframe times and offsets (approach 8 cm above an object, the hand-over and insertion meeting points,
+the grippers' orientations) follow the ACT paper's scripted policies (arXiv 2304.13705, Section 5;
+``scripted_policy.py`` of its repository); the code is wamkit's. Where the paper's scripts place the weld's
+point, these place the fingertips, measured every step (docs/aloha.md says why).
 """
 
 from __future__ import annotations
