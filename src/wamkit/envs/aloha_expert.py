@@ -61,8 +61,9 @@ class Key:
 
 
 def _at(keys: list[Key], t: float, anchors: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, float]:
-    """The plan's fingertip target, orientation and gripper at step ``t``: linear between keyframes (the
-    orientation normalised), the last keyframe held after it. A keyframe's ``xyz`` is an offset from its
+    """The plan's fingertip target, orientation and gripper at step ``t``: eased between keyframes
+    (smoothstep, so each move starts and stops at rest; the orientation normalised), the last keyframe
+    held after it. A keyframe's ``xyz`` is an offset from its
     ``anchor``'s position in ``anchors`` (an object where it is now), or from the world's origin."""
 
     def where(k: Key) -> np.ndarray:
@@ -73,6 +74,7 @@ def _at(keys: list[Key], t: float, anchors: dict[str, np.ndarray]) -> tuple[np.n
     for a, b in zip(keys, keys[1:]):
         if t < b.t:
             f = (t - a.t) / (b.t - a.t)
+            f = f * f * (3.0 - 2.0 * f)
             q = a.quat + (b.quat - a.quat) * f
             pa, pb = where(a), where(b)
             return pa + (pb - pa) * f, q / np.linalg.norm(q), a.grip + (b.grip - a.grip) * f
@@ -104,6 +106,7 @@ def transfer_cube_plan() -> dict[str, list[Key]]:
     left = [
         Key(0, z, LEVEL, CLOSED, "left0"),
         Key(100, meet + np.array([-0.1, 0.0, 0.0]), ROLL_LEFT, OPEN),  # wait beside the hand-over point
+        Key(235, meet + np.array([-0.1, 0.0, 0.0]), ROLL_LEFT, OPEN),  # until the cube is there
         Key(260, HANDOVER, ROLL_LEFT, OPEN, "cube"),  # fingertips at the held cube, following it
         Key(310, HANDOVER, ROLL_LEFT, CLOSED, "cube"),  # grasp
         Key(360, meet + np.array([-0.1, 0.0, -0.02]), LEVEL, CLOSED),  # carry it away
@@ -119,9 +122,12 @@ def insertion_plan() -> dict[str, list[Key]]:
     keyframe that places the peg (``moves="peg"``) relative to the ``socket`` where it is now."""
     meet = np.array([0.0, 0.5, 0.15])
     z = np.zeros(3)
-    up, down = np.array([0.0, 0.0, 0.08]), np.array([0.0, 0.0, -0.005])
+    up = np.array([0.0, 0.0, 0.08])
+    # the fingertips' height at the grasp, from the object's centre: the peg is 2 cm thick and lies on
+    # the table, so lower fingertips would press into the table and jam the closing fingers
+    peg_down, socket_down = np.array([0.0, 0.0, 0.01]), np.array([0.0, 0.0, -0.005])
 
-    def pick(side: str, obj: str, quat: np.ndarray, sign: float) -> list[Key]:
+    def pick(side: str, obj: str, quat: np.ndarray, sign: float, down: np.ndarray) -> list[Key]:
         return [
             Key(0, z, LEVEL, CLOSED, f"{side}0"),
             Key(120, up, quat, OPEN, obj),  # above the object
@@ -132,12 +138,12 @@ def insertion_plan() -> dict[str, list[Key]]:
 
     # the peg's centre on the socket's axis: 16 cm from the socket's centre is just outside it (each is
     # 12 cm long); 9 cm is past where the peg's end meets the pin (10 cm), so the push ends in contact
-    right = pick("right", "peg0", PITCH_DOWN_RIGHT, +1.0) + [
+    right = pick("right", "peg0", PITCH_DOWN_RIGHT, +1.0, peg_down) + [
         Key(310, np.array([0.16, 0.0, 0.0]), PITCH_DOWN_RIGHT, CLOSED, "socket", moves="peg"),
         Key(370, np.array([0.09, 0.0, 0.0]), PITCH_DOWN_RIGHT, CLOSED, "socket", moves="peg"),
         Key(PLAN_STEPS, np.array([0.09, 0.0, 0.0]), PITCH_DOWN_RIGHT, CLOSED, "socket", moves="peg"),
     ]
-    left = pick("left", "socket0", PITCH_DOWN_LEFT, -1.0) + [
+    left = pick("left", "socket0", PITCH_DOWN_LEFT, -1.0, socket_down) + [
         Key(PLAN_STEPS, meet + np.array([-0.12, 0.0, 0.0]), PITCH_DOWN_LEFT, CLOSED),
     ]
     return {"left": left, "right": right}
@@ -149,14 +155,17 @@ OBJECTS = {"transfer_cube": ("cube",), "insertion": ("peg", "socket")}
 
 
 class _Fingertips:
-    """Where each gripper's fingertips are: the middle of the far ends of its two finger meshes (the
-    tenth of each mesh's vertices farthest from the gripper's base), in world coordinates."""
+    """Where each gripper's fingertips are, in world coordinates: a point fixed to the gripper's body,
+    found at the start as the middle of the far ends of its two finger meshes (the tenth of each mesh's
+    vertices farthest from the gripper's base). The fingers open and close symmetrically, so the middle
+    stays put; a point fixed to the gripper does not follow a finger pushed aside by what it holds
+    (servoing that motion shakes a held cube loose)."""
 
     def __init__(self, physics) -> None:
         import mujoco
 
         self.m, self.d = physics.model.ptr, physics.data.ptr
-        self.fingers: dict[str, list[tuple[int, np.ndarray]]] = {}
+        self.points: dict[str, tuple[int, np.ndarray]] = {}  # per side: the gripper's body, the point in it
         for side in ("left", "right"):
             base = self.d.xpos[
                 mujoco.mj_name2id(self.m, mujoco.mjtObj.mjOBJ_BODY, f"vx300s_{side}/gripper_link")
@@ -172,13 +181,17 @@ class _Fingertips:
                 ]
                 far = np.linalg.norm(self._world(g, local) - base, axis=1)
                 out.append((g, local[far >= np.quantile(far, 0.9)].astype(np.float64)))
-            self.fingers[side] = out
+            middle = np.mean([self._world(g, v).mean(axis=0) for g, v in out], axis=0)
+            body = mujoco.mj_name2id(self.m, mujoco.mjtObj.mjOBJ_BODY, f"vx300s_{side}/gripper_link")
+            turn = self.d.xmat[body].reshape(3, 3)
+            self.points[side] = (body, turn.T @ (middle - self.d.xpos[body]))
 
     def _world(self, g: int, local: np.ndarray) -> np.ndarray:
         return self.d.geom_xpos[g] + local @ self.d.geom_xmat[g].reshape(3, 3).T
 
     def __call__(self, side: str) -> np.ndarray:
-        return np.mean([self._world(g, v).mean(axis=0) for g, v in self.fingers[side]], axis=0)
+        body, point = self.points[side]
+        return self.d.xpos[body] + self.d.xmat[body].reshape(3, 3) @ point
 
 
 def joint_targets(
@@ -230,7 +243,11 @@ def joint_targets(
             mocap = goal + shift
             errors.append(float(np.linalg.norm(goal - tip)))
             ee.append(np.concatenate([mocap, quat, [grip]]))
-        ts = env.step(np.concatenate(ee))
+        try:
+            ts = env.step(np.concatenate(ee))
+        except control.PhysicsError:  # the plan drove the scene to diverge: hold the last targets
+            out[t:] = out[t - 1] if t else BimanualViperXEndEffectorTask.get_qpos(physics)
+            break
         if trace is not None:
             trace.append((ts.reward, *errors))
         q = BimanualViperXEndEffectorTask.get_qpos(physics)
