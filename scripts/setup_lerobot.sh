@@ -3,14 +3,15 @@
 # 0.6.1 needs Python >= 3.12 and torch < 2.12 while the project's venv is Python 3.11 with torch 2.13.
 # It holds Python 3.12, PyPI's torch 2.11 and torchvision 0.26 (CUDA builds, which run on the CPU: the
 # CPU builds live on an index this machine cannot reach), lerobot 0.6.1 and wamkit, editable, with its
-# test tools. Nothing is fetched from the Hub: the policies are built with pretrained_backbone_weights
-# unset. Idempotent: a second run costs seconds.
+# test tools and the aloha suite (gym-aloha, which LeRobot's --env.type=aloha also needs). Nothing is
+# fetched from the Hub: the policies are built with pretrained_backbone_weights unset. Idempotent: a
+# second run costs seconds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 VENV=${LEROBOT_VENV:-.venv-lerobot}
 LEROBOT=0.6.1
-STAMP="$VENV/.installed-lerobot-$LEROBOT"
+STAMP="$VENV/.installed-lerobot-$LEROBOT-aloha"  # bumped when what is installed changes
 if [ -f "$STAMP" ] && [ -f "$VENV/.wamkit-pyproject" ] && cmp -s pyproject.toml "$VENV/.wamkit-pyproject"; then
   echo "[setup-lerobot] ready ($VENV)"
   exit 0
@@ -40,7 +41,7 @@ fi
 PIP="$VENV/bin/pip"
 echo "[setup-lerobot] installing torch 2.11, lerobot $LEROBOT and wamkit into $VENV (a first run downloads about 3 GB)"
 "$PIP" install -q "torch==2.11.*" "torchvision==0.26.*"
-"$PIP" install -q "lerobot[diffusion,training]==$LEROBOT" -e ".[dev,lerobot]"
+"$PIP" install -q "lerobot[diffusion,training]==$LEROBOT" -e ".[dev,lerobot,aloha]"
 "$VENV/bin/python" - <<'PY'
 import lerobot, torch, wamkit
 from lerobot.policies.act.configuration_act import ACTConfig  # noqa: F401

@@ -53,7 +53,7 @@ def cache_text(cfg, out: str | Path, device: str = "auto", progress: bool = True
         raise ConfigError(f"model.name: {cfg.model.name!r} has no text keys/values to cache (cosmos3 has)")
     root = first_dataset_root(cfg)
     ds = LeRobotDataset(root)
-    io = io_from_dataset(cfg, ds.features, str(root / "meta" / "info.json"))
+    io = io_from_dataset(cfg, ds.features, str(root / "meta" / "info.json"), ds.meta.info.get("robot_type"))
     options = {k: v for k, v in cfg.model.options.items() if k != text_kv.OPTION}
     torch.manual_seed(cfg.train.seed)  # the trainer seeds so before building: the same random weights
     adapter = build_model(dataclasses.replace(cfg.model, options=options), io)

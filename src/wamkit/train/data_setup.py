@@ -20,7 +20,7 @@ from wamkit import embodiments
 from wamkit.actions.representations import get_representation
 from wamkit.actions.spec import PreprocessSpec
 from wamkit.actions.stats import StatsFile
-from wamkit.config import ConfigError, RunConfig
+from wamkit.config import ConfigError, EnvConfig, RunConfig
 from wamkit.constants import ACTION, OBS_STATE, camera_of, image_key
 from wamkit.files import SPEC_FILE, STATS_FILE
 from wamkit.models.base import LATENT_CACHE_OPTION, CachesLatents, ModelAdapter, ModelIO
@@ -44,8 +44,11 @@ def first_dataset_root(cfg: RunConfig) -> Path:
     return dataset_roots(cfg)[0]
 
 
-def io_from_dataset(cfg: RunConfig, features: dict[str, Any], source: str) -> ModelIO:
-    """ModelIO of a LeRobot v3 ``features`` mapping (``meta/info.json``) under ``cfg.data``."""
+def io_from_dataset(
+    cfg: RunConfig, features: dict[str, Any], source: str, robot_type: str | None = None
+) -> ModelIO:
+    """ModelIO of a LeRobot v3 ``features`` mapping (``meta/info.json``) under ``cfg.data``.
+    ``robot_type``: the dataset's (its ``info.json``'s), checked against ``env.suite``'s embodiment."""
     cams = [c for c in (camera_of(k) for k in features) if c is not None]
     if cfg.data.cameras:
         missing = [c for c in cfg.data.cameras if c not in cams]
@@ -59,6 +62,9 @@ def io_from_dataset(cfg: RunConfig, features: dict[str, Any], source: str) -> Mo
             raise ConfigError(f"{source}: no '{key}' feature")
     size = int(features[image_key(cams[0])]["shape"][0])
     raw_dim = int(features[ACTION]["shape"][0])
+    state_dim = int(features[OBS_STATE]["shape"][0])
+    profile = embodiments.for_suite(cfg.env.suite)
+    _check_embodiment(cfg, profile, robot_type, state_dim, raw_dim, source)
     try:
         action_dim = get_representation(cfg.data.representation).model_dim(raw_dim)
     except ValueError as err:
@@ -66,12 +72,33 @@ def io_from_dataset(cfg: RunConfig, features: dict[str, Any], source: str) -> Mo
     return ModelIO(
         cameras=tuple(cams),
         image_size=size,
-        state_dim=int(features[OBS_STATE]["shape"][0]),
+        state_dim=state_dim,
         action_dim=int(action_dim),
         chunk=cfg.data.chunk,
         representation=cfg.data.representation,
-        embodiment=profile.name if (profile := embodiments.for_suite(cfg.env.suite)) else "",
+        embodiment=profile.name if profile else "",
     )
+
+
+def _check_embodiment(
+    cfg: RunConfig, profile, robot_type: str | None, state_dim: int, action_dim: int, source: str
+) -> None:
+    """Refuse data of one robot trained as another's: ``env.suite`` set to a suite whose embodiment is
+    not the dataset's (its ``robot_type`` names another registered embodiment) and whose state and
+    action sizes are not the data's. ``env.suite`` left at its default (MetaWorld) names no embodiment
+    on purpose, so data of any robot trains as before."""
+    if profile is None or not robot_type or cfg.env.suite == EnvConfig().suite:
+        return
+    owner = next((e for e in map(embodiments.get, embodiments.names()) if e.robot_type == robot_type), None)
+    if owner is None or owner.name == profile.name:
+        return
+    if (state_dim, action_dim) != (profile.state_dim, profile.action_dim):
+        raise ConfigError(
+            f"env.suite={cfg.env.suite}: {source} is {owner.name} data (robot_type '{robot_type}', state "
+            f"{state_dim}, action {action_dim}); the {profile.name} embodiment takes state "
+            f"{profile.state_dim}, action {profile.action_dim}: set env.suite to one of {owner.name}'s "
+            f"suites ({', '.join(owner.suites)})"
+        )
 
 
 def resolve_stats(cfg: RunConfig, run_dir: Path, fps: float, is_main: bool) -> Path:
@@ -147,7 +174,7 @@ def build_data(cfg: RunConfig, rank: int, world_size: int, run_dir: Path):
 
     root = first_dataset_root(cfg)
     ds = LeRobotDataset(root)
-    io = io_from_dataset(cfg, ds.features, str(root / "meta" / "info.json"))
+    io = io_from_dataset(cfg, ds.features, str(root / "meta" / "info.json"), ds.meta.info.get("robot_type"))
     stats_path = resolve_stats(cfg, run_dir, ds.fps, rank == 0)
     spec = build_spec(cfg, io, StatsFile.load(stats_path))
     spec_path = run_dir / SPEC_FILE

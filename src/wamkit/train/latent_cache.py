@@ -48,7 +48,7 @@ def _setup(cfg: RunConfig):
 
     root = first_dataset_root(cfg)
     ds = LeRobotDataset(root)
-    io = io_from_dataset(cfg, ds.features, str(root / "meta" / "info.json"))
+    io = io_from_dataset(cfg, ds.features, str(root / "meta" / "info.json"), ds.meta.info.get("robot_type"))
     spec = _image_spec(cfg, io)
     options = {k: v for k, v in cfg.model.options.items() if k != LATENT_CACHE_OPTION}
     torch.manual_seed(cfg.train.seed)  # the trainer seeds so before building: the same random weights

@@ -42,8 +42,8 @@ def _plan_io(cfg: RunConfig):
     info = Path(root) / "meta" / "info.json"
     if not info.is_file():
         return None, f"data.root {root} is not here: the model's default inputs are planned for"
-    features = json.loads(info.read_text())["features"]
-    return io_from_dataset(cfg, features, str(info)), f"inputs of {root}"
+    meta = json.loads(info.read_text())
+    return io_from_dataset(cfg, meta["features"], str(info), meta.get("robot_type")), f"inputs of {root}"
 
 
 def _plan_model(cfg: RunConfig):
