@@ -14,6 +14,7 @@
 #                                          Python 3.12 are what it needs): model.name=lerobot, lerobot-eval
 #   bash maintainers/gpu_carry.sh av15   # PyAV 15.1 (39 MB), LeRobot's pin, in place of av with lerobot:
 #                                          lerobot.datasets needs av.option, which PyAV 18 lacks
+#   bash maintainers/gpu_carry.sh aloha  # suite aloha: gym-aloha, dm-control without its unused assets (5 MB)
 #   bash maintainers/gpu_carry.sh ckpt DIR # a wamkit serving folder trained here (DIR), in three pieces
 #                                          .ckpt/1-3 (4, 18 MiB and the rest with the small files) that
 #                                          ride beside sim+serve+.gl, av+lerobot, and alone; gpu_runs.sh
@@ -24,7 +25,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-group=${1:?usage: gpu_carry.sh core|serve|sim|ao|av|av15|lerobot|ckpt DIR}
+group=${1:?usage: gpu_carry.sh core|serve|sim|ao|av|av15|lerobot|aloha|ckpt DIR}
 
 download() {  # download DEST NAME==VERSION ...
   local dest=$1; shift
@@ -68,6 +69,36 @@ case "$group" in
       "toml==0.10.2" "typing-inspect==0.9.0" "mypy-extensions==1.2.0" "einops==0.8.2" "termcolor==3.3.0" \
       "diffusers==0.39.0" "datasets==4.8.5" "dill==0.4.1" "multiprocess==0.70.19" "pytz==2026.6"
     ;;
+  aloha)
+    # suite aloha: gym-aloha and dm-control with what they import beyond the image. dm-control's wheel
+    # (56 MB) is mostly locomotion/soccer assets and test models gym-aloha never reads: it is rebuilt
+    # without them (about 4 MB), its RECORD rewritten to match
+    download .whl/aloha "gym-aloha==0.1.5" "dm-control==1.0.28" "dm-env==1.6" "labmaze==1.0.6" \
+      "dm-tree==0.1.10"
+    "$PY" - .whl/aloha/dm_control-1.0.28-py3-none-any.whl <<'PY'
+import base64, hashlib, sys, zipfile
+from pathlib import Path
+src = Path(sys.argv[1])
+drop = ("dm_control/locomotion/soccer/", "dm_control/locomotion/walkers/", "dm_control/suite/dog_assets/",
+        "dm_control/mujoco/testing/", "dm_control/blender/", "dm_control/mjcf/test_assets/",
+        "dm_control/suite/all_domains.png")
+tmp = src.with_suffix(".slim")
+with zipfile.ZipFile(src) as zin, zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as zout:
+    kept, record = [], None
+    for info in zin.infolist():
+        if info.filename.startswith(drop):
+            continue
+        if info.filename.endswith(".dist-info/RECORD"):
+            record = info.filename
+            continue
+        data = zin.read(info)
+        zout.writestr(info, data)
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        kept.append(f"{info.filename},sha256={digest},{len(data)}")
+    zout.writestr(record, "\n".join(kept + [f"{record},,"]) + "\n")
+tmp.replace(src)
+PY
+    ;;
   ckpt)
     src=${2:?usage: gpu_carry.sh ckpt SERVING_DIR}
     [ -f "$src/model.safetensors" ] || { echo "$src: no model.safetensors (a wamkit serving folder?)" >&2; exit 2; }
@@ -81,7 +112,7 @@ case "$group" in
     exit 0
     ;;
   *)
-    echo "unknown group '$group' (core | serve | sim | ao | av | av15 | lerobot | ckpt)" >&2
+    echo "unknown group '$group' (core | serve | sim | ao | av | av15 | lerobot | aloha | ckpt)" >&2
     exit 2
     ;;
 esac

@@ -450,3 +450,58 @@ def test_lerobots_reader_loads_the_executed_actions_a_perturbed_collection_write
         item = ds[i]
         np.testing.assert_array_equal(item[EXECUTED_ACTION].numpy(), written[i][EXECUTED_ACTION])
         np.testing.assert_array_equal(item[ACTION].numpy(), written[i][ACTION])
+
+
+@pytest.mark.parametrize("task", ["transfer_cube", "insertion"])
+def test_lerobot_reads_an_aloha_collection_and_lerobot_train_trains_on_it(tmp_path, task):
+    """``wamkit collect --suite aloha`` as typed writes what LeRobot 0.6.1 takes as one of its ALOHA
+    datasets: its LeRobotDataset loads every frame as written (wamkit's reader beside it: the same
+    state, action, task and decoded top image), with LeRobot's ALOHA feature names and 50 fps; and
+    ``lerobot-train`` (LeRobot's own trainer, offline) trains ACT on it and saves a checkpoint."""
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset as LeRobotsDataset
+
+    from wamkit.data import LeRobotDataset
+
+    pytest.importorskip("gym_aloha")
+    out = tmp_path / "aloha"
+    collect = subprocess.run(
+        [str(Path(sys.executable).with_name("wamkit")), "collect", "--suite", "aloha", "--tasks", task,
+         "--episodes", "2", "--image-size", "32", "--keep-failed", "--workers", "1", "--out", str(out),
+         "env.max_steps=25"],
+        env=child_env(user_shell=True), capture_output=True, text=True, timeout=600, cwd=tmp_path,
+    )  # fmt: skip
+    assert collect.returncode == 0, collect.stderr[-3000:]
+    theirs = LeRobotsDataset(f"local/aloha_{task}", root=out)
+    ours = LeRobotDataset(out)
+    assert theirs.fps == 50 and theirs.meta.robot_type == "aloha" and len(theirs) == len(ours) == 50
+    assert theirs.meta.camera_keys == ["observation.images.top"]
+    assert theirs.features["observation.state"]["shape"] == (14,) and theirs.features["action"]["shape"] == (
+        14,
+    )
+    for i in (0, 24, 25, 49):  # both episodes' first and last frames
+        a, b = theirs[i], ours[i]
+        assert int(a["episode_index"]) == int(b["episode_index"]) and int(a["frame_index"]) == int(
+            b["frame_index"]
+        )
+        np.testing.assert_array_equal(a["observation.state"].numpy(), np.asarray(b["observation.state"]))
+        np.testing.assert_array_equal(a["action"].numpy(), np.asarray(b["action"]))
+        assert a["task"] == b["task"]
+        # both decode the same mp4 frame: LeRobot's float in [0, 1] channels first, wamkit's uint8
+        img = np.asarray(b["observation.images.top"])
+        img = img if img.shape[0] == 3 else img.transpose(2, 0, 1)
+        np.testing.assert_allclose(
+            a["observation.images.top"].numpy() * 255, img.astype(np.float32), atol=0.51
+        )
+
+    run = tmp_path / "lerobot_train"
+    train = subprocess.run(
+        [str(Path(sys.executable).with_name("lerobot-train")), f"--dataset.repo_id=local/aloha_{task}",
+         f"--dataset.root={out}", "--policy.type=act", "--policy.pretrained_backbone_weights=null",
+         "--policy.dim_model=64", "--policy.dim_feedforward=128", "--policy.n_encoder_layers=2",
+         "--policy.n_vae_encoder_layers=1", "--policy.chunk_size=10", "--policy.n_action_steps=10",
+         "--policy.push_to_hub=false", "--policy.device=cpu", "--steps=2", "--batch_size=2", "--save_freq=2",
+         "--num_workers=0", f"--output_dir={run}", "--wandb.enable=false"],
+        env={**child_env(), "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=400,
+    )  # fmt: skip
+    assert train.returncode == 0, train.stderr[-3000:]
+    assert (run / "checkpoints" / "000002" / "pretrained_model" / "model.safetensors").is_file()

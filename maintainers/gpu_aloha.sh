@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# The ALOHA table of docs/benchmarks.md ("ALOHA in simulation"): LeRobot's ACT, Diffusion Policy and the
+# built-in tiny, each trained on 50 scripted episodes per task and evaluated on 50 held-out seeds, on the
+# GPU machine (one GPU). The datasets are collected here first (docs/aloha.md):
+#
+#   wamkit collect --suite aloha --tasks transfer_cube --episodes 50 --image-size 240 --out data/aloha_transfer_cube_240
+#   wamkit collect --suite aloha --tasks insertion --episodes 50 --image-size 240 --out data/aloha_insertion_240
+#
+# and travel with the wheels in calls of at most 64 MiB (maintainers/gpu_carry.sh av15, lerobot, aloha,
+# sim), each call running, in the checkout's root:
+#
+#   bash maintainers/gpu_aloha.sh prep     # installs what was carried into /tmp/site, copies carried data
+#                                          # to /tmp/aloha/data (call it with each carry)
+#   bash maintainers/gpu_aloha.sh train    # prep, then every variant's training started in its own
+#                                          # process session (it outlives the call), code read from a copy
+#   bash maintainers/gpu_aloha.sh status   # each run's last log line and the GPU's use
+#   bash maintainers/gpu_aloha.sh eval     # each run's newest checkpoint converted and evaluated (ALOHA_JOBS
+#                                          # at a time); $OUT/aloha_table.json and the logs' tails
+#
+# Trainings stop at their max_steps or when `eval` stops them (ALOHA_STOP=1): each is evaluated at the
+# newest checkpoint it wrote, whose step is reported beside its success.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+W=${ALOHA_WORK:-/tmp/aloha}
+OUT=${OUT:-/tmp/aloha_out}
+STEPS=${ALOHA_STEPS:-10000}
+mkdir -p "$W/data" "$W/runs" "$W/logs" "$OUT"
+
+# name | task | training overrides | evaluation overrides
+# ACT as the paper trains it for simulation (arXiv 2304.13705 Table III; its repository's README command:
+# chunk 100, KL weight 10, 512 wide, feed-forward 3200, 4 encoder layers, batch 8, lr 1e-5, AdamW with
+# weight decay 1e-4), LeRobot's one decoder layer (the layer the paper's code used), temporal ensembling
+# with m = 0.01 at evaluation; the backbone from random weights (no ImageNet download), so a second ACT
+# at lr 1e-4 beside it. Diffusion Policy as LeRobot ships it (horizon 16, 8 executed, lr 1e-4, batch 64;
+# its random crop 90% of the image, as LeRobot's 84 of 96);
+# tiny as the demo's preset trains it.
+ACT="model.name=lerobot model.preset=act model.options={} model.options.dim_model=512 model.options.dim_feedforward=3200 model.options.n_encoder_layers=4 model.options.n_decoder_layers=1 model.options.kl_weight=10 data.chunk=100 train.micro_batch=8 train.global_batch=8 train.weight_decay=1e-4 train.betas=[0.9,0.999] train.schedule=constant train.warmup_steps=0 train.grad_clip=10"
+ENS="eval.chunk_blend=ensemble eval.replan_interval=1 eval.ensemble_coeff=0.01"
+DIFF="model.name=lerobot model.preset=diffusion model.options={} model.options.crop_shape=[216,216] data.chunk=16 train.micro_batch=64 train.global_batch=64 train.lr=1e-4 train.weight_decay=1e-6 train.betas=[0.95,0.999] train.schedule=cosine train.warmup_steps=500"
+TINY="model.name=tiny model.preset=small data.chunk=16 train.micro_batch=32 train.global_batch=32 train.lr=5e-4 train.warmup_steps=100"
+VARIANTS=(
+  "act_tc|transfer_cube|$ACT train.lr=1e-5|$ENS"
+  "act_ins|insertion|$ACT train.lr=1e-5|$ENS"
+  "act4_tc|transfer_cube|$ACT train.lr=1e-4|$ENS"
+  "act4_ins|insertion|$ACT train.lr=1e-4|$ENS"
+  "diff_tc|transfer_cube|$DIFF|eval.replan_interval=8"
+  "diff_ins|insertion|$DIFF|eval.replan_interval=8"
+  "tiny_tc|transfer_cube|$TINY|eval.replan_interval=8"
+  "tiny_ins|insertion|$TINY|eval.replan_interval=8"
+)
+ONLY=${ALOHA_ONLY:-}  # a regex of variant names (all by default)
+
+prep() {
+  # shellcheck disable=SC1091
+  source maintainers/gpu_env.sh >/dev/null
+  for d in data/aloha_*; do
+    [ -d "$d" ] && [ ! -d "$W/data/$(basename "$d")" ] && cp -r "$d" "$W/data/" && echo "[aloha] data: $(basename "$d")"
+  done
+  ls "$W/data"
+}
+
+each() {  # each FUNCTION: FUNCTION name task train_overrides eval_overrides, for the variants chosen
+  local v name task tr ev
+  for v in "${VARIANTS[@]}"; do
+    IFS='|' read -r name task tr ev <<<"$v"
+    [ -n "$ONLY" ] && ! [[ $name =~ $ONLY ]] && continue
+    "$1" "$name" "$task" "$tr" "$ev"
+  done
+}
+
+start_one() {
+  local name=$1 task=$2 tr=$3
+  [ -f "$W/runs/$name/started" ] && { echo "[aloha] $name: already started"; return; }
+  mkdir -p "$W/runs/$name" && touch "$W/runs/$name/started"
+  # shellcheck disable=SC2086
+  setsid nohup env PYTHONPATH="$W/code/src:/tmp/site" OMP_NUM_THREADS=2 \
+    python3 -m wamkit train $tr env.suite=aloha data.root="$W/data/aloha_${task}_240" \
+    data.num_workers=1 data.frame_memory_mb=4096 train.max_steps="$STEPS" train.save_interval=1000 \
+    train.keep_last=1 train.log_interval=100 train.device=cuda train.run_dir="$W/runs/$name" \
+    >"$W/logs/$name.train.log" 2>&1 </dev/null &
+  echo "[aloha] $name: training started (pid $!)"
+}
+
+eval_one() {
+  local name=$1 task=$2 ev=$4 ckpt
+  ckpt=$(ls -d "$W/runs/$name"/checkpoints/step_* 2>/dev/null | sort | tail -n 1)
+  [ -n "$ckpt" ] || { echo "[aloha] $name: no checkpoint"; return; }
+  [ -f "$W/runs/$name/eval/summary.json" ] && { echo "[aloha] $name: evaluated"; return; }
+  {
+    python3 -m wamkit convert "$ckpt" --out "$W/runs/$name/serve" &&
+    # shellcheck disable=SC2086
+    python3 -m wamkit eval env.suite=aloha env.tasks="[$task]" env.image_size=240 eval.trials=50 \
+      eval.serve_dir="$W/runs/$name/serve" serve.device=cuda eval.num_envs=25 eval.workers=5 \
+      eval.videos=1 eval.out_dir="$W/runs/$name/eval" $ev --no-progress
+  } >"$W/logs/$name.eval.log" 2>&1
+  echo "[aloha] $name: eval rc $? ($(basename "$ckpt"))"
+}
+
+case "${1:-}" in
+  prep) prep ;;
+  train)
+    prep
+    rm -rf "$W/code" && mkdir -p "$W/code" && cp -r src "$W/code/"
+    each start_one
+    ;;
+  status)
+    for f in "$W"/logs/*.log; do echo "== $(basename "$f"): $(grep -a -o 'step [0-9]*[^|]*' "$f" | tail -n 1)"; tail -n 2 "$f" | cut -c1-200; done
+    nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv
+    ;;
+  eval)
+    prep
+    if [ -n "${ALOHA_STOP:-}" ]; then pkill -f "wamkit train" && sleep 5; fi
+    jobs=${ALOHA_JOBS:-3}
+    for v in "${VARIANTS[@]}"; do
+      IFS='|' read -r name task tr ev <<<"$v"
+      [ -n "$ONLY" ] && ! [[ $name =~ $ONLY ]] && continue
+      while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do sleep 2; done
+      eval_one "$name" "$task" "$tr" "$ev" &
+    done
+    wait
+    python3 - "$W" >"$OUT/aloha_table.json" <<'EOF'
+import json, sys
+from pathlib import Path
+w = Path(sys.argv[1])
+rows = {}
+for run in sorted((w / "runs").iterdir()):
+    summary = run / "eval" / "summary.json"
+    ckpts = sorted((run / "checkpoints").glob("step_*")) if (run / "checkpoints").is_dir() else []
+    rows[run.name] = {"checkpoint": ckpts[-1].name if ckpts else None,
+                      "summary": json.loads(summary.read_text()) if summary.is_file() else None}
+print(json.dumps(rows, indent=1))
+EOF
+    for f in "$W"/logs/*.log; do echo "== $f"; tail -n 15 "$f"; done >"$OUT/aloha_logs.txt"
+    ;;
+  *) echo "usage: gpu_aloha.sh prep|train|status|eval" >&2; exit 2 ;;
+esac
