@@ -110,6 +110,44 @@ def test_bench_lerobot_eval_runs_both_evaluators_on_the_same_episodes(tmp_path):
     assert len({round(r, 3) for r in theirs["sum_rewards"]}) == 2  # two different episodes
 
 
+def test_bench_lerobot_eval_runs_lerobots_own_aloha_env(tmp_path):
+    """On ALOHA, ``lerobot-eval`` runs LeRobot's own ``--env.type=aloha`` (gym-aloha's AlohaEnv at 480 x
+    640) beside ``wamkit eval`` on the same seeds: both run every episode to the same length, and the
+    bench says why their pixels, and so their episodes, differ."""
+    pytest.importorskip("gym_aloha")
+    io = ModelIO(cameras=("top",), image_size=32, state_dim=14, action_dim=14, chunk=10)
+    adapter = build_model(
+        ModelConfig(name="lerobot", preset="act", options={"dim_model": 32, "dim_feedforward": 64,
+                                                           "n_encoder_layers": 1, "n_vae_encoder_layers": 1}),
+        io,
+    )  # fmt: skip
+    moments = FeatureStats([0.0] * 14, [0.5] * 14, [-1.5] * 14, [1.5] * 14, [-1.5] * 14, [1.5] * 14, 100)
+    stats = StatsFile(
+        {"action": moments, "observation.state": moments},
+        {"representation": "raw", "chunk": io.chunk, "action_dim": 14, "gripper": "env"},
+    )
+    spec = PreprocessSpec.create(stats, normalization="mean_std", clip=False, image_size=32,
+                                 resize="bilinear_antialias", cameras=io.cameras, chunk=io.chunk)  # fmt: skip
+    folder = tmp_path / "act"
+    adapter.export_extra(folder, spec=spec)
+    out = tmp_path / "bench"
+    run = subprocess.run(
+        [str(Path(sys.executable).with_name("wamkit")), "bench", "lerobot-eval", "--policy", str(folder),
+         "--trials", "2", "--envs", "2", "--out", str(out), "env.suite=aloha", "env.tasks=[insertion]",
+         "env.cameras=[top]", "env.image_size=32", "env.max_steps=8"],
+        cwd=tmp_path, env=child_env(user_shell=True), capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "| lerobot-eval | 2 |" in run.stdout and "| wamkit eval | 2 |" in run.stdout
+    assert "LeRobot's own --env.type=aloha: LeRobot's aloha env renders 480 x 640 frames" in run.stdout
+    result = json.loads((out / "lerobot_eval.json").read_text())
+    assert result["episodes"] == 2 and result["tasks"] == ["insertion"]
+    info = json.loads((out / "lerobot" / "eval_info.json").read_text())
+    assert sum(len(t["metrics"]["successes"]) for t in info["per_task"]) == 2
+    mine = [json.loads(line) for line in (out / "wamkit" / "episodes.jsonl").read_text().splitlines()]
+    assert sorted(e["seed"] for e in mine) == [1000, 1001] and all(e["length"] == 8 for e in mine)
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -11,6 +11,13 @@ until the last is done (each env in a process of its own), and its tasks one aft
 pipelines the same number of envs over every task, in ``--workers`` processes (by default one per env up
 to the CPU count: the processes lerobot-eval has, where the cores are there to run them).
 
+On ALOHA, ``lerobot-eval`` runs LeRobot's own env (``--env.type=aloha``: gym-aloha's ``AlohaEnv``, one
+task a run) rather than the plug-in; its seeds place the objects as wamkit's do (gym-aloha's samplers),
+but it renders 480 x 640 frames, where wamkit renders that frame squeezed to the policy's square size, so
+the policy sees other pixels and the episodes are not expected to end alike: the bench says so and
+compares the success rates. Its envs step in one process there (LeRobot 0.6.1's async envs cannot make
+gym-aloha's envs: they start in forkserver processes where its ids are not registered).
+
 It prints one table: wall time, success with its 95% (Wilson) interval, per task, the speed-up, and how
 many episodes ended alike (success, and return within 1e-3 relative: the same trajectory to float32
 roundings, the two batching the policy's calls differently). Everything stays under ``--out``; a
@@ -35,6 +42,11 @@ from wamkit.config import ConfigError
 
 PLUGIN = "wamkit.envs.lerobot_plugin"
 RETURN_RTOL = 1e-3
+# suites lerobot-eval runs with an env of LeRobot's own (``--env.type``) instead of the plug-in: wamkit's
+# task -> the gym id LeRobot's env config takes (``lerobot/envs/configs.py``, ``AlohaEnv``)
+OWN_ENVS = {"aloha": {"transfer_cube": "AlohaTransferCube-v0", "insertion": "AlohaInsertion-v0"}}
+# what LeRobot's own ALOHA env renders (gym-aloha's AlohaEnv defaults; LeRobot's config passes no size)
+ALOHA_FRAME = (480, 640)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -97,14 +109,17 @@ def _wamkit_episodes(out: Path) -> dict[tuple[str, int], dict[str, Any]]:
     return eps
 
 
-def _lerobot_episodes(out: Path, seed: int) -> tuple[dict[tuple[str, int], dict[str, Any]], float]:
-    """Episode i of a task ran with seed ``seed`` + i (``scripts/lerobot_eval.py``, ``eval_policy``)."""
+def _lerobot_episodes(
+    out: Path, seed: int, task: str | None = None
+) -> tuple[dict[tuple[str, int], dict[str, Any]], float]:
+    """Episode i of a task ran with seed ``seed`` + i (``scripts/lerobot_eval.py``, ``eval_policy``).
+    ``task``: wamkit's name of the one task an env of LeRobot's own ran (its group is named otherwise)."""
     info = json.loads((out / "eval_info.json").read_text())
     eps = {}
-    for task in info["per_task"]:
-        m = task["metrics"]
+    for t in info["per_task"]:
+        m = t["metrics"]
         for i, (success, ret) in enumerate(zip(m["successes"], m["sum_rewards"], strict=True)):
-            eps[(task["task_group"], seed + i)] = {"success": bool(success), "return": float(ret)}
+            eps[(task or t["task_group"], seed + i)] = {"success": bool(success), "return": float(ret)}
     return eps, float(info["overall"]["eval_s"])
 
 
@@ -162,8 +177,33 @@ def main(args: argparse.Namespace) -> int:
             f"env.cameras={list(cfg.env.cameras)} at env.image_size={cfg.env.image_size}"
         )
     tasks = expand_tasks(cfg.env.suite, list(cfg.env.tasks))
+    own = OWN_ENVS.get(cfg.env.suite)
+    if own is not None and len(tasks) != 1:
+        raise ConfigError(
+            f"env.tasks: LeRobot's own {cfg.env.suite} env runs one task per lerobot-eval; give one of "
+            f"{', '.join(own)} (got {', '.join(tasks)})"
+        )
     config_path = save_config(cfg, out / "config.yaml")
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    if own is not None:
+        from wamkit.envs.base import render_environ
+
+        env = {**render_environ(-1), **env}  # gym-aloha renders through dm-control, offscreen
+        env_args = [
+            f"--env.type={cfg.env.suite}",
+            f"--env.task={own[tasks[0]]}",
+            f"--env.episode_length={cfg.env.max_steps or 400}",
+            # LeRobot 0.6.1 makes async envs in forkserver processes, where gym-aloha's ids are not
+            # registered (gymnasium's NamespaceNotFound: gym_aloha): its envs step in one process
+            "--eval.use_async_envs=false",
+        ]
+    else:
+        env_args = [
+            "--env.type=wamkit",
+            f"--env.discover_packages_path={PLUGIN}",
+            f"--env.config={config_path}",
+            f"--env.task={','.join(tasks)}",
+        ]
     for d in ("wamkit", "lerobot"):  # each run starts from nothing: no journal resumed, no folder refused
         shutil.rmtree(out / d, ignore_errors=True)
 
@@ -176,10 +216,7 @@ def main(args: argparse.Namespace) -> int:
             *exe,
             f"--policy.path={policy}",
             f"--policy.device={args.device}",
-            "--env.type=wamkit",
-            f"--env.discover_packages_path={PLUGIN}",
-            f"--env.config={config_path}",
-            f"--env.task={','.join(tasks)}",
+            *env_args,
             f"--eval.n_episodes={args.trials}",
             f"--eval.batch_size={args.envs}",
             f"--seed={cfg.eval.seed}",
@@ -189,7 +226,7 @@ def main(args: argparse.Namespace) -> int:
         env,
     )
     mine = _wamkit_episodes(out / "wamkit")
-    theirs, eval_s = _lerobot_episodes(out / "lerobot", cfg.eval.seed)
+    theirs, eval_s = _lerobot_episodes(out / "lerobot", cfg.eval.seed, tasks[0] if own else None)
     if set(mine) != set(theirs):
         raise RuntimeError(
             f"the two ran different episodes: wamkit {len(mine)}, lerobot-eval {len(theirs)}; only in wamkit "
@@ -217,6 +254,15 @@ def main(args: argparse.Namespace) -> int:
         "episodes": len(mine),
         "same_success": same_success,
         "same_return": same_return,
+        "lerobot_env": f"LeRobot's own --env.type={cfg.env.suite}" if own else f"wamkit's, through {PLUGIN}",
+        "note": (
+            f"LeRobot's {cfg.env.suite} env renders {ALOHA_FRAME[0]} x {ALOHA_FRAME[1]} frames; wamkit renders that "
+            f"frame squeezed to {io.image_size} x {io.image_size}, the size the policy was trained at: the "
+            "policy sees other pixels, so episodes are not expected to end alike; and lerobot-eval steps its "
+            "envs in one process (--eval.use_async_envs=false: LeRobot 0.6.1's async envs start in forkserver "
+            "processes where gym-aloha's ids are not registered)"
+            if own else ""
+        ),
     }  # fmt: skip
     (out / "lerobot_eval.json").write_text(json.dumps(result, indent=1))
     print(table(result))
@@ -250,4 +296,6 @@ def table(result: dict[str, Any]) -> str:
         f"\nPer episode: {result['same_success']} of {n} ended alike (success or failure), "
         f"{result['same_return']} of {n} with the same return (within {RETURN_RTOL:g} relative)."
     )
+    if result.get("note"):
+        lines.append(f"\n{result['lerobot_env']}: {result['note']}.")
     return "\n".join(lines)
