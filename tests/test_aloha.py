@@ -179,3 +179,42 @@ def test_eval_one_episode_against_a_random_init_server(tmp_path):
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+@pytest.mark.slow
+def test_the_ray_executor_evaluates_aloha_as_the_local_one(tmp_path):
+    """The same two episodes evaluated against one random-init server through the local executor and
+    through Ray's: the same seeds, lengths, returns, outcomes and actions (their summed jerk)."""
+    pytest.importorskip("ray", reason="the ray extra is not installed (pip install 'wamkit[ray]')")
+    from .child_env import start_logged, wait_for_log
+
+    wamkit = str(Path(sys.executable).parent / "wamkit")
+    log = tmp_path / "serve.log"
+    server = start_logged(
+        [wamkit, "serve", "--model", "tiny", "--preset", "small", "--random-init", "--suite", "aloha", "--port", "0"],
+        log, env=user_shell_env(), cwd=tmp_path,
+    )  # fmt: skip
+    try:
+        url = wait_for_log(server, log, r"serving tiny on (ws://\S+)").group(1)
+        common = [f"eval.server_url={url}", "env.suite=aloha", "env.tasks=insertion", "env.image_size=32",
+                  "env.max_steps=12", "eval.trials=2", "eval.num_envs=2", "eval.videos=0"]  # fmt: skip
+        episodes = {}
+        for executor in ("local", "ray"):
+            out = tmp_path / executor
+            run = _wamkit("eval", *common, f"eval.executor={executor}", f"eval.out_dir={out}", "--no-progress",
+                          cwd=tmp_path)  # fmt: skip
+            assert run.returncode == 0, run.stderr[-3000:]
+            rows = [json.loads(line) for line in (out / "episodes.jsonl").read_text().splitlines()]
+            episodes[executor] = sorted(
+                (r["seed"], r["length"], r["return"], r["success_once"], r["smoothness"]["jerk_within_sum"])
+                for r in rows
+            )
+        assert json.loads((tmp_path / "ray" / "summary.json").read_text())["throughput"]["executor"] == "ray"
+        assert [e[0] for e in episodes["local"]] == [1000, 1001]
+        # the server may batch the two envs' requests together in one run and apart in the other: the
+        # actions then differ by float32 roundings (a few ulps), the rest is equal
+        assert [e[:4] for e in episodes["ray"]] == [e[:4] for e in episodes["local"]]
+        assert [e[4] for e in episodes["ray"]] == pytest.approx([e[4] for e in episodes["local"]], rel=1e-5)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
