@@ -6,8 +6,17 @@
 #   wamkit collect --suite aloha --tasks transfer_cube --episodes 50 --image-size 240 --out data/aloha_transfer_cube_240
 #   wamkit collect --suite aloha --tasks insertion --episodes 50 --image-size 240 --out data/aloha_insertion_240
 #
-# and travel with the wheels in calls of at most 64 MiB (maintainers/gpu_carry.sh av15, lerobot, aloha,
-# sim), each call running, in the checkout's root:
+# and travel with the wheels in calls of at most 64 MiB (maintainers/gpu_carry.sh av15, lerobot, serve,
+# aloha, and sim's mujoco, PyOpenGL, glfw, gymnasium and Farama wheels copied to .whl/simlite). A machine
+# idle for 30 s goes back, so the calls follow each other at once:
+#
+#   1. carry .whl/av15 .whl/lerobot:                 bash maintainers/gpu_aloha.sh prep
+#   2. carry data/aloha_transfer_cube_240 data/aloha_insertion_240:
+#                                                    bash maintainers/gpu_aloha.sh train; sleep 520; bash maintainers/gpu_aloha.sh status
+#   3. carry .whl/simlite .whl/serve .whl/aloha .gl: bash maintainers/gpu_aloha.sh prep; sleep S; ALOHA_STOP=1 timeout 480 bash maintainers/gpu_aloha.sh eval
+#   4. carry .gl (if 3 ran out):                     bash maintainers/gpu_aloha.sh eval
+#
+# The subcommands, in the checkout's root:
 #
 #   bash maintainers/gpu_aloha.sh prep     # installs what was carried into /tmp/site, copies carried data
 #                                          # to /tmp/aloha/data (call it with each carry)
@@ -15,7 +24,7 @@
 #                                          # process session (it outlives the call), code read from a copy
 #   bash maintainers/gpu_aloha.sh status   # each run's last log line and the GPU's use
 #   bash maintainers/gpu_aloha.sh eval     # each run's newest checkpoint converted and evaluated (ALOHA_JOBS
-#                                          # at a time); $OUT/aloha_table.json and the logs' tails
+#                                          # at a time, 2 by default); $OUT/aloha_table.json and the logs' tails
 #
 # Trainings stop at their max_steps or when `eval` stops them (ALOHA_STOP=1): each is evaluated at the
 # newest checkpoint it wrote, whose step is reported beside its success.
@@ -90,8 +99,8 @@ eval_one() {
     python3 -m wamkit convert "$ckpt" --out "$W/runs/$name/serve" &&
     # shellcheck disable=SC2086
     python3 -m wamkit eval env.suite=aloha env.tasks="[$task]" env.image_size=240 eval.trials=50 \
-      eval.serve_dir="$W/runs/$name/serve" serve.device=cuda eval.num_envs=25 eval.workers=5 \
-      eval.videos=1 eval.out_dir="$W/runs/$name/eval" $ev --no-progress
+      eval.serve_dir="$W/runs/$name/serve" serve.device=cuda eval.num_envs=50 eval.workers=7 \
+      eval.videos=1 eval.out_dir="$W/runs/$name/eval" $ev --resume --no-progress
   } >"$W/logs/$name.eval.log" 2>&1
   echo "[aloha] $name: eval rc $? ($(basename "$ckpt"))"
 }
@@ -110,7 +119,7 @@ case "${1:-}" in
   eval)
     prep
     if [ -n "${ALOHA_STOP:-}" ]; then pkill -f "wamkit train" && sleep 5; fi
-    jobs=${ALOHA_JOBS:-3}
+    jobs=${ALOHA_JOBS:-2}
     for v in "${VARIANTS[@]}"; do
       IFS='|' read -r name task tr ev <<<"$v"
       [ -n "$ONLY" ] && ! [[ $name =~ $ONLY ]] && continue
