@@ -4,6 +4,7 @@ as typed, and the errors of bad input."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -93,6 +94,25 @@ def _wamkit(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=user_shell_env(), cwd=cwd)
 
 
+@contextlib.contextmanager
+def _tiny_server(tmp_path: Path):
+    """A random-init ``tiny`` served for the aloha profile, as typed (``wamkit serve``, the README's
+    shell, another working directory); yields its URL and stops it at the end."""
+    from .child_env import start_logged, wait_for_log
+
+    wamkit = str(Path(sys.executable).parent / "wamkit")
+    log = tmp_path / "serve.log"
+    server = start_logged(
+        [wamkit, "serve", "--model", "tiny", "--preset", "small", "--random-init", "--suite", "aloha", "--port", "0"],
+        log, env=user_shell_env(), cwd=tmp_path,
+    )  # fmt: skip
+    try:
+        yield wait_for_log(server, log, r"serving tiny on (ws://\S+)").group(1)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
 @pytest.mark.parametrize("task", ["transfer_cube", "insertion"])
 def test_collect_writes_lerobots_aloha_features_and_check_agrees(task, tmp_path):
     """A short episode per task: LeRobot's ALOHA feature names and shapes at 50 fps, the expert's rate
@@ -156,16 +176,7 @@ def test_eval_one_episode_against_a_random_init_server(tmp_path):
     """docs/aloha.md's evaluation as typed: a random-init ``tiny`` served for the aloha profile, one
     short episode evaluated through the pipelined evaluator, the suite's camera taken by default; the
     same server evaluated on MetaWorld is refused naming the state and action sizes."""
-    from .child_env import start_logged, wait_for_log
-
-    wamkit = str(Path(sys.executable).parent / "wamkit")
-    log = tmp_path / "serve.log"
-    server = start_logged(
-        [wamkit, "serve", "--model", "tiny", "--preset", "small", "--random-init", "--suite", "aloha", "--port", "0"],
-        log, env=user_shell_env(), cwd=tmp_path,
-    )  # fmt: skip
-    try:
-        url = wait_for_log(server, log, r"serving tiny on (ws://\S+)").group(1)
+    with _tiny_server(tmp_path) as url:
         common = [f"eval.server_url={url}", "env.image_size=32", "env.max_steps=10", "eval.trials=1"]
         common += ["eval.num_envs=1", "eval.videos=0", "--pipeline", "1", "--no-progress"]
         run = _wamkit("eval", "env.suite=aloha", "env.tasks=transfer_cube", f"eval.out_dir={tmp_path / 'a'}",
@@ -176,9 +187,6 @@ def test_eval_one_episode_against_a_random_init_server(tmp_path):
                         *common, cwd=tmp_path)  # fmt: skip
         assert wrong.returncode != 0
         assert "state_dim: model 14, env 39; env_action_dim: model 14, env 4" in wrong.stderr
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
 
 
 @pytest.mark.slow
@@ -186,16 +194,7 @@ def test_the_ray_executor_evaluates_aloha_as_the_local_one(tmp_path):
     """The same two episodes evaluated against one random-init server through the local executor and
     through Ray's: the same seeds, lengths, returns, outcomes and actions (their summed jerk)."""
     pytest.importorskip("ray", reason="the ray extra is not installed (pip install 'wamkit[ray]')")
-    from .child_env import start_logged, wait_for_log
-
-    wamkit = str(Path(sys.executable).parent / "wamkit")
-    log = tmp_path / "serve.log"
-    server = start_logged(
-        [wamkit, "serve", "--model", "tiny", "--preset", "small", "--random-init", "--suite", "aloha", "--port", "0"],
-        log, env=user_shell_env(), cwd=tmp_path,
-    )  # fmt: skip
-    try:
-        url = wait_for_log(server, log, r"serving tiny on (ws://\S+)").group(1)
+    with _tiny_server(tmp_path) as url:
         common = [f"eval.server_url={url}", "env.suite=aloha", "env.tasks=insertion", "env.image_size=32",
                   "env.max_steps=12", "eval.trials=2", "eval.num_envs=2", "eval.videos=0"]  # fmt: skip
         episodes = {}
@@ -215,6 +214,3 @@ def test_the_ray_executor_evaluates_aloha_as_the_local_one(tmp_path):
         # actions then differ by float32 roundings (a few ulps), the rest is equal
         assert [e[:4] for e in episodes["ray"]] == [e[:4] for e in episodes["local"]]
         assert [e[4] for e in episodes["ray"]] == pytest.approx([e[4] for e in episodes["local"]], rel=1e-5)
-    finally:
-        server.terminate()
-        server.wait(timeout=30)

@@ -361,6 +361,22 @@ def test_fsdp2_on_two_gloo_processes_resumes_exactly(tmp_path, libero_tiny, poli
     assert read_losses(run) == want
 
 
+def _lerobot_train_act(root: Path, repo_id: str, out: Path, chunk: int, steps: int) -> Path:
+    """``lerobot-train`` (LeRobot's own trainer, offline, on the CPU) of a small ACT on the dataset at
+    ``root`` for ``steps`` steps, executing half its chunk; returns the pretrained folder it saved."""
+    train = subprocess.run(
+        [str(Path(sys.executable).with_name("lerobot-train")), f"--dataset.repo_id={repo_id}",
+         f"--dataset.root={root}", "--policy.type=act", "--policy.pretrained_backbone_weights=null",
+         "--policy.dim_model=64", "--policy.dim_feedforward=128", "--policy.n_encoder_layers=2",
+         "--policy.n_vae_encoder_layers=1", f"--policy.chunk_size={chunk}", f"--policy.n_action_steps={chunk // 2}",
+         "--policy.push_to_hub=false", "--policy.device=cpu", f"--steps={steps}", "--batch_size=2",
+         f"--save_freq={steps}", "--num_workers=0", f"--output_dir={out}", "--wandb.enable=false"],
+        env={**child_env(), "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=400,
+    )  # fmt: skip
+    assert train.returncode == 0, train.stderr[-3000:]
+    return out / "checkpoints" / f"{steps:06d}" / "pretrained_model"
+
+
 def test_a_folder_lerobot_train_wrote_is_served_as_it_is(tmp_path, libero_tiny):
     """``lerobot-train`` (LeRobot's own trainer, offline, on LIBERO's fixture) writes a folder;
     ``wamkit serve FOLDER`` serves it with no conversion (its processors normalise; the spec is the
@@ -368,18 +384,9 @@ def test_a_folder_lerobot_train_wrote_is_served_as_it_is(tmp_path, libero_tiny):
     (preprocessor, ``predict_action_chunk``, postprocessor) in this process."""
     from wamkit.serve.client import PolicyClient
 
-    out = tmp_path / "lerobot_train"
-    train = subprocess.run(
-        [str(Path(sys.executable).with_name("lerobot-train")), "--dataset.repo_id=local/libero_tiny",
-         f"--dataset.root={libero_tiny}", "--policy.type=act", "--policy.pretrained_backbone_weights=null",
-         "--policy.dim_model=64", "--policy.dim_feedforward=128", "--policy.n_encoder_layers=2",
-         "--policy.n_vae_encoder_layers=1", "--policy.chunk_size=16", "--policy.n_action_steps=8",
-         "--policy.push_to_hub=false", "--policy.device=cpu", "--steps=3", "--batch_size=2", "--save_freq=3",
-         "--num_workers=0", f"--output_dir={out}", "--wandb.enable=false"],
-        env={**child_env(), "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=400,
-    )  # fmt: skip
-    assert train.returncode == 0, train.stderr[-3000:]
-    folder = out / "checkpoints" / "000003" / "pretrained_model"
+    folder = _lerobot_train_act(
+        libero_tiny, "local/libero_tiny", tmp_path / "lerobot_train", chunk=16, steps=3
+    )
 
     log = tmp_path / "serve.log"
     cmd = [sys.executable, "-m", "wamkit", "serve", str(folder), "--port", "0", "--device", "cpu"]
@@ -493,15 +500,5 @@ def test_lerobot_reads_an_aloha_collection_and_lerobot_train_trains_on_it(tmp_pa
             a["observation.images.top"].numpy() * 255, img.astype(np.float32), atol=0.51
         )
 
-    run = tmp_path / "lerobot_train"
-    train = subprocess.run(
-        [str(Path(sys.executable).with_name("lerobot-train")), f"--dataset.repo_id=local/aloha_{task}",
-         f"--dataset.root={out}", "--policy.type=act", "--policy.pretrained_backbone_weights=null",
-         "--policy.dim_model=64", "--policy.dim_feedforward=128", "--policy.n_encoder_layers=2",
-         "--policy.n_vae_encoder_layers=1", "--policy.chunk_size=10", "--policy.n_action_steps=10",
-         "--policy.push_to_hub=false", "--policy.device=cpu", "--steps=2", "--batch_size=2", "--save_freq=2",
-         "--num_workers=0", f"--output_dir={run}", "--wandb.enable=false"],
-        env={**child_env(), "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=400,
-    )  # fmt: skip
-    assert train.returncode == 0, train.stderr[-3000:]
-    assert (run / "checkpoints" / "000002" / "pretrained_model" / "model.safetensors").is_file()
+    folder = _lerobot_train_act(out, f"local/aloha_{task}", tmp_path / "lerobot_train", chunk=10, steps=2)
+    assert (folder / "model.safetensors").is_file()
