@@ -134,3 +134,26 @@ def test_a_cosmos3_command_prints_no_import_chatter_of_optional_libraries():
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     assert "torchao" not in run.stderr and "_pytree" not in run.stderr, run.stderr[:2000]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["collect", "env.max_steps=5", "--out", "X", "env.image_size=32"],
+        ["train", "demo", "--resume", "auto", "train.seed=7"],
+        ["bench", "lerobot-eval", "--policy", "P", "--trials", "2", "env.max_steps=5"],
+    ],
+)
+def test_overrides_are_taken_before_or_after_a_commands_options(argv):
+    """The dotted overrides of a command may follow its options: they join those before, in order."""
+    from wamkit.cli import _command_in, build_parser, parse
+
+    args = parse(build_parser(_command_in(argv), argv), argv)
+    assert args.overrides == [t for t in argv if "=" in t]
+
+
+def test_a_stray_word_after_the_options_is_refused_with_the_commands_usage(capsys):
+    with pytest.raises(SystemExit):
+        main(["collect", "env.max_steps=5", "--out", "X", "stray"])
+    err = capsys.readouterr().err
+    assert "usage: wamkit collect" in err and "unrecognized arguments: stray" in err

@@ -83,7 +83,35 @@ def build_parser(command: str | None = None, argv: list[str] | None = None) -> a
             add = _load(name).add_arguments
             # a command with nested choices (bench) looks at argv to load only the chosen one
             add(p, argv or []) if "argv" in inspect.signature(add).parameters else add(p)
+            parser.set_defaults(_command_parser=_innermost(p, argv or []))
     return parser
+
+
+def _innermost(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.ArgumentParser:
+    """The parser of the deepest subcommand ``argv`` names (``bench eval``'s, under ``bench``)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            chosen = next((t for t in argv if t in action.choices), None)
+            if chosen is not None:
+                return _innermost(action.choices[chosen], argv)
+    return parser
+
+
+def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """``argv`` parsed with the command's dotted overrides (``key=value``) taken before or after its
+    options: argparse fills a command's ``overrides`` only from the words before its first option, and
+    leaves the later ones over. A left-over word that is no override is refused by the command's own
+    parser, which shows its own usage."""
+    args, extra = parser.parse_known_args(argv)
+    command_parser = getattr(args, "_command_parser", parser)
+    overrides = [t for t in extra if "=" in t and not t.startswith("-")]
+    rest = [t for t in extra if t not in overrides]
+    if rest or (overrides and not isinstance(getattr(args, "overrides", None), list)):
+        command_parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if overrides:
+        # in the order typed: those before the first option, then the later ones
+        args.overrides = [*args.overrides, *overrides]
+    return args
 
 
 def _command_in(argv: list[str]) -> str | None:
@@ -97,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     use_headless_gl()  # before a command imports MuJoCo, which reads MUJOCO_GL once, on import
     parser = build_parser(_command_in(argv), argv)
-    args = parser.parse_args(argv)
+    args = parse(parser, argv)
     setup_logging(args.log_level)
     # PyOpenGL (imported by MuJoCo for EGL) logs a harmless INFO line about its optional accelerator
     logging.getLogger("OpenGL.acceleratesupport").setLevel(logging.WARNING)
