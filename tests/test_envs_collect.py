@@ -321,10 +321,12 @@ def test_collect_with_late_actions_executes_the_experts_action_of_k_steps_before
     assert "collect.lag_prob" in capsys.readouterr().err
 
 
-def test_ctrl_c_keeps_the_episodes_collected_and_waits_for_no_rollout(tmp_path):
+@pytest.mark.parametrize("started_ignoring_sigint", [False, True])
+def test_ctrl_c_keeps_the_episodes_collected_and_waits_for_no_rollout(tmp_path, started_ignoring_sigint):
     """Ctrl-C while both workers roll out: the run finalizes the episodes it has (a readable dataset
     that a rerun resumes) and kills the rollouts in flight instead of waiting for each worker's close
-    to time out (a worker blocks sending a rollout nobody reads)."""
+    to time out (a worker blocks sending a rollout nobody reads). Also when the command was started
+    with SIGINT ignored, as a background job of a non-interactive shell is (``nohup make test &``)."""
     import signal
     import sys
     import time
@@ -335,7 +337,8 @@ def test_ctrl_c_keeps_the_episodes_collected_and_waits_for_no_rollout(tmp_path):
     # 128 px: a rollout's frames are megabytes, far more than a pipe holds
     cmd = [sys.executable, "-m", "wamkit", "collect", *ARGS, "--image-size", "128", "--episodes", "50"]
     cmd += ["--out", str(out)]
-    proc = start_logged(cmd, log, env=child_env())
+    ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if started_ignoring_sigint else None
+    proc = start_logged(cmd, log, env=child_env(), preexec_fn=ignore)
     try:
         deadline = time.monotonic() + 240
         while not ((out / JOURNAL).is_file() and len(_journal(out)) >= 2):

@@ -13,6 +13,7 @@ import argparse
 import importlib
 import inspect
 import logging
+import signal
 import sys
 import traceback
 
@@ -126,6 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     use_headless_gl()  # before a command imports MuJoCo, which reads MUJOCO_GL once, on import
     parser = build_parser(_command_in(argv), argv)
     args = parse(parser, argv)
+    # Ctrl-C stops a command however it was started: a background job of a non-interactive shell
+    # (`nohup make test &`) starts with SIGINT ignored, which Python would otherwise keep
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     setup_logging(args.log_level)
     # PyOpenGL (imported by MuJoCo for EGL) logs a harmless INFO line about its optional accelerator
     logging.getLogger("OpenGL.acceleratesupport").setLevel(logging.WARNING)
