@@ -88,7 +88,7 @@ def test_debug_logging_shows_the_traceback(tmp_path):
 
 def test_a_config_mistake_names_where_it_was_made(tmp_path, metaworld_data):
     said = one_line_error(wamkit("train", "configs/demo.yaml", "train.max_step=2", cwd=tmp_path), "train")
-    assert "config error: command line: unknown key 'train.max_step'; did you mean 'max_steps'?" in said
+    assert "config error: command line: unknown key 'train.max_step'; did you mean 'train.max_steps'?" in said
     preset = tmp_path / "mine.yaml"
     preset.write_text("train:\n  max_step: 2\n")
     said = one_line_error(wamkit("train", str(preset), "train.lr=0.1", cwd=tmp_path), "train")

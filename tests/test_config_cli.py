@@ -50,7 +50,7 @@ def test_one_task_index_is_a_list_of_one(tmp_path):
 @pytest.mark.parametrize(
     "override, message",
     [
-        ("train.max_step=10", "unknown key 'train.max_step'; did you mean 'max_steps'?"),
+        ("train.max_step=10", "unknown key 'train.max_step'; did you mean 'train.max_steps'?"),
         ("trian.max_steps=10", "unknown key 'trian'; did you mean 'train'?"),
         ("train.max_steps=ten", "train.max_steps: expected an integer, got 'ten'"),
         ("train.max_steps=1.5", "train.max_steps: expected an integer"),
@@ -71,7 +71,9 @@ def test_bad_overrides_name_the_key(override, message):
 def test_bad_preset_names_the_file(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("model:\n  nmae: tiny\n")
-    with pytest.raises(ConfigError, match=r"bad\.yaml: unknown key 'model\.nmae'; did you mean 'name'"):
+    with pytest.raises(
+        ConfigError, match=r"bad\.yaml: unknown key 'model\.nmae'; did you mean 'model\.name'"
+    ):
         load_config(bad)
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "missing.yaml")
@@ -157,3 +159,13 @@ def test_a_stray_word_after_the_options_is_refused_with_the_commands_usage(capsy
         main(["collect", "env.max_steps=5", "--out", "X", "stray"])
     err = capsys.readouterr().err
     assert "usage: wamkit collect" in err and "unrecognized arguments: stray" in err
+
+
+def test_train_without_a_dataset_names_data_root(tmp_path, capsys):
+    """``wamkit train`` pointed at no dataset says which key to set, in one line."""
+    assert main(["train", f"data.root={tmp_path / 'nothing'}", f"train.run_dir={tmp_path / 'run'}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert (
+        err[-1].startswith("wamkit train: config error: data.root: ")
+        and "holds no LeRobot dataset" in err[-1]
+    )

@@ -50,7 +50,7 @@ def test_an_option_typo_is_refused_before_a_run_reads_data():
     from wamkit.models.registry import check_model_config
 
     check_model_config(ModelConfig(name="cosmos3", preset="tiny", options={"caption_dropout": 0.1}))
-    with pytest.raises(ConfigError, match="did you mean 'gradient_checkpointing'"):
+    with pytest.raises(ConfigError, match="did you mean 'model.options.gradient_checkpointing'"):
         check_model_config(
             ModelConfig(name="cosmos3", preset="tiny", options={"gradient_checkpointng": True})
         )

@@ -142,7 +142,10 @@ def test_a_diffusion_rows_seeded_actions_depend_on_its_own_seed_alone():
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"dim_modle": 64}, "unknown key 'model.options.dim_modle'; did you mean 'dim_model'? (valid here: "),
+        (
+            {"dim_modle": 64},
+            "unknown key 'model.options.dim_modle'; did you mean 'model.options.dim_model'? (valid here: ",
+        ),
         ({"dim_model": "wide"}, "model.options.dim_model: expected an integer, got 'wide'"),
         ({"chunk_size": 20}, "model.options.chunk_size: 20, but the data's action chunk (data.chunk) is 16"),
         ({"input_features": {}}, "model.options.input_features: set by wamkit from the data and the run"),

@@ -37,7 +37,9 @@ def _options_error(name: str, preset: str, options: dict) -> str:
 )
 def test_each_model_refuses_a_bad_option_in_the_same_words(name, preset, typo, meant, number):
     err = _options_error(name, preset, {typo: 1})
-    assert err.startswith(f"unknown key 'model.options.{typo}'; did you mean '{meant}'? (valid here: ")
+    assert err.startswith(
+        f"unknown key 'model.options.{typo}'; did you mean 'model.options.{meant}'? (valid here: "
+    )
     assert _options_error(name, preset, {number: "many"}) == (
         f"model.options.{number}: expected an integer, got 'many'"
     )

@@ -37,7 +37,7 @@ def test_preset_sizes():
 
 
 def test_options_are_checked_by_name_and_type():
-    with pytest.raises(ConfigError, match=r"model\.options\.widht.*did you mean 'width'"):
+    with pytest.raises(ConfigError, match=r"model\.options\.widht.*did you mean 'model\.options\.width'"):
         make({"widht": 64})
     with pytest.raises(ConfigError, match=r"model\.options\.depth: expected an integer"):
         make({"depth": "two"})

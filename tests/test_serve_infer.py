@@ -165,7 +165,9 @@ def test_infer_without_matching_files(tmp_path, capsys):
 
 def test_delay_model_options_are_checked():
     # the messages every model's options give (wamkit.config.from_dict)
-    with pytest.raises(ConfigError, match="unknown key 'model.options.delay'; did you mean 'delay_ms'"):
+    with pytest.raises(
+        ConfigError, match="unknown key 'model.options.delay'; did you mean 'model.options.delay_ms'"
+    ):
         build_model(ModelConfig(name="delay", options={"delay": 5}))
     with pytest.raises(ConfigError, match="model.options.delay_ms: expected a non-negative"):
         build_model(ModelConfig(name="delay", options={"delay_ms": -1}))

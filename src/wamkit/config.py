@@ -448,9 +448,13 @@ class RunConfig:
 # --------------------------------------------------------------------------------------------------
 
 
-def _suggest(key: str, valid: typing.Iterable[str]) -> str:
+def _suggest(key: str, valid: typing.Iterable[str], prefix: str = "") -> str:
+    """ "; did you mean 'X'?" for the valid name closest to ``key`` (none if none is close), named in
+    full under ``prefix`` (``train.max_steps``, as it is typed)."""
     close = difflib.get_close_matches(key, list(valid), n=1, cutoff=0.5)
-    return f"; did you mean '{close[0]}'?" if close else ""
+    if not close:
+        return ""
+    return f"; did you mean '{prefix}.{close[0]}'?" if prefix else f"; did you mean '{close[0]}'?"
 
 
 def _type_name(tp: Any) -> str:
@@ -530,7 +534,7 @@ def from_dict(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
         dotted = f"{prefix}.{key}" if prefix else key
         if key not in names:
             valid = ", ".join(names)
-            raise ConfigError(f"unknown key '{dotted}'{_suggest(key, names)} (valid here: {valid})")
+            raise ConfigError(f"unknown key '{dotted}'{_suggest(key, names, prefix)} (valid here: {valid})")
         kwargs[key] = _coerce(value, hints[key], dotted)
     return cls(**kwargs)
 

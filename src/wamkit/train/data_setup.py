@@ -173,6 +173,11 @@ def build_data(cfg: RunConfig, rank: int, world_size: int, run_dir: Path):
     from wamkit.data import LeRobotDataset, make_train_dataset, make_train_loader
 
     root = first_dataset_root(cfg)
+    if not (Path(root) / "meta" / "info.json").is_file():
+        raise ConfigError(
+            f"data.root: {root} holds no LeRobot dataset (no meta/info.json there); set data.root=DIR to a "
+            "dataset's folder (wamkit collect writes one)"
+        )
     ds = LeRobotDataset(root)
     io = io_from_dataset(cfg, ds.features, str(root / "meta" / "info.json"), ds.meta.info.get("robot_type"))
     stats_path = resolve_stats(cfg, run_dir, ds.fps, rank == 0)

@@ -113,7 +113,7 @@ def resolve_options(policy_type: str, options: dict[str, Any]) -> dict[str, Any]
                 raise ConfigError(f"{dotted}: {why}; leave it out")
         if key not in names:
             raise ConfigError(
-                f"unknown key '{dotted}'{_suggest(key, names)} (valid here: {', '.join(names)})"
+                f"unknown key '{dotted}'{_suggest(key, names, 'model.options')} (valid here: {', '.join(names)})"
             )
         # wamkit's checker for the plain types; a tuple, an enum or a mapping is draccus's to decode
         out[key] = _coerce(value, hints[key], dotted) if _plain(hints[key]) else value
