@@ -73,7 +73,7 @@ def test_check_pins_renders_from_a_shell_without_gl_settings(tmp_path):
 def test_a_missing_dataset_is_one_line_in_every_command_and_train_leaves_no_run(tmp_path):
     missing = tmp_path / "nope"
     said = wamkit("train", "configs/demo.yaml", f"data.root={missing}", "train.run_dir=run", cwd=tmp_path)
-    assert f"{missing}/meta/info.json: file is missing" in one_line_error(said, "train")
+    assert f"config error: data.root: {missing} holds no LeRobot dataset" in one_line_error(said, "train")
     assert not (tmp_path / "run").exists()  # no config.yaml and train.log of a run that never was
     said = wamkit("check", str(missing), "--suite", "metaworld", cwd=tmp_path)
     assert f"{missing}/meta/info.json: file is missing" in one_line_error(said, "check")
