@@ -25,6 +25,9 @@
 #   bash maintainers/gpu_aloha.sh status   # each run's last log line and the GPU's use
 #   bash maintainers/gpu_aloha.sh eval     # each run's newest checkpoint converted and evaluated (ALOHA_JOBS
 #                                          # at a time, 2 by default); $OUT/aloha_table.json and the logs' tails
+#   bash maintainers/gpu_aloha.sh bench    # one evaluated run (ALOHA_BENCH, act_tc by default) exported as a
+#                                          # LeRobot folder, then `wamkit bench lerobot-eval` on its task
+#                                          # (ALOHA_BENCH_TRIALS, 50), 10 envs, CUDA; $OUT/lerobot_eval.json
 #
 # Trainings stop at their max_steps or when `eval` stops them (ALOHA_STOP=1): each is evaluated at the
 # newest checkpoint it wrote, whose step is reported beside its success.
@@ -74,6 +77,14 @@ each() {  # each FUNCTION: FUNCTION name task train_overrides eval_overrides, fo
     IFS='|' read -r name task tr ev <<<"$v"
     [ -n "$ONLY" ] && ! [[ $name =~ $ONLY ]] && continue
     "$1" "$name" "$task" "$tr" "$ev"
+  done
+}
+
+each_task() {  # each_task NAME: the task of variant NAME
+  local v name task tr ev
+  for v in "${VARIANTS[@]}"; do
+    IFS='|' read -r name task tr ev <<<"$v"
+    [ "$name" = "$1" ] && echo "$task"
   done
 }
 
@@ -141,5 +152,18 @@ print(json.dumps(rows, indent=1))
 EOF
     for f in "$W"/logs/*.log; do echo "== $f"; tail -n 15 "$f"; done >"$OUT/aloha_logs.txt"
     ;;
-  *) echo "usage: gpu_aloha.sh prep|train|status|eval" >&2; exit 2 ;;
+  bench)
+    prep
+    name=${ALOHA_BENCH:-act_tc}
+    task=$(each_task "$name")
+    b=$W/bench_$name && rm -rf "$b" && mkdir -p "$b"
+    python3 -m wamkit convert "$W/runs/$name/serve" --to extra --out "$b/folder" >"$b/export.log" 2>&1 ||
+      { tail -n 5 "$b/export.log"; exit 1; }
+    python3 -m wamkit bench lerobot-eval --policy "$b/folder" --trials "${ALOHA_BENCH_TRIALS:-50}" --envs 10 \
+      --device cuda --out "$b/bench" env.suite=aloha env.tasks="[$task]" env.cameras=[top] env.image_size=240 \
+      2>&1 | tail -n 30
+    cp "$b/bench/lerobot_eval.json" "$OUT/" 2>/dev/null
+    tail -n 20 "$b/bench/wamkit.log" "$b/bench/lerobot.log" >"$OUT/lerobot_eval_tails.log" 2>/dev/null
+    ;;
+  *) echo "usage: gpu_aloha.sh prep|train|status|eval|bench" >&2; exit 2 ;;
 esac
