@@ -370,7 +370,7 @@ class LeRobotAdapter:
         out = {"loss": loss}
         for key, value in (info or {}).items():
             if isinstance(value, int | float):
-                out[key] = torch.tensor(float(value))
+                out[key] = torch.tensor(float(value), device=loss.device)  # the loop stacks it with loss
         return out
 
     @torch.no_grad()
