@@ -8,7 +8,7 @@ export PYOPENGL_PLATFORM ?= egl
 
 LEROBOT_VENV ?= .venv-lerobot
 
-.PHONY: setup setup-libero setup-libero-pro setup-engines setup-lerobot test test-slow lint demo clean
+.PHONY: setup setup-libero setup-libero-pro setup-engines setup-lerobot setup-maniskill test test-slow lint demo clean
 
 $(STAMP): pyproject.toml scripts/setup.sh
 	bash scripts/setup.sh
@@ -37,6 +37,12 @@ setup-engines: $(STAMP)
 setup-lerobot:
 	LEROBOT_VENV=$(LEROBOT_VENV) bash scripts/setup_lerobot.sh
 
+# ManiSkill3 (suite maniskill): its motion planner needs numpy < 2, so it gets a venv of its own whose
+# Python the suite's env workers start with, and SAPIEN's Vulkan renderer gets Mesa's lavapipe where
+# there is no GPU (scripts/setup_maniskill.sh; docs/maniskill.md)
+setup-maniskill: $(STAMP)
+	bash scripts/setup_maniskill.sh
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests
 	$(VENV)/bin/ruff format --check src tests
@@ -48,7 +54,7 @@ lint: $(STAMP)
 # test mostly waits on one core (a subprocess, a server, a simulator), so two share two cores well
 TEST_WORKERS ?= 2
 # The LeRobot tests (tests/test_lerobot_*.py) run in $(LEROBOT_VENV); the project's venv leaves them out.
-test: lint setup-libero setup-libero-pro setup-engines setup-lerobot
+test: lint setup-libero setup-libero-pro setup-engines setup-lerobot setup-maniskill
 	$(PY) -m pytest -m "not slow" -q -n $(TEST_WORKERS) --dist loadfile --durations=15
 	ATEN_CPU_CAPABILITY=default OMP_NUM_THREADS=1 $(PY) -m pytest -m "numerics and not slow" -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile
 	$(LEROBOT_VENV)/bin/python -m pytest -m "not slow" -q -p no:cacheprovider tests/test_lerobot_policies.py tests/test_lerobot_eval.py
@@ -60,4 +66,4 @@ demo: $(DEMO_STAMP)
 	$(VENV)/bin/wamkit demo
 
 clean:
-	rm -rf $(VENV) $(LEROBOT_VENV) .pytest_cache runs .engines
+	rm -rf $(VENV) $(LEROBOT_VENV) .venv-maniskill .pytest_cache runs .engines

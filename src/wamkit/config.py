@@ -73,6 +73,9 @@ class EnvConfig:
     # (the profile's proprio_dims; MetaWorld: hand xyz and gripper opening, 4-D), for
     # a policy that must find objects and goals in its camera frames.
     state: Literal["full", "proprio"] = "full"
+    # The controller the actions command, for a suite that offers more than its own ("auto": the suite's,
+    # e.g. ManiSkill3's pd_ee_delta_pose); a suite with one refuses any other
+    control_mode: str = "auto"
 
 
 @dataclass

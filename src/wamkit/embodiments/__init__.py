@@ -17,6 +17,7 @@ _MODULES: dict[str, str] = {
     "metaworld": "wamkit.embodiments.metaworld",  # Sawyer in MetaWorld v3, the default suite
     "libero_pro": "wamkit.embodiments.libero_pro",  # LIBERO's suites under perturbation (LIBERO-PRO)
     "aloha": "wamkit.embodiments.aloha",  # bimanual ViperX arms in gym-aloha (the ACT paper's tasks)
+    "maniskill": "wamkit.embodiments.maniskill",  # Franka Panda in ManiSkill3 (SAPIEN), its own venv
 }
 _LOADED: dict[str, Embodiment] = {}
 

@@ -94,6 +94,14 @@ def resolve_env_config(env_cfg: EnvConfig) -> ResolvedEnv:
     if isinstance(env_cfg, ResolvedEnv):
         return env_cfg
     check_env_config(env_cfg)
+    if env_cfg.control_mode != "auto":
+        check = getattr(_backend(env_cfg.suite), "check_control_mode", None)
+        if check is None:
+            raise ConfigError(
+                f"env.control_mode: {env_cfg.control_mode!r}: {env_cfg.suite} acts in one control mode, its "
+                "profile's actions; leave env.control_mode=auto"
+            )
+        check(env_cfg.control_mode)
     proto = protocol(env_cfg.suite)
     quality = proto.render_quality if env_cfg.render_quality == "auto" else env_cfg.render_quality
     rule = proto.seed_rule if env_cfg.seed_rule == "auto" else env_cfg.seed_rule

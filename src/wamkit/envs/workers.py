@@ -20,6 +20,9 @@ import logging
 import multiprocessing as mp
 import os
 import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
 import traceback
@@ -116,9 +119,56 @@ def _environ(values: dict[str, str]):
                     os.environ[k] = v
 
 
+class _ForeignProcess:
+    """An env worker started with another Python (a suite whose simulator lives in a venv of its own):
+    ``python -m wamkit.envs.workers FD``, talking over one end of a socket pair as a spawned child talks
+    over its pipe. Offers what :class:`EnvWorker` uses of a ``multiprocessing.Process``."""
+
+    def __init__(self, python: str, args: tuple, name: str) -> None:
+        parent, child = socket.socketpair()
+        fd = child.fileno()
+        try:
+            self._popen = subprocess.Popen(
+                [python, "-m", "wamkit.envs.workers", str(fd)], pass_fds=[fd], stdin=subprocess.DEVNULL
+            )
+        except OSError as err:
+            parent.close()
+            raise RuntimeError(f"{name}: could not start {python}: {err}") from None
+        finally:
+            child.close()
+        self.name, self.pid = name, self._popen.pid
+        self.conn = Connection(parent.detach())
+        self.conn.send(args)  # the child's first message: what _worker_main takes
+
+    def is_alive(self) -> bool:
+        return self._popen.poll() is None
+
+    def join(self, timeout: float | None = None) -> None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._popen.wait(timeout)
+
+    @property
+    def exitcode(self) -> int | None:
+        return self._popen.poll()
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            self._popen.kill()
+
+
+def worker_python(env_cfg: EnvConfig) -> str | None:
+    """The Python an env worker of ``env_cfg.suite`` starts with: None for this one (a spawned child),
+    or the interpreter its backend names (``worker_python()``: a simulator in a venv of its own)."""
+    from wamkit.envs.suites import backend
+
+    fn = getattr(backend(env_cfg.suite), "worker_python", None)
+    return fn() if fn is not None else None
+
+
 class EnvWorker:
     """A spawned process hosting ``num_envs`` envs. ``host_factory(env_cfg, num_envs)`` builds the host
     in the child (default :class:`EnvHost`; it must be importable by name, e.g. a module-level class).
+    A suite whose backend names another Python (:func:`worker_python`) gets a child started with it.
     """
 
     def __init__(
@@ -129,17 +179,25 @@ class EnvWorker:
         host_factory: Callable[..., Any] = EnvHost,
     ) -> None:
         self.worker_id, self.num_envs = worker_id, num_envs
-        ctx = mp.get_context("spawn")  # a forked child of a process with a GL context hangs
-        self._conn, child_conn = ctx.Pipe(duplex=True)
-        self.process = ctx.Process(
-            target=_worker_main,
-            args=(child_conn, env_cfg, num_envs, worker_id, host_factory),
-            name=f"wamkit-env-{worker_id}",
-            daemon=True,  # terminated by multiprocessing at a normal parent exit
-        )
-        with _environ(render_environ(env_cfg.render_gpu)):  # a spawned child copies it at start
-            self.process.start()
-        child_conn.close()  # only the child holds that end: its EOF tells us the child is gone
+        python = worker_python(env_cfg)
+        if python is not None:
+            with _environ(render_environ(env_cfg.render_gpu)):
+                self.process: Any = _ForeignProcess(
+                    python, (env_cfg, num_envs, worker_id, host_factory), f"env worker {worker_id}"
+                )
+            self._conn = self.process.conn
+        else:
+            ctx = mp.get_context("spawn")  # a forked child of a process with a GL context hangs
+            self._conn, child_conn = ctx.Pipe(duplex=True)
+            self.process = ctx.Process(
+                target=_worker_main,
+                args=(child_conn, env_cfg, num_envs, worker_id, host_factory),
+                name=f"wamkit-env-{worker_id}",
+                daemon=True,  # terminated by multiprocessing at a normal parent exit
+            )
+            with _environ(render_environ(env_cfg.render_gpu)):  # a spawned child copies it at start
+                self.process.start()
+            child_conn.close()  # only the child holds that end: its EOF tells us the child is gone
         self._pending: list[str] = ["__init__"]  # methods whose replies are not read yet, in order
         self.episodes: dict[int, EpisodeSpec] = {}  # slot -> episode currently hosted
         self._closed = False
@@ -237,3 +295,17 @@ class EnvWorker:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _foreign_main(fd: int) -> None:
+    """A worker started with another Python (:class:`_ForeignProcess`): read what to host, then serve."""
+    conn = Connection(fd)
+    try:
+        env_cfg, num_envs, worker_id, host_factory = conn.recv()
+    except (EOFError, OSError):
+        return
+    _worker_main(conn, env_cfg, num_envs, worker_id, host_factory)
+
+
+if __name__ == "__main__":
+    _foreign_main(int(sys.argv[1]))

@@ -1,0 +1,182 @@
+"""The maniskill suite against ManiSkill3 itself: ``wamkit collect`` as typed, its actions against what
+ManiSkill's own motion-planning script and replay tool make of the same seeds, an evaluation against a
+random-init server, and the errors of bad input. ManiSkill3 runs in ``.venv-maniskill`` (``make
+setup-maniskill``): the project's venv starts its env workers with that Python."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from wamkit.config import ConfigError, EnvConfig
+from wamkit.envs.suites import expand_tasks, resolve_env_config
+
+from .child_env import start_logged, user_shell_env, wait_for_log
+from .conftest import REPO
+
+MANISKILL_PY = REPO / ".venv-maniskill" / "bin" / "python"
+needs_maniskill = pytest.mark.skipif(
+    not MANISKILL_PY.is_file(), reason="ManiSkill3's venv is built by `make setup-maniskill`"
+)
+
+
+def _wamkit(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """``wamkit ARGS`` as typed in the README's activated shell (no rendering variables), from ``cwd``."""
+    cmd = [str(Path(sys.executable).parent / "wamkit"), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=user_shell_env(), cwd=cwd)
+
+
+def _episodes(root: Path) -> dict[int, dict[str, np.ndarray]]:
+    import pyarrow.parquet as pq
+
+    out: dict[int, dict[str, list]] = {}
+    for f in sorted((root / "data").rglob("*.parquet")):
+        t = pq.read_table(f).to_pydict()
+        for i, ep in enumerate(t["episode_index"]):
+            d = out.setdefault(ep, {"action": [], "observation.state": []})
+            d["action"].append(t["action"][i])
+            d["observation.state"].append(t["observation.state"][i])
+    return {ep: {k: np.asarray(v, np.float32) for k, v in d.items()} for ep, d in out.items()}
+
+
+@needs_maniskill
+def test_collect_matches_maniskills_own_planner_and_replay_tool(tmp_path):
+    """``wamkit collect --suite maniskill`` as typed: two PickCube episodes (seeds 0, 1), the planner's
+    rate printed, LeRobot's feature layout at ManiSkill's 20 Hz. Then ManiSkill's own tools on the same
+    seeds, in its venv: ``mani_skill.examples.motionplanning.panda.run`` (the solutions, in
+    ``pd_joint_pos``) and ``mani_skill.trajectory.replay_trajectory -c pd_ee_delta_pose`` (the conversion).
+    Each recorded episode's actions are the converted trajectory's first actions (wamkit's episode ends
+    at the first success, the tool's at the plan's end), equal to float32 roundings, and its first state
+    is the tool's first ``qpos`` and ``qvel``."""
+    out = tmp_path / "data"
+    run = _wamkit(
+        "collect", "--suite", "maniskill", "--tasks", "PickCube-v1", "--episodes", "2", "--image-size", "32",
+        "--workers", "1", "--out", str(out), cwd=tmp_path,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert "PickCube-v1: 2/2 expert successes (100%)" in run.stdout, run.stdout
+    info = json.loads((out / "meta" / "info.json").read_text())
+    feats = info["features"]
+    assert info["fps"] == 20 and info["robot_type"] == "panda"
+    assert feats["observation.images.base_camera"]["shape"] == [32, 32, 3]
+    assert feats["observation.state"]["shape"] == [18] and feats["action"]["shape"] == [7]
+    ours = _episodes(out)
+
+    record = tmp_path / "ms"
+    tool = [str(MANISKILL_PY), "-m"]
+    env = {**user_shell_env(), "PYTHONWARNINGS": "ignore"}
+    subprocess.run(
+        [*tool, "mani_skill.examples.motionplanning.panda.run", "-e", "PickCube-v1", "-n", "2", "-b", "cpu",
+         "--record-dir", str(record), "--traj-name", "mp"],
+        check=True, capture_output=True, env=env, cwd=tmp_path, timeout=600,
+    )  # fmt: skip
+    traj = record / "PickCube-v1" / "motionplanning" / "mp.h5"
+    subprocess.run(
+        [*tool, "mani_skill.trajectory.replay_trajectory", "--traj-path", str(traj), "-c", "pd_ee_delta_pose",
+         "-o", "state_dict", "--save-traj", "-b", "physx_cpu"],
+        check=True, capture_output=True, env=env, cwd=tmp_path, timeout=600,
+    )  # fmt: skip
+    converted = next(traj.parent.glob("mp.state_dict.pd_ee_delta_pose.*.h5"))
+    script = (
+        "import h5py, json, sys, numpy as np\n"
+        "f = h5py.File(sys.argv[1])\n"
+        "out = {}\n"
+        "for k in sorted(f, key=lambda k: int(k.split('_')[1])):\n"
+        "    a = f[k]['obs']['agent']\n"
+        "    out[k] = {'actions': f[k]['actions'][:].tolist(),\n"
+        "              'state0': np.concatenate([a['qpos'][0], a['qvel'][0]]).tolist()}\n"
+        "print(json.dumps(out))\n"
+    )
+    dump = subprocess.run([str(MANISKILL_PY), "-c", script, str(converted)], check=True, capture_output=True,
+                          text=True, env=env, timeout=120)  # fmt: skip
+    theirs = json.loads(dump.stdout)
+    assert sorted(theirs) == ["traj_0", "traj_1"]
+    for ep in (0, 1):
+        mine, ref = ours[ep], theirs[f"traj_{ep}"]
+        ref_actions = np.asarray(ref["actions"], np.float32)
+        n = len(mine["action"])
+        assert 0 < n <= len(ref_actions), (n, len(ref_actions))
+        np.testing.assert_allclose(mine["action"], ref_actions[:n], rtol=0, atol=1e-5)
+        np.testing.assert_allclose(
+            mine["observation.state"][0], np.asarray(ref["state0"], np.float32), atol=1e-6
+        )
+
+
+def _tiny_server(tmp_path: Path):
+    wamkit = str(Path(sys.executable).parent / "wamkit")
+    log = tmp_path / "serve.log"
+    server = start_logged(
+        [wamkit, "serve", "--model", "tiny", "--preset", "small", "--random-init", "--suite", "maniskill",
+         "--port", "0"],
+        log, env=user_shell_env(), cwd=tmp_path,
+    )  # fmt: skip
+    return server, wait_for_log(server, log, r"serving tiny on (ws://\S+)").group(1)
+
+
+@needs_maniskill
+def test_eval_one_episode_against_a_random_init_server(tmp_path):
+    """docs/maniskill.md's evaluation as typed: one short PushCube episode through the pipelined
+    evaluator, its workers in ManiSkill's venv (the run records that venv's mani-skill); the same server
+    evaluated on MetaWorld is refused naming the state and action sizes."""
+    server, url = _tiny_server(tmp_path)
+    try:
+        common = [f"eval.server_url={url}", "env.image_size=32", "env.max_steps=8", "eval.trials=1"]
+        common += ["eval.num_envs=1", "eval.videos=0", "--pipeline", "1", "--no-progress"]
+        run = _wamkit("eval", "env.suite=maniskill", "env.tasks=PushCube-v1", f"eval.out_dir={tmp_path / 'a'}",
+                      *common, cwd=tmp_path)  # fmt: skip
+        assert run.returncode == 0, run.stderr
+        assert "| maniskill | PushCube-v1 | 1 |" in run.stdout
+        summary = json.loads((tmp_path / "a" / "summary.json").read_text())
+        assert summary["stack"]["mani-skill"] == "3.0.1" and summary["stack"]["sapien"] == "3.0.3"
+        wrong = _wamkit("eval", "env.tasks=reach-v3", "env.cameras=base_camera", f"eval.out_dir={tmp_path / 'm'}",
+                        *common, cwd=tmp_path)  # fmt: skip
+        assert wrong.returncode != 0
+        assert "state_dim: model 18, env 39; env_action_dim: model 7, env 4" in wrong.stderr
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def test_unknown_tasks_and_control_modes_name_what_to_change():
+    """Bad input, refused before any simulator starts (the project's venv has no ManiSkill3): a task
+    without a motion-planning solution lists those with one; a control mode names whether the
+    demonstrations could be converted to it, and the one to set; another suite takes none."""
+    with pytest.raises(ConfigError, match=r"'PickSingleYCB-v1' is not a ManiSkill3 task with a motion-planning "
+                       r"solution \(valid: PickCube-v1, StackCube-v1, PegInsertionSide-v1, PushCube-v1"):  # fmt: skip
+        expand_tasks("maniskill", ["PickSingleYCB-v1"])
+    with pytest.raises(ConfigError, match=r"did you mean 'PickCube-v1'"):
+        expand_tasks("maniskill", ["PickCube-v2"])
+    cfg = EnvConfig(suite="maniskill", tasks=["PickCube-v1"], cameras=["base_camera"])
+    cfg.control_mode = "pd_ee_pose"
+    with pytest.raises(ConfigError, match=r"env.control_mode: 'pd_ee_pose': the planners' pd_joint_pos "
+                       r"demonstrations cannot be converted to it.*set env.control_mode=pd_ee_delta_pose"):  # fmt: skip
+        resolve_env_config(cfg)
+    cfg.control_mode = "pd_ee_delta_pos"
+    with pytest.raises(ConfigError, match=r"can convert .* to it, but the maniskill suite's action layout is "
+                       r"pd_ee_delta_pose's 7 numbers"):  # fmt: skip
+        resolve_env_config(cfg)
+    cfg.control_mode = "pd_ee_delta_pose"
+    assert resolve_env_config(cfg).control_mode == "pd_ee_delta_pose"
+    with pytest.raises(ConfigError, match=r"metaworld acts in one control mode.*env.control_mode=auto"):
+        resolve_env_config(EnvConfig(control_mode="pd_ee_delta_pose"))
+
+
+def test_a_missing_maniskill_venv_is_named_with_the_command_that_builds_it(monkeypatch, tmp_path):
+    """Where neither ``$WAMKIT_MANISKILL_PYTHON``, this Python nor the checkout's ``.venv-maniskill`` has
+    ManiSkill3, the worker is not started: the error names ``make setup-maniskill``; a variable naming
+    no Python is refused by name."""
+    from wamkit.envs import maniskill_env
+
+    monkeypatch.setattr(maniskill_env, "_repo_venv_python", lambda: tmp_path / "none" / "python")
+    monkeypatch.delenv(maniskill_env.PYTHON_VAR, raising=False)
+    if maniskill_env.importlib.util.find_spec("mani_skill") is None:
+        with pytest.raises(ConfigError, match=r"make setup-maniskill.*WAMKIT_MANISKILL_PYTHON"):
+            maniskill_env.worker_python()
+    monkeypatch.setenv(maniskill_env.PYTHON_VAR, str(tmp_path / "nopython"))
+    with pytest.raises(ConfigError, match=r"WAMKIT_MANISKILL_PYTHON=.*nopython: no such Python"):
+        maniskill_env.worker_python()
