@@ -505,3 +505,41 @@ def test_lerobot_reads_an_aloha_collection_and_lerobot_train_trains_on_it(tmp_pa
 
     folder = _lerobot_train_act(out, f"local/aloha_{task}", tmp_path / "lerobot_train", chunk=10, steps=2)
     assert (folder / "model.safetensors").is_file()
+
+
+@pytest.mark.skipif(
+    not (Path(__file__).resolve().parents[1] / ".venv-maniskill" / "bin" / "python").is_file(),
+    reason="ManiSkill3's venv is built by `make setup-maniskill`",
+)
+def test_lerobot_reads_a_maniskill_collection(tmp_path):
+    """``wamkit collect --suite maniskill`` as typed (its workers in ManiSkill3's venv) writes what
+    LeRobot 0.6.1's ``LeRobotDataset`` loads frame for frame as wamkit's reader does: 20 fps, the Panda,
+    the 18-D state, the 7-D ``pd_ee_delta_pose`` action and the ``base_camera`` image."""
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset as LeRobotsDataset
+
+    from wamkit.data import LeRobotDataset
+
+    out = tmp_path / "maniskill"
+    collect = subprocess.run(
+        [str(Path(sys.executable).with_name("wamkit")), "collect", "--suite", "maniskill", "--tasks",
+         "PushCube-v1", "--episodes", "1", "--image-size", "32", "--keep-failed", "--workers", "1",
+         "--out", str(out), "env.max_steps=12"],
+        env=child_env(user_shell=True), capture_output=True, text=True, timeout=600, cwd=tmp_path,
+    )  # fmt: skip
+    assert collect.returncode == 0, collect.stderr[-3000:]
+    theirs = LeRobotsDataset("local/maniskill_push", root=out)
+    ours = LeRobotDataset(out)
+    assert theirs.fps == 20 and theirs.meta.robot_type == "panda" and len(theirs) == len(ours) == 12
+    assert theirs.meta.camera_keys == ["observation.images.base_camera"]
+    assert theirs.features["observation.state"]["shape"] == (18,)
+    assert theirs.features["action"]["shape"] == (7,)
+    for i in (0, 11):
+        a, b = theirs[i], ours[i]
+        np.testing.assert_array_equal(a["observation.state"].numpy(), np.asarray(b["observation.state"]))
+        np.testing.assert_array_equal(a["action"].numpy(), np.asarray(b["action"]))
+        assert a["task"] == b["task"] == "push the cube to the red and white target"
+        img = np.asarray(b["observation.images.base_camera"])
+        img = img if img.shape[0] == 3 else img.transpose(2, 0, 1)
+        np.testing.assert_allclose(
+            a["observation.images.base_camera"].numpy() * 255, img.astype(np.float32), atol=0.51
+        )

@@ -59,7 +59,10 @@ def test_collect_matches_maniskills_own_planner_and_replay_tool(tmp_path):
         "--workers", "1", "--out", str(out), cwd=tmp_path,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr
+    assert "PickCube-v1: the motion planner solved 2/2 (100%)" in run.stdout, run.stdout
     assert "PickCube-v1: 2/2 expert successes (100%)" in run.stdout, run.stdout
+    journal = [json.loads(line) for line in (out / "meta" / "wamkit_collect.jsonl").read_text().splitlines()]
+    assert [e["planner_solved"] for e in journal] == [True, True]
     info = json.loads((out / "meta" / "info.json").read_text())
     feats = info["features"]
     assert info["fps"] == 20 and info["robot_type"] == "panda"

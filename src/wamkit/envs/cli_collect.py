@@ -76,6 +76,11 @@ def main(args: argparse.Namespace) -> int:
     for task, st in summary["tasks"].items():
         if st["attempted"]:
             rate = st["success"] / st["attempted"]
+            if "planner_solved" in st:
+                solved = st["planner_solved"]
+                print(
+                    f"{task}: the motion planner solved {solved}/{st['attempted']} ({solved / st['attempted']:.0%})"
+                )
             print(
                 f"{task}: {st['success']}/{st['attempted']} expert successes ({rate:.0%}), {st['kept']} kept"
             )

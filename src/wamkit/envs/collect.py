@@ -231,6 +231,7 @@ def collect(cfg: RunConfig, progress: bool = True) -> dict[str, Any]:
                 "kept": keep,
                 "steps": result["steps"],
                 "episode_index": index,
+                **({"planner_solved": result["planner_solved"]} if "planner_solved" in result else {}),
             }
         )
         if keep:
@@ -267,6 +268,8 @@ def collect(cfg: RunConfig, progress: bool = True) -> dict[str, Any]:
                 st = stats[spec.task]
                 st["attempted"] += 1
                 st["success"] += int(result["success"])
+                if "planner_solved" in result:
+                    st["planner_solved"] = st.get("planner_solved", 0) + int(result["planner_solved"])
                 if keep:  # counted now, so that what is handed out next does not wait for the writer
                     kept[spec.task] += 1
                     st["kept"] += 1

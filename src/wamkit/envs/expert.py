@@ -81,12 +81,14 @@ def rollout_expert(
         out_frames[ACTION] = out_frames[ACTION].astype(np.float32)
         if executed_log:
             out_frames[EXECUTED_ACTION] = np.stack(executed_log).astype(np.float32)
+    report = getattr(env, "expert_report", None)  # a suite's expert may say more (a planner's own rate)
     return {
         "spec": spec.to_dict(),
         "success": success,
         "steps": steps,
         "task": obs[TASK],
         "frames": out_frames,
+        **(report() if report is not None else {}),
     }
 
 

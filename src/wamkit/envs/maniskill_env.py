@@ -209,11 +209,12 @@ class _Recorder:
         return self.env.step(action)
 
 
-def plan_episode(task: str, seed: int, planner_env, convert_env) -> np.ndarray | None:
-    """The episode's expert actions in ``pd_ee_delta_pose``, float32 [T, 7]: ManiSkill's motion-planning
-    solution run from ``reset(seed=seed)`` in ``pd_joint_pos``, then its actions converted the way its
-    replay tool does (``from_pd_joint_pos``: each joint target turned into the end-effector delta that
-    reaches it, in closed loop in ``convert_env``). None where the planner found no plan."""
+def plan_episode(task: str, seed: int, planner_env, convert_env) -> tuple[np.ndarray | None, bool]:
+    """``(actions, solved)``: the episode's expert actions in ``pd_ee_delta_pose``, float32 [T, 7]:
+    ManiSkill's motion-planning solution run from ``reset(seed=seed)`` in ``pd_joint_pos``, then its
+    actions converted the way its replay tool does (``from_pd_joint_pos``: each joint target turned into
+    the end-effector delta that reaches it, in closed loop in ``convert_env``), None where the planner
+    found no plan; ``solved``: the planner's own episode succeeded (what ManiSkill's ``run.py`` counts)."""
     from mani_skill.examples.motionplanning.panda.run import MP_SOLUTIONS
     from mani_skill.trajectory.utils.actions.conversion import from_pd_joint_pos
 
@@ -222,15 +223,16 @@ def plan_episode(task: str, seed: int, planner_env, convert_env) -> np.ndarray |
         result = MP_SOLUTIONS[task](planner, seed=seed, debug=False, vis=False)
     except Exception as err:  # noqa: BLE001 - ManiSkill's run.py counts a raising solution as no plan
         log.warning("%s seed %d: the motion planner raised %s: %s", task, seed, type(err).__name__, err)
-        return None
+        return None, False
     if isinstance(result, int) and result == -1 or not planner.actions:
-        return None
+        return None, False
+    solved = bool(_np(result[-1]["success"]).reshape(-1)[0])
     joint_actions = list(planner.actions)
     planner_env.reset(seed=seed)
     convert = _Recorder(convert_env)
     convert.reset(seed=seed)  # both reset by the seed, as the replay tool does by default
     from_pd_joint_pos(CONTROL_MODE, joint_actions, planner_env, convert)
-    return np.stack(convert.actions).astype(np.float32)
+    return np.stack(convert.actions).astype(np.float32), solved
 
 
 class ManiSkillEnv:
@@ -255,6 +257,7 @@ class ManiSkillEnv:
         self._spec: EpisodeSpec | None = None
         self._steps = 0
         self._plan: np.ndarray | None = None
+        self._solved = False
 
     def max_steps(self, spec: EpisodeSpec) -> int:
         return self.cfg.max_steps or TASK_INFO[spec.task][0]
@@ -277,6 +280,7 @@ class ManiSkillEnv:
         if spec.task not in self._envs:
             self._envs[spec.task] = _make(spec.task, CONTROL_MODE, "rgb", self.cfg)
         self._env, self._spec, self._steps, self._plan = self._envs[spec.task], spec, 0, None
+        self._solved = False
         raw, _ = self._env.reset(seed=spec.seed)
         return self._obs(raw)
 
@@ -312,13 +316,18 @@ class ManiSkillEnv:
                     _make(task, PLANNER_MODE, "none", None),
                     _make(task, CONTROL_MODE, "none", None),
                 )
-            planned = plan_episode(task, self._spec.seed, *self._experts[task])
+            planned, self._solved = plan_episode(task, self._spec.seed, *self._experts[task])
             self._plan = planned if planned is not None else np.zeros((0, ACTION_DIM), np.float32)
         if self._steps < len(self._plan):
             return self._plan[self._steps].copy()
         hold = np.zeros(ACTION_DIM, np.float32)
         hold[-1] = self._plan[-1, -1] if len(self._plan) else PROFILE.gripper_open
         return hold
+
+    def expert_report(self) -> dict[str, Any]:
+        """What the expert's episode says beyond its success: whether ManiSkill's planner solved it in
+        its own ``pd_joint_pos`` (``wamkit collect`` prints that rate beside the converted episodes')."""
+        return {"planner_solved": bool(self._solved)}
 
     def close(self) -> None:
         for env in [*self._envs.values(), *(e for pair in self._experts.values() for e in pair)]:
