@@ -10,10 +10,10 @@
 # aloha, and sim's mujoco, PyOpenGL, glfw, gymnasium and Farama wheels copied to .whl/simlite). A machine
 # idle for 30 s goes back, so the calls follow each other at once:
 #
-#   1. carry .whl/av15 .whl/lerobot:                 bash maintainers/gpu_aloha.sh prep
+#   1. carry .whl/av15 .whl/lerobot .whl/simlite:   bash maintainers/gpu_aloha.sh prep  (lerobot imports gymnasium)
 #   2. carry data/aloha_transfer_cube_240 data/aloha_insertion_240:
 #                                                    bash maintainers/gpu_aloha.sh train; sleep 520; bash maintainers/gpu_aloha.sh status
-#   3. carry .whl/simlite .whl/serve .whl/aloha .gl: bash maintainers/gpu_aloha.sh prep; sleep S; ALOHA_STOP=1 timeout 480 bash maintainers/gpu_aloha.sh eval
+#   3. carry .whl/serve .whl/aloha .gl:             bash maintainers/gpu_aloha.sh prep; sleep S; ALOHA_STOP=1 timeout 480 bash maintainers/gpu_aloha.sh eval
 #   4. carry .gl (if 3 ran out):                     bash maintainers/gpu_aloha.sh eval
 #
 # The subcommands, in the checkout's root:

@@ -114,6 +114,17 @@ def test_a_model_from_other_data_is_refused_before_any_episode():
     with pytest.raises(ConfigError, match=r"render_quality: model 'fast', env 'default'"):
         check_spec_fits(spec, mw, "ws://x", "default")
     check_spec_fits({**spec, "render_quality": None}, mw, "ws://x", "default")  # unrecorded: not checked
+    # trained on the full 39-D state, evaluated with env.state=proprio: the suite is right, env.state is not
+    proprio = suite_info("metaworld", "proprio")
+    with pytest.raises(ConfigError, match=r"state_dim: model 39, env 4\); the suite is right, its state is not: "
+                       r"set env.state=full"):  # fmt: skip
+        check_spec_fits(spec, proprio, "ws://x", "fast")
+    with pytest.raises(ConfigError, match=r"set env.state=proprio"):
+        check_spec_fits({**spec, "state_dim": 4}, mw, "ws://x", "fast")
+    with pytest.raises(
+        ConfigError, match=r"state_dim: model 14, env 39\); evaluate it on the suite its data came"
+    ):
+        check_spec_fits({**spec, "state_dim": 14}, mw, "ws://x", "fast")
 
 
 def test_the_server_an_evaluation_starts_gets_the_runs_whole_serve_section(serve_dir, tmp_path):

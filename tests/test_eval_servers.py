@@ -144,6 +144,11 @@ def test_server_settings_are_checked_where_they_are_defined(tmp_path):
         config(urls, tmp_path, "eval.pipeline_stages=1")
     with pytest.raises(ConfigError, match="listed twice"):
         config([urls[0], urls[0]], tmp_path)
+    # an http:// address for the websocket protocol: refused in one line, not retried as ws://http://...
+    with pytest.raises(ConfigError, match=r"eval.server_url: http://x:8000 is an http:// address, and "
+                       r"eval.backend=wamkit speaks websocket: give ws://x:8000"):  # fmt: skip
+        config(["http://x:8000"], tmp_path, "eval.pipeline_stages=1")
+    assert config(["x:8000"], tmp_path, "eval.pipeline_stages=1").eval.server_urls == ["x:8000"]
     with pytest.raises(ConfigError, match="eval.num_envs=3 is not a multiple of the 2 servers"):
         config(urls, tmp_path, "eval.pipeline_stages=0", "eval.num_envs=3")
 

@@ -416,6 +416,14 @@ class EvalConfig:
         urls, s = self.server_urls, len(self.server_urls)
         if len(set(urls)) != s:
             raise ConfigError(f"eval.server_url: a server is listed twice in {urls}")
+        if self.backend in ("wamkit", "openpi"):  # the websocket protocol; the others speak HTTP
+            for url in urls:
+                scheme = url.split("://", 1)[0] if "://" in url else ""
+                if scheme and scheme not in ("ws", "wss"):
+                    raise ConfigError(
+                        f"eval.server_url: {url} is an {scheme}:// address, and eval.backend={self.backend} "
+                        f"speaks websocket: give ws://{url.split('://', 1)[1]} (or host:port)"
+                    )
         if self.server_timeout_s < 0:
             raise ConfigError(
                 f"eval.server_timeout_s: expected >= 0 seconds (0: wait forever), got {self.server_timeout_s}"

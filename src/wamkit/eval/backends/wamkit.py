@@ -52,8 +52,21 @@ def check_spec_fits(spec: dict[str, Any], suite: Any, url: str, render_quality: 
     if diff:
         raise ConfigError(
             f"the model served at {url} was trained on data that does not fit suite {suite.suite!r} "
-            f"({'; '.join(diff)}); evaluate it on the suite its data came from"
+            f"({'; '.join(diff)}); {_fix(spec, suite, diff)}"
         )
+
+
+def _fix(spec: dict[str, Any], suite: Any, diff: list[str]) -> str:
+    """What to change: ``env.state`` where only the state's size differs and the suite's other state
+    (full or proprio) has the model's size; else the suite."""
+    from wamkit import embodiments
+
+    emb = embodiments.for_suite(suite.suite)
+    if emb is not None and len(diff) == 1 and diff[0].startswith("state_dim"):
+        for state in ("full", "proprio"):
+            if len(emb.state_dims(state)) == spec.get("state_dim") != suite.state_dim:
+                return f"the suite is right, its state is not: set env.state={state}"
+    return "evaluate it on the suite its data came from"
 
 
 def served_identity(metadata: dict[str, Any]) -> dict[str, Any] | None:
