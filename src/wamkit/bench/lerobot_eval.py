@@ -159,6 +159,9 @@ def main(args: argparse.Namespace) -> int:
     cfg = load_config(
         args.config,
         [
+            # the config's two pipeline stages need an even --envs: an odd one runs in one stage (an
+            # override given after --policy still wins)
+            f"eval.pipeline_stages={2 if args.envs % 2 == 0 else 1}",
             *args.overrides,
             f"eval.trials={args.trials}",
             f"eval.num_envs={args.envs}",
