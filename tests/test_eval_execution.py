@@ -159,3 +159,22 @@ def test_auto_delay_is_measured_recorded_and_kept_on_resume(tmp_path):
         (tmp_path / "episodes.jsonl").write_text("")  # every episode to run again, under the recorded d
         run_eval(eval_config(srv.url, tmp_path, *auto, "eval.resume=true"), progress=False)
     assert json.loads((tmp_path / "plan.json").read_text())["execution"]["delay_steps"] == d
+
+
+def test_settings_that_cannot_hold_are_one_line_from_the_command(tmp_path):
+    """``wamkit eval eval.execution=async eval.delay_steps=99`` as typed: the execution's refusal is a
+    config error, printed in one line without a traceback, before any server is reached."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    run = subprocess.run(
+        [str(Path(sys.executable).parent / "wamkit"), "eval", "eval.execution=async", "eval.delay_steps=99",
+         "eval.server_url=ws://127.0.0.1:1", f"eval.out_dir={tmp_path / 'e'}"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    assert run.returncode != 0
+    assert run.stderr.strip().splitlines() == [
+        "wamkit eval: config error: eval.delay_steps=99 exceeds eval.replan_interval=8: an env asks again "
+        "every replan_interval steps and keeps one request in flight; raise the interval"
+    ]

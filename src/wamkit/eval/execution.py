@@ -34,11 +34,12 @@ from typing import Any
 
 import numpy as np
 
-from wamkit.config import EvalConfig
+from wamkit.config import ConfigError, EvalConfig
 
 
-class ExecutionError(ValueError):
-    pass
+class ExecutionError(ConfigError):
+    """Execution settings that cannot hold together (``eval.delay_steps``, ``eval.replan_interval``, the
+    model's chunk): a config error, printed in one line naming the keys."""
 
 
 SYNC_RECORD = {"mode": "sync", "delay_steps": 0, "chunk_blend": "switch"}  # every run before the setting
