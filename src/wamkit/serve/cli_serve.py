@@ -17,6 +17,7 @@ import argparse
 import dataclasses
 import logging
 import time
+from pathlib import Path
 
 import torch
 
@@ -163,6 +164,11 @@ def resolve_config(args: argparse.Namespace) -> RunConfig:
 
 def check_source(args: argparse.Namespace) -> None:
     """Exactly one thing to serve: a serving directory or ``--random-init``."""
+    if args.export_dir and "=" in args.export_dir and not Path(args.export_dir).exists():
+        raise ConfigError(
+            f"{args.export_dir}: wamkit serve takes a serving directory here, and settings as "
+            f"--set {args.export_dir}"
+        )
     if args.export_dir and args.random_init:
         raise ConfigError("give either EXPORT_DIR or --random-init, not both")
     if args.export_dir and (args.model or args.preset or args.option):
