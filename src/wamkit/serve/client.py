@@ -43,8 +43,10 @@ log = logging.getLogger(__name__)
 _CONNECT_ERRORS = (OSError, InvalidHandshake, TimeoutError, asyncio.TimeoutError)
 
 
-class ServerError(RuntimeError):
-    """The server answered a request with an error (a text frame); the message is the server's."""
+class ServerError(UserError, RuntimeError):
+    """The server answered a request with an error (a text frame): the message names the server and
+    gives its words (a request it refuses, a shape it does not take); the ``wamkit`` command prints it
+    in one line, and the server's own log holds the rest."""
 
 
 class ServerUnreachable(UserError, ConnectionError):
@@ -60,9 +62,9 @@ def normalize_url(url: str) -> str:
     return url if url.startswith(("ws://", "wss://")) else f"ws://{url}"
 
 
-def _decode_reply(message: str | bytes) -> dict[str, Any]:
+def _decode_reply(message: str | bytes, url: str = "") -> dict[str, Any]:
     if isinstance(message, str):
-        raise ServerError(message)
+        raise ServerError(f"the server at {url} answered: {message}" if url else message)
     return unpackb(message)
 
 
@@ -146,7 +148,7 @@ class PolicyClient:
                 continue
             if isinstance(message, str):
                 self.close()  # the server closes after an error; the next call reconnects
-            return _decode_reply(message)
+            return _decode_reply(message, self.url)
         raise AssertionError("unreachable")
 
     def close(self) -> None:
@@ -223,7 +225,7 @@ class AsyncPolicyClient:
                 if future.done():
                     continue
                 try:
-                    future.set_result(_decode_reply(message))
+                    future.set_result(_decode_reply(message, self.url))
                 except (ServerError, ValueError) as err:
                     future.set_exception(err)
         except ConnectionClosed:
