@@ -58,7 +58,9 @@ def test_eval_cli_with_a_local_server_and_resume(serve_dir, tmp_path):
     assert summary["throughput"]["stages"] == 2 and summary["all"]["episodes"] == 2
     server = json.loads((out / "plan.json").read_text())["server"]
     assert server["serve_dir"] == str(serve_dir.resolve()) and server["identity"]["model"] == "delay"
-    assert (out / "server.log").is_file()
+    server_log = (out / "server.log").read_text()  # the server's start: what, its hashes, its batching
+    assert "serving delay (built in" in server_log and "weights sha256" in server_log
+    assert "serving delay on ws://127.0.0.1:" in server_log and "max_batch=" in server_log
 
     again = wamkit(*args, cwd=tmp_path)  # results exist: refuse rather than overwrite or count twice
     assert again.returncode == 2 and "--resume" in again.stderr

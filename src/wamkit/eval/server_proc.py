@@ -62,7 +62,9 @@ def start_server_process(
     if isinstance(serve_args, str):
         serve_args = [serve_args]
     port = port or free_port(host)
-    cmd = [sys.executable, "-m", "wamkit", "--log-level", "warning", "serve", *serve_args]
+    # info: the server's start lines (what it serves, its hashes, its batching) are in its log; it logs
+    # nothing per request at that level
+    cmd = [sys.executable, "-m", "wamkit", "--log-level", "info", "serve", *serve_args]
     cmd += serve_section_args(serve or ServeConfig())
     cmd += ["--host", host, "--port", str(port)]
     log_file = open(log_path, "w+") if log_path else tempfile.TemporaryFile("w+")  # noqa: SIM115
