@@ -54,6 +54,28 @@ def test_summarize_per_task_and_suite():
     assert all_["ci95"] == pytest.approx(list(wilson_interval(4, 6)))
     table = markdown_table(s)
     assert "| metaworld | a | 4 | 75.0 |" in table and "**66.7**" in table
+    assert "execution:" not in table  # the default (sync, each chunk replacing the last) goes unsaid
+    # an async run's table says how its actions were executed (plan.json's execution), and under RTC
+    # that its efficiency means little
+    s["plan"] = {"execution": {"mode": "async", "delay_steps": 2, "chunk_blend": "rtc", "rtc_schedule": "exp",
+                               "rtc_max_guidance": 5.0}}  # fmt: skip
+    s["throughput"] = throughput({"wall": 10.0, "sim": 8.0, "infer": 6.0, "workers": 2, "env_steps": 100,
+                                  "bound_sim": 4.0, "bound_infer": 5.0})  # fmt: skip
+    table = markdown_table(s)
+    assert (
+        "execution: async, the env acting on for 2 steps while a request is in flight; chunks continued by "
+        "real-time chunking (schedule exp, max guidance 5.0)." in table
+    )
+    assert "the bound is too low and the efficiency means little" in table
+    s["plan"]["execution"] = {
+        "mode": "sync",
+        "delay_steps": 0,
+        "chunk_blend": "ensemble",
+        "ensemble_coeff": 0.01,
+    }
+    table = markdown_table(s)
+    assert "execution: sync; chunks blended by temporal ensembling (m = 0.01)." in table
+    assert "efficiency means little" not in table
 
 
 def test_throughput_bound_and_efficiency():

@@ -121,17 +121,45 @@ def markdown_table(summary: dict[str, Any]) -> str:
         lines.append(row(suite, "all", s["all"], bold=True))
     for e in summary.get("env_errors", []):
         lines.append(f"\nenv error, counted as a failure: {e['episode']} ({e['error']})")
+    execution = (summary.get("plan") or {}).get("execution") or {}
+    said = execution_line(execution)
+    if said:
+        lines += ["", said]
     tp = summary.get("throughput")
     if tp:
-        lines += ["", throughput_line(tp)]
+        lines += ["", throughput_line(tp, rtc=execution.get("chunk_blend") == "rtc")]
     server = (summary.get("plan") or {}).get("server") or {}
     if server.get("unidentified"):  # a foreign server that names nothing: say so beside the numbers
         lines += ["", f"server: {server['unidentified']}"]
     return "\n".join(lines) + "\n"
 
 
-def throughput_line(tp: dict[str, Any]) -> str:
-    """One sentence: wall, steps/s, efficiency against the calibrated bound, utilisation."""
+def execution_line(execution: dict[str, Any]) -> str | None:
+    """How the actions were executed (plan.json's ``execution``), in one sentence; None for the default
+    (synchronous, each chunk replacing the last), which the table's readers assume."""
+    mode, blend = execution.get("mode", "sync"), execution.get("chunk_blend", "switch")
+    if mode == "sync" and blend == "switch":
+        return None
+    head = (
+        f"execution: async, the env acting on for {execution.get('delay_steps', 0)} steps while a request "
+        "is in flight"
+        if mode == "async"
+        else "execution: sync"
+    )
+    blends = {
+        "switch": "each new chunk replacing the last",
+        "ensemble": f"chunks blended by temporal ensembling (m = {execution.get('ensemble_coeff')})",
+        "rtc": (
+            f"chunks continued by real-time chunking (schedule {execution.get('rtc_schedule')}, max guidance "
+            f"{execution.get('rtc_max_guidance')})"
+        ),
+    }
+    return f"{head}; {blends.get(blend, blend)}."
+
+
+def throughput_line(tp: dict[str, Any], rtc: bool = False) -> str:
+    """One sentence: wall, steps/s, efficiency against the calibrated bound, utilisation. ``rtc``: the
+    run's requests were RTC's guided ones, which the calibration's plain requests do not measure."""
     head = (
         f"{tp.get('num_envs', '?')} envs in {tp.get('stages', '?')} stages: wall {tp['wall']:.1f} s for "
         f"{tp['env_steps']} env steps ({tp['env_steps_per_s']:.1f} env-steps/s); "
@@ -146,6 +174,12 @@ def throughput_line(tp: dict[str, Any]) -> str:
         f"efficiency {100 * tp['efficiency']:.0f}% against the calibrated bound {tp['bound']:.1f} s "
         f"({tp['bound_side']}: sim {tp['bound_sim']:.1f} s, inference {tp['bound_infer']:.1f} s); " + busy
     )
+    if rtc:
+        line += (
+            " Under real-time chunking each request also runs the guidance's backward passes, which the "
+            "calibration's plain requests do not: the bound is too low and the efficiency means little; "
+            "compare wall times and utilisation instead."
+        )
     over = tp.get("bound_above_run")
     if over:
         line += (
