@@ -251,7 +251,7 @@ def test_an_engine_backend_without_its_settings_is_one_line(tmp_path):
     )
     assert "eval.backend=sglang at http://127.0.0.1:9: eval.backend_options.serving_dir: give" in said
     opts = [
-        "eval.server_url=http://127.0.0.1:9",
+        "eval.server_url=ws://127.0.0.1:9",
         "eval.backend=openpi",
         "eval.backend_options.connections=abc",
     ]

@@ -98,7 +98,7 @@ def test_each_profile_agrees_with_its_backend_and_each_list_exists_once():
     assert not hasattr(sft_dataset, "LIBERO_SUITES")  # the data stage reads the profile's mix
     from wamkit.embodiments import libero_pro
 
-    assert suites() == [*libero.SUITES, "metaworld", *libero_pro.SUITES, "aloha"]
+    assert suites() == [*libero.SUITES, "metaworld", *libero_pro.SUITES, "aloha", "maniskill"]
     # LIBERO-PRO is LIBERO's robot and protocol on other suites: only what it declares apart differs
     same = ("state_names", "action_names", "cameras", "fps", "protocol", "settle_steps", "gripper")
     assert all(getattr(libero_pro.PROFILE, k) == getattr(libero.PROFILE, k) for k in same)
