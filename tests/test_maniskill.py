@@ -149,9 +149,9 @@ def test_unknown_tasks_and_control_modes_name_what_to_change():
     """Bad input, refused before any simulator starts (the project's venv has no ManiSkill3): a task
     without a motion-planning solution lists those with one; a control mode names whether the
     demonstrations could be converted to it, and the one to set; another suite takes none."""
-    with pytest.raises(ConfigError, match=r"'PickSingleYCB-v1' is not a ManiSkill3 task with a motion-planning "
+    with pytest.raises(ConfigError, match=r"'OpenCabinetDrawer-v1' is not a ManiSkill3 task with a motion-planning "
                        r"solution \(valid: PickCube-v1, StackCube-v1, PegInsertionSide-v1, PushCube-v1"):  # fmt: skip
-        expand_tasks("maniskill", ["PickSingleYCB-v1"])
+        expand_tasks("maniskill", ["OpenCabinetDrawer-v1"])
     with pytest.raises(ConfigError, match=r"did you mean 'PickCube-v1'"):
         expand_tasks("maniskill", ["PickCube-v2"])
     cfg = EnvConfig(suite="maniskill", tasks=["PickCube-v1"], cameras=["base_camera"])

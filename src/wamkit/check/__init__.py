@@ -52,9 +52,7 @@ def plan_probe(
 
 
 def _env_cameras(data: DataView, suite: str) -> list[str]:
-    from wamkit.envs.suites import backend
-
-    known = backend(suite).CAMERAS
+    known = embodiments.for_suite(suite).cameras
     return [c for c in data.cameras if c in known] or [next(iter(known))]
 
 
@@ -79,11 +77,11 @@ def check_dataset(
         mod = backend(suite)
         check_fps(data, probe, report)
         profile = embodiments.for_suite(suite)
-        check_action(data, probe, report, mod.ACTION_NAMES, profile.absolute_actions)
+        check_action(data, probe, report, profile.action_names, profile.absolute_actions)
         check_gripper(data, probe, report, mod.finger_width, profile.gripper_close, profile.gripper_open)
         kept = profile.state_dims(state)  # the dims the dataset's state holds, of the suite's whole state
-        axis = tuple(kept.index(d) for d in mod.AXIS_ANGLE_DIMS if d in kept)
-        check_state(data, probe, report, profile.state_names_of(state), axis, mod.STATE_SOURCE)
+        axis = tuple(kept.index(d) for d in profile.axis_angle_dims if d in kept)
+        check_state(data, probe, report, profile.state_names_of(state), axis, profile.state_source)
         check_images(data, probe, report)
         check_render(data, report, cfg.render_quality)
         check_replay(env, data, report, replay)

@@ -21,12 +21,11 @@ Conventions (docs/aloha.md cites gym-aloha's file for each):
 
 from __future__ import annotations
 
-import difflib
 from typing import Any
 
 import numpy as np
 
-from wamkit.config import ConfigError, EnvConfig
+from wamkit.config import ConfigError, EnvConfig, _suggest
 from wamkit.constants import OBS_STATE, TASK, image_key
 from wamkit.embodiments.aloha import PROFILE
 from wamkit.envs.base import EpisodeSpec, Obs, StepResult, SuiteInfo
@@ -72,9 +71,9 @@ def expand_tasks(suite: str, tasks: list[str]) -> list[str]:
     """``tasks`` checked against ALOHA's two; an unknown name raises naming ``env.tasks`` and the valid ones."""
     for t in tasks:
         if t not in INSTRUCTIONS:
-            close = difflib.get_close_matches(t, TASKS, n=1)
-            hint = f"; did you mean '{close[0]}'?" if close else ""
-            raise ConfigError(f"env.tasks: unknown ALOHA task '{t}'{hint} (valid: {', '.join(TASKS)})")
+            raise ConfigError(
+                f"env.tasks: unknown ALOHA task '{t}'{_suggest(t, TASKS)} (valid: {', '.join(TASKS)})"
+            )
     return list(dict.fromkeys(tasks))
 
 
@@ -167,12 +166,9 @@ class AlohaEnv:
     suite = SUITE
 
     def __init__(self, cfg: EnvConfig) -> None:
-        from wamkit.envs.suites import require_resolved
+        from wamkit.envs.suites import check_env_start
 
-        require_resolved(cfg, "AlohaEnv")
-        for cam in cfg.cameras:
-            if cam not in CAMERAS:
-                raise ConfigError(f"env.cameras: unknown ALOHA camera '{cam}' (valid: {', '.join(CAMERAS)})")
+        check_env_start(cfg, "AlohaEnv", CAMERAS, "ALOHA")
         self.cfg = cfg
         self._sims: dict[str, _TaskSim] = {}
         self._sim: _TaskSim | None = None

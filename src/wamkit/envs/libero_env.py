@@ -183,14 +183,9 @@ class LiberoEnv:
     simulator (seconds); episodes of the same task reuse it."""
 
     def __init__(self, cfg: EnvConfig) -> None:
-        from wamkit.envs.suites import require_resolved
+        from wamkit.envs.suites import check_env_start
 
-        require_resolved(cfg, "LiberoEnv")
-        unknown = [c for c in cfg.cameras if c not in CAMERAS]
-        if unknown:
-            raise ConfigError(
-                f"env.cameras: unknown LIBERO camera(s) {unknown} (valid: {', '.join(CAMERAS)})"
-            )
+        check_env_start(cfg, "LiberoEnv", CAMERAS, "LIBERO")
         self.suite, self.cfg = cfg.suite, cfg
         self._tasks = {t.name: t for t in self._task_list(cfg.suite)}
         self._env = None

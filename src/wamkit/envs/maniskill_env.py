@@ -22,7 +22,6 @@ Conventions (docs/maniskill.md cites ManiSkill's file for each):
 
 from __future__ import annotations
 
-import difflib
 import importlib.util
 import logging
 import os
@@ -32,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from wamkit.config import ConfigError, EnvConfig
+from wamkit.config import ConfigError, EnvConfig, _suggest
 from wamkit.constants import OBS_STATE, TASK, image_key
 from wamkit.embodiments.maniskill import PROFILE
 from wamkit.envs.base import EpisodeSpec, Obs, StepResult, SuiteInfo
@@ -40,16 +39,8 @@ from wamkit.envs.base import EpisodeSpec, Obs, StepResult, SuiteInfo
 log = logging.getLogger(__name__)
 
 SUITE = "maniskill"
-FPS = PROFILE.fps
-STATE_DIM = PROFILE.state_dim
-ACTION_DIM = PROFILE.action_dim
-PROTOCOL = PROFILE.protocol
-STATE_NAMES = PROFILE.state_names
-AXIS_ANGLE_DIMS: tuple[int, ...] = PROFILE.axis_angle_dims
-ACTION_NAMES = PROFILE.action_names
-STATE_SOURCE = PROFILE.state_source
 CAMERAS = PROFILE.cameras
-GRIPPERS = PROFILE.grippers
+ACTION_DIM = PROFILE.action_dim
 
 # the control mode the demonstrations are converted to and the policies act in: one action layout over
 # every task (PegInsertionSide needs the hand's rotation, which pd_ee_delta_pos cannot command)
@@ -85,8 +76,9 @@ def finger_width(states: np.ndarray) -> np.ndarray:
 
 
 def suite_info(suite: str = SUITE) -> SuiteInfo:
+    p = PROFILE
     return SuiteInfo(
-        SUITE, TASKS, MAX_STEPS, STATE_DIM, ACTION_DIM, FPS, PROFILE.default_cameras, PROFILE.robot_type
+        SUITE, TASKS, MAX_STEPS, p.state_dim, p.action_dim, p.fps, p.default_cameras, p.robot_type
     )
 
 
@@ -99,11 +91,9 @@ def expand_tasks(suite: str, tasks: list[str]) -> list[str]:
     naming ``env.tasks`` and the valid ones."""
     for t in tasks:
         if t not in TASK_INFO:
-            close = difflib.get_close_matches(t, TASKS, n=1)
-            hint = f"; did you mean '{close[0]}'?" if close else ""
             raise ConfigError(
-                f"env.tasks: '{t}' is not a ManiSkill3 task with a motion-planning solution{hint} "
-                f"(valid: {', '.join(TASKS)})"
+                f"env.tasks: '{t}' is not a ManiSkill3 task with a motion-planning solution"
+                f"{_suggest(t, TASKS)} (valid: {', '.join(TASKS)})"
             )
     return list(dict.fromkeys(tasks))
 
@@ -241,14 +231,9 @@ class ManiSkillEnv:
     suite = SUITE
 
     def __init__(self, cfg: EnvConfig) -> None:
-        from wamkit.envs.suites import require_resolved
+        from wamkit.envs.suites import check_env_start
 
-        require_resolved(cfg, "ManiSkillEnv")
-        for cam in cfg.cameras:
-            if cam not in CAMERAS:
-                raise ConfigError(
-                    f"env.cameras: unknown ManiSkill3 camera '{cam}' (valid: {', '.join(CAMERAS)})"
-                )
+        check_env_start(cfg, "ManiSkillEnv", CAMERAS, "ManiSkill3")
         check_control_mode(getattr(cfg, "control_mode", "auto"))
         self.cfg = cfg
         self._envs: dict[str, Any] = {}
@@ -290,7 +275,7 @@ class ManiSkillEnv:
         action = np.asarray(action, dtype=np.float32).reshape(-1)
         if action.shape != (ACTION_DIM,):
             raise ValueError(
-                f"action: expected shape [{ACTION_DIM}] ({CONTROL_MODE}: {', '.join(ACTION_NAMES)}), "
+                f"action: expected shape [{ACTION_DIM}] ({CONTROL_MODE}: {', '.join(PROFILE.action_names)}), "
                 f"got {list(action.shape)}"
             )
         self._steps += 1

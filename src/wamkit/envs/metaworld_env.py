@@ -22,7 +22,7 @@ from typing import Any
 import mujoco
 import numpy as np
 
-from wamkit.config import ConfigError, EnvConfig
+from wamkit.config import ConfigError, EnvConfig, _suggest
 from wamkit.constants import OBS_STATE, TASK, image_key
 from wamkit.embodiments.metaworld import PROFILE
 from wamkit.envs.base import EpisodeSpec, Obs, StepResult, SuiteInfo
@@ -133,11 +133,9 @@ def expand_tasks(suite: str, tasks: list[str]) -> list[str]:
     for t in tasks:
         group = {"MT10": MT10, "MT50": TASKS}.get(t.upper())
         if group is None and t not in INSTRUCTIONS:
-            import difflib
-
-            close = difflib.get_close_matches(t, TASKS, n=1)
-            hint = f"; did you mean '{close[0]}'?" if close else ""
-            raise ConfigError(f"env.tasks: unknown MetaWorld task '{t}'{hint} (or use MT10 / MT50)")
+            raise ConfigError(
+                f"env.tasks: unknown MetaWorld task '{t}'{_suggest(t, TASKS)} (or use MT10 / MT50)"
+            )
         out.extend(group or [t])
     return list(dict.fromkeys(out))
 
@@ -174,14 +172,9 @@ class MetaWorldEnv:
     suite = SUITE
 
     def __init__(self, cfg: EnvConfig) -> None:
-        from wamkit.envs.suites import require_resolved
+        from wamkit.envs.suites import check_env_start
 
-        require_resolved(cfg, "MetaWorldEnv")
-        for cam in cfg.cameras:
-            if cam not in CAMERAS:
-                raise ConfigError(
-                    f"env.cameras: unknown MetaWorld camera '{cam}' (valid: {', '.join(CAMERAS)})"
-                )
+        check_env_start(cfg, "MetaWorldEnv", CAMERAS, "MetaWorld")
         self.cfg = cfg
         # env.state: the dims of MetaWorld's observation the state keeps (the expert reads all of them)
         self._state_dims = list(PROFILE.state_dims(cfg.state))

@@ -27,8 +27,9 @@ def _backend(suite: str):
 
 
 def backend(suite: str):
-    """The backend module of ``suite``: its conventions as data (``STATE_NAMES``, ``AXIS_ANGLE_DIMS``,
-    ``ACTION_NAMES``, ``STATE_SOURCE``, ``CAMERAS``, ``finger_width``, ``PROTOCOL``)."""
+    """The backend module of ``suite``: ``suite_info``, ``expand_tasks``, ``make``, ``finger_width`` and
+    what else it offers (``task_categories``, ``worker_python``, ``site_paths``); its conventions as data
+    are its embodiment's profile (``wamkit.embodiments``)."""
     return _backend(suite)
 
 
@@ -87,6 +88,19 @@ def require_resolved(env_cfg: EnvConfig, where: str) -> None:
         )
 
 
+def check_env_start(cfg: EnvConfig, where: str, cameras, simulator: str) -> None:
+    """What every backend's env checks as it is built: a config resolved where the run started, and
+    cameras its simulator has (a :class:`ConfigError` naming ``env.cameras`` and the valid ones)."""
+    require_resolved(cfg, where)
+    unknown = [c for c in cfg.cameras if c not in cameras]
+    if unknown:
+        names = ", ".join(f"'{c}'" for c in unknown)
+        raise ConfigError(
+            f"env.cameras: unknown {simulator} camera{'s' if len(unknown) > 1 else ''} {names}"
+            f"{_suggest(unknown[0], cameras)} (valid: {', '.join(cameras)})"
+        )
+
+
 def resolve_env_config(env_cfg: EnvConfig) -> ResolvedEnv:
     """``env_cfg`` with ``auto`` values replaced by the suite's protocol, as a :class:`ResolvedEnv` (a
     copy; a config already resolved comes back as it is, so a run resolves its config once, at its
@@ -119,4 +133,10 @@ def make_env(env_cfg: EnvConfig) -> Env:
     no GL context (that happens on the first render)."""
     env_cfg = resolve_env_config(env_cfg)
     mod = _backend(env_cfg.suite)
+    apart = getattr(mod, "worker_python", None)
+    if apart is not None and apart() is not None:  # its simulator lives in another Python
+        raise ConfigError(
+            f"env.suite={env_cfg.suite}: its simulator runs only in env workers started with {apart()}; "
+            "this command builds its env in its own process, which cannot import it"
+        )
     return mod.make(env_cfg)
