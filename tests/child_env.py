@@ -77,3 +77,21 @@ def run_shell_block(
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     return subprocess.CompletedProcess(proc.args, code, out.read_text(), err.read_text())
+
+
+@contextlib.contextmanager
+def served_tiny(tmp_path: Path, *args: str):
+    """A random-init ``tiny`` (preset small) served as typed: ``wamkit serve`` from the README's shell in
+    ``tmp_path``, on a free port, with ``args`` (``--suite aloha``, ``--max-message-mb 0.01``); yields its
+    URL and stops it at the end."""
+    import sys
+
+    wamkit = str(Path(sys.executable).parent / "wamkit")
+    log = tmp_path / "serve.log"
+    cmd = [wamkit, "serve", "--model", "tiny", "--preset", "small", "--random-init", "--port", "0", *args]
+    server = start_logged(cmd, log, env=user_shell_env(), cwd=tmp_path)
+    try:
+        yield wait_for_log(server, log, r"serving tiny on (ws://\S+)").group(1)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)

@@ -4,7 +4,6 @@ as typed, and the errors of bad input."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import subprocess
 import sys
@@ -18,7 +17,7 @@ from wamkit.constants import OBS_STATE, image_key
 from wamkit.envs.base import EpisodeSpec
 from wamkit.envs.suites import make_env
 
-from .child_env import user_shell_env
+from .child_env import served_tiny, user_shell_env
 
 pytest.importorskip("gym_aloha")
 
@@ -94,23 +93,9 @@ def _wamkit(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=user_shell_env(), cwd=cwd)
 
 
-@contextlib.contextmanager
 def _tiny_server(tmp_path: Path):
-    """A random-init ``tiny`` served for the aloha profile, as typed (``wamkit serve``, the README's
-    shell, another working directory); yields its URL and stops it at the end."""
-    from .child_env import start_logged, wait_for_log
-
-    wamkit = str(Path(sys.executable).parent / "wamkit")
-    log = tmp_path / "serve.log"
-    server = start_logged(
-        [wamkit, "serve", "--model", "tiny", "--preset", "small", "--random-init", "--suite", "aloha", "--port", "0"],
-        log, env=user_shell_env(), cwd=tmp_path,
-    )  # fmt: skip
-    try:
-        yield wait_for_log(server, log, r"serving tiny on (ws://\S+)").group(1)
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
+    """A random-init ``tiny`` served for the aloha profile, as typed; yields its URL."""
+    return served_tiny(tmp_path, "--suite", "aloha")
 
 
 @pytest.mark.parametrize("task", ["transfer_cube", "insertion"])

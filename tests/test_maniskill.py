@@ -16,7 +16,7 @@ import pytest
 from wamkit.config import ConfigError, EnvConfig
 from wamkit.envs.suites import expand_tasks, resolve_env_config
 
-from .child_env import start_logged, user_shell_env, wait_for_log
+from .child_env import served_tiny, user_shell_env
 from .conftest import REPO
 
 MANISKILL_PY = REPO / ".venv-maniskill" / "bin" / "python"
@@ -110,24 +110,12 @@ def test_collect_matches_maniskills_own_planner_and_replay_tool(tmp_path):
         )
 
 
-def _tiny_server(tmp_path: Path):
-    wamkit = str(Path(sys.executable).parent / "wamkit")
-    log = tmp_path / "serve.log"
-    server = start_logged(
-        [wamkit, "serve", "--model", "tiny", "--preset", "small", "--random-init", "--suite", "maniskill",
-         "--port", "0"],
-        log, env=user_shell_env(), cwd=tmp_path,
-    )  # fmt: skip
-    return server, wait_for_log(server, log, r"serving tiny on (ws://\S+)").group(1)
-
-
 @needs_maniskill
 def test_eval_one_episode_against_a_random_init_server(tmp_path):
     """docs/maniskill.md's evaluation as typed: one short PushCube episode through the pipelined
     evaluator, its workers in ManiSkill's venv (the run records that venv's mani-skill); the same server
     evaluated on MetaWorld is refused naming the state and action sizes."""
-    server, url = _tiny_server(tmp_path)
-    try:
+    with served_tiny(tmp_path, "--suite", "maniskill") as url:
         common = [f"eval.server_url={url}", "env.image_size=32", "env.max_steps=8", "eval.trials=1"]
         common += ["eval.num_envs=1", "eval.videos=0", "--pipeline", "1", "--no-progress"]
         run = _wamkit("eval", "env.suite=maniskill", "env.tasks=PushCube-v1", f"eval.out_dir={tmp_path / 'a'}",
@@ -140,9 +128,6 @@ def test_eval_one_episode_against_a_random_init_server(tmp_path):
                         *common, cwd=tmp_path)  # fmt: skip
         assert wrong.returncode != 0
         assert "state_dim: model 18, env 39; env_action_dim: model 7, env 4" in wrong.stderr
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
 
 
 def test_unknown_tasks_and_control_modes_name_what_to_change():

@@ -30,25 +30,15 @@ def test_a_setting_given_where_the_directory_goes_is_named(tmp_path, args, line)
 def test_an_evaluation_whose_server_refuses_its_requests_ends_in_one_line(tmp_path):
     """A server whose message limit is below one request's size: ``wamkit eval`` as typed ends with the
     server's refusal in one line naming the server, no traceback."""
-    from .child_env import start_logged, user_shell_env, wait_for_log
+    from .child_env import served_tiny, user_shell_env
 
     wamkit = str(Path(sys.executable).parent / "wamkit")
-    log = tmp_path / "serve.log"
-    server = start_logged(
-        [wamkit, "serve", "--model", "tiny", "--preset", "small", "--random-init", "--port", "0",
-         "--max-message-mb", "0.01"],
-        log, env=user_shell_env(), cwd=tmp_path,
-    )  # fmt: skip
-    try:
-        url = wait_for_log(server, log, r"serving tiny on (ws://\S+)").group(1)
+    with served_tiny(tmp_path, "--max-message-mb", "0.01") as url:
         run = subprocess.run(
             [wamkit, "eval", f"eval.server_url={url}", "eval.trials=1", "eval.num_envs=1", "--pipeline", "1",
              "env.max_steps=5", "eval.videos=0", f"eval.out_dir={tmp_path / 'e'}", "--no-progress"],
             capture_output=True, text=True, timeout=300, cwd=tmp_path, env=user_shell_env(),
         )  # fmt: skip
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
     assert run.returncode != 0
     errors = [ln for ln in run.stderr.splitlines() if ln.startswith("wamkit eval:") or "Traceback" in ln]
     assert len(errors) == 1 and "Traceback" not in run.stderr, run.stderr[-2000:]
