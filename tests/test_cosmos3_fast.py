@@ -19,7 +19,7 @@ pytest.importorskip("diffusers", reason="cosmos3 needs the wamkit[cosmos3] extra
 from wamkit.config import ConfigError, ModelConfig  # noqa: E402
 from wamkit.constants import OBS_STATE, TASK, image_key  # noqa: E402
 from wamkit.models import ModelIO, build_model  # noqa: E402
-from wamkit.models.cosmos3.fast_policy import TextKVCache, batch_bucket  # noqa: E402
+from wamkit.models.cosmos3.fast_policy import TextKVMemoryCache, batch_bucket  # noqa: E402
 from wamkit.models.cosmos3.kv_step import build_context, gen_step  # noqa: E402
 
 IO = ModelIO(("image", "wrist_image"), 64, 8, 10, 16, "libero_rot6d")
@@ -103,7 +103,7 @@ def test_text_keys_values_are_computed_once_per_prompt(adapter):
     assert cache.misses - misses == 2 and cache.hits - hits == 1  # one encoding per prompt, not per step
     adapter.predict(make_batch([TASKS[1], TASKS[0]], seed=3), seed=0)
     assert cache.misses - misses == 2 and cache.hits - hits == 3  # and across requests
-    small = TextKVCache(2)
+    small = TextKVMemoryCache(2)
     for key in "abc":
         small.get(key, None, lambda key=key: key)
     assert len(small) == 2 and list(small._items) == ["b", "c"]  # bounded, least recently used out

@@ -20,7 +20,7 @@ from wamkit.config import ModelConfig  # noqa: E402
 from wamkit.data.meta import DatasetMeta  # noqa: E402
 from wamkit.models import build_model  # noqa: E402
 from wamkit.models.cosmos3 import text_kv  # noqa: E402
-from wamkit.models.cosmos3.text_kv import TextCache, TextCacheError  # noqa: E402
+from wamkit.models.cosmos3.text_kv import TextCacheError, TextKVDiskCache  # noqa: E402
 
 from .conftest import FIXTURES  # noqa: E402
 from .test_cosmos3_train import IO, fixture_batch  # noqa: E402
@@ -95,9 +95,9 @@ def test_a_stale_foreign_or_incomplete_cache_is_refused_by_name(tmp_path):
     victim = next((tmp_path / "kv" / "kv").iterdir())
     victim.unlink()
     with pytest.raises(TextCacheError, match=f"{victim.name} is missing.*incomplete"):
-        TextCache(tmp_path / "kv")
+        TextKVDiskCache(tmp_path / "kv")
     assert _build(adapter, tmp_path / "kv")["written"] == 1
-    TextCache(tmp_path / "kv")
+    TextKVDiskCache(tmp_path / "kv")
     with pytest.raises(TextCacheError, match="must name a folder written by `wamkit cache-text`"):
         _adapter(text_kv_cache=str(tmp_path / "nothing"))
 

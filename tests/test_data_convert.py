@@ -11,8 +11,8 @@ import pytest
 
 from wamkit.cli import main as cli
 from wamkit.data import DatasetError, LeRobotDataset
-from wamkit.data import convert as conv
-from wamkit.data.convert import JOURNAL, convert_dataset
+from wamkit.data import convert_dataset as conv
+from wamkit.data.convert_dataset import JOURNAL, convert_dataset
 from wamkit.data.remux import decode_all
 from wamkit.data.video import VideoEncoder
 

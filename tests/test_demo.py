@@ -158,7 +158,7 @@ def test_demo_serves_the_ema_of_the_trained_weights(first_run):
     """With train.ema on (SMALL sets it), the export stage serves the EMA, not the last weights."""
     import torch
 
-    from wamkit.export.convert import load_checkpoint_weights
+    from wamkit.export.checkpoint import load_checkpoint_weights
     from wamkit.serve.loading import load_served
 
     out, _ = first_run

@@ -21,7 +21,7 @@ import pytest
 
 from wamkit.envs.base import EpisodeSpec
 from wamkit.eval.calibrate import MAX_SIM_ROUNDS, WARM_CALLS, batch_sizes, calibrate, start_envs
-from wamkit.eval.executors import Executor
+from wamkit.eval.executors import EnvWorkerPool
 
 CHUNK, ACTION_DIM = 4, 4
 
@@ -114,7 +114,7 @@ class SleepyPolicy:
 def _setup(workers: int, num_envs: int, start_s: float, step_s: float, call_s: float, build_s: float = 0.0):
     work = Work()
     hosts = [SleepyHost(work, start_s, step_s, build_s) for _ in range(workers)]
-    ex = Executor(lambda w: InThread(hosts[w]), workers)
+    ex = EnvWorkerPool(lambda w: InThread(hosts[w]), workers)
     policy = SleepyPolicy(work, call_s)
     episodes = [EpisodeSpec("toy", "t", trial, 0) for trial in range(num_envs)]
     return work, hosts, ex, policy, episodes

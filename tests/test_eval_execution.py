@@ -11,7 +11,7 @@ import pytest
 
 from tests.eval_helpers import DELAY, eval_config, results
 from wamkit.config import ConfigError, load_config
-from wamkit.eval.execution import ChunkPlan, Execution, ExecutionError
+from wamkit.eval.execution import ActionExecution, ChunkPlan, ExecutionError
 from wamkit.eval.journal import read_journal
 from wamkit.eval.runner import run_eval
 from wamkit.eval.server_proc import start_server_process
@@ -30,14 +30,14 @@ def firsts(actions: list[np.ndarray]) -> list[float]:
 
 
 def test_sync_switch_executes_each_chunks_head():
-    plan = ChunkPlan(Execution(), replan=4)
+    plan = ChunkPlan(ActionExecution(), replan=4)
     assert firsts(plan.receive(0, chunk(0))) == [0, 1, 2, 3]
     assert firsts(plan.receive(4, chunk(100))) == [100, 101, 102, 103]
     assert plan.request_fields(8) == {}
 
 
 def test_async_runs_the_old_chunk_while_the_new_one_is_in_flight():
-    plan = ChunkPlan(Execution("async", delay=3), replan=4)
+    plan = ChunkPlan(ActionExecution("async", delay=3), replan=4)
     assert firsts(plan.receive(0, chunk(0))) == [0, 1, 2, 3]  # the first chunk: the robot waited for it
     # asked at step 4: steps 4, 5, 6 run the old chunk's actions 4, 5, 6; step 7 the new one's action 3
     assert firsts(plan.receive(4, chunk(100))) == [4, 5, 6, 103]
@@ -45,7 +45,7 @@ def test_async_runs_the_old_chunk_while_the_new_one_is_in_flight():
 
 
 def test_rtc_requests_carry_the_unexecuted_actions():
-    plan = ChunkPlan(Execution("async", delay=2, blend="rtc"), replan=4)
+    plan = ChunkPlan(ActionExecution("async", delay=2, blend="rtc"), replan=4)
     assert plan.request_fields(0) == {}  # nothing to continue yet
     plan.receive(0, chunk(10))
     fields = plan.request_fields(4)
@@ -55,24 +55,24 @@ def test_rtc_requests_carry_the_unexecuted_actions():
 
 def test_ensemble_weights_the_oldest_chunk_most():
     m = 0.5
-    plan = ChunkPlan(Execution("sync", blend="ensemble", ensemble_coeff=m), replan=2)
+    plan = ChunkPlan(ActionExecution("sync", blend="ensemble", ensemble_coeff=m), replan=2)
     plan.receive(0, chunk(0))
     got = firsts(plan.receive(2, chunk(100)))
     w = np.exp(-m * np.arange(2))  # i = 0: the oldest chunk (ACT, LeRobot's ACTTemporalEnsembler)
     assert got == pytest.approx([(w[0] * 2 + w[1] * 100) / w.sum(), (w[0] * 3 + w[1] * 101) / w.sum()])
     # async: a step before the new chunk arrives averages only the chunks that had
-    plan = ChunkPlan(Execution("async", delay=1, blend="ensemble", ensemble_coeff=m), replan=2)
+    plan = ChunkPlan(ActionExecution("async", delay=1, blend="ensemble", ensemble_coeff=m), replan=2)
     plan.receive(0, chunk(0))
     assert firsts(plan.receive(2, chunk(100)))[0] == 2
 
 
 def test_settings_that_cannot_run_are_refused():
     with pytest.raises(ExecutionError, match="exceeds the model's chunk of 8"):
-        plan = ChunkPlan(Execution("async", delay=4), replan=6)
+        plan = ChunkPlan(ActionExecution("async", delay=4), replan=6)
         plan.receive(0, chunk(0))
         plan.receive(6, chunk(1))
     with pytest.raises(ExecutionError, match="exceeds eval.replan_interval=2"):
-        Execution.of(
+        ActionExecution.of(
             load_config(None, ["eval.execution=async", "eval.delay_steps=3", "eval.replan_interval=2"]).eval
         )
     with pytest.raises(ConfigError, match="needs eval.execution=async"):
@@ -82,7 +82,7 @@ def test_settings_that_cannot_run_are_refused():
 
 
 def test_smoothness_separates_chunk_boundaries():
-    plan = ChunkPlan(Execution(), replan=4)
+    plan = ChunkPlan(ActionExecution(), replan=4)
     a = plan.receive(0, chunk(0))
     plan.executed_steps(0, a)
     b = plan.receive(4, chunk(100))  # a jump of 97 at step 4

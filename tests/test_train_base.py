@@ -18,7 +18,7 @@ from tests.exactness import assert_rounding_close
 from wamkit.config import ConfigError, ModelConfig, load_config  # noqa: E402
 from wamkit.data.synthetic import write_pattern_dataset  # noqa: E402
 from wamkit.export import checkpoint_to_serving  # noqa: E402
-from wamkit.export.convert import ConversionError, load_checkpoint_weights  # noqa: E402
+from wamkit.export.checkpoint import ConversionError, load_checkpoint_weights  # noqa: E402
 from wamkit.models import build_model  # noqa: E402
 from wamkit.models.cosmos3.components import export_diffusers  # noqa: E402
 from wamkit.models.cosmos3.towers import param_role  # noqa: E402

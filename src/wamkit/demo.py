@@ -80,7 +80,7 @@ def run_demo(cfg: RunConfig, out: Path, fresh: bool = False) -> dict[str, Any]:
     from wamkit.envs.collect import collect
     from wamkit.eval.report import markdown_table
     from wamkit.eval.runner import run_eval
-    from wamkit.export.convert import checkpoint_to_serving
+    from wamkit.export.checkpoint import checkpoint_to_serving
     from wamkit.train.checkpoint import list_checkpoints
     from wamkit.train.loop import train
 

@@ -1,12 +1,12 @@
 """``wamkit convert-dataset SRC DST [--to v3.0|v2.1]``: LeRobot v2.1 <-> v3.0, video streams copied,
-resumable, verified frame by frame (see :mod:`wamkit.data.convert`)."""
+resumable, verified frame by frame (see :mod:`wamkit.data.convert_dataset`)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from wamkit.data.convert import DATA_MB, VIDEO_MB, convert_dataset
+from wamkit.data.convert_dataset import DATA_MB, VIDEO_MB, convert_dataset
 from wamkit.data.meta import V21, VERSIONS, DatasetError
 
 

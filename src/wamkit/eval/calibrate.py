@@ -46,7 +46,7 @@ import numpy as np
 
 from wamkit.envs.base import EpisodeSpec
 from wamkit.eval.chunk_host import ERROR
-from wamkit.eval.executors import Executor
+from wamkit.eval.executors import EnvWorkerPool
 from wamkit.eval.scheduler import layout
 
 log = logging.getLogger(__name__)
@@ -131,7 +131,7 @@ def _by_worker(slots: list[tuple[int, int]], items: list[Any]) -> dict[int, dict
     return out
 
 
-def _call_all(ex: Executor, method: str, per_worker: dict[int, Any]) -> tuple[dict[int, Any], float]:
+def _call_all(ex: EnvWorkerPool, method: str, per_worker: dict[int, Any]) -> tuple[dict[int, Any], float]:
     """One call per worker, all at once; ``({worker: result}, summed busy seconds)``."""
     futs = {w: ex.call(w, ex.generation(w), method, payload) for w, payload in per_worker.items()}
     results, busy = {}, 0.0
@@ -144,7 +144,7 @@ def _call_all(ex: Executor, method: str, per_worker: dict[int, Any]) -> tuple[di
 class CalibrationEnvs:
     """The run's slots, started on its first episodes (:func:`start_envs`), stepped with fixed chunks."""
 
-    def __init__(self, ex: Executor, num_envs: int, episodes: list[EpisodeSpec]):
+    def __init__(self, ex: EnvWorkerPool, num_envs: int, episodes: list[EpisodeSpec]):
         self.ex = ex
         self.slots = layout(num_envs, 1, ex.num_workers)[0][0]
         self.specs = [episodes[i % len(episodes)] for i in range(num_envs)]
@@ -180,7 +180,7 @@ class CalibrationEnvs:
         return [i for i, o in enumerate(self.obs) if o is None]
 
 
-def start_envs(ex: Executor, num_envs: int, episodes: list[EpisodeSpec]) -> CalibrationEnvs:
+def start_envs(ex: EnvWorkerPool, num_envs: int, episodes: list[EpisodeSpec]) -> CalibrationEnvs:
     """Start every slot on one of the run's first episodes (slot ``i`` on ``episodes[i % len]``; an env
     that raised gets one more chance), which builds the simulators the run needs anyway; the
     calibration then steps these slots. Fails when every env raised."""

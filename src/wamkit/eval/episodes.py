@@ -20,7 +20,7 @@ from typing import Any
 
 from wamkit.config import ConfigError, EnvConfig, EvalConfig
 from wamkit.envs.base import EpisodeSpec, ResolvedEnv, episode_seed, resolved, stack_versions
-from wamkit.eval.execution import Execution
+from wamkit.eval.execution import ActionExecution
 
 
 def suite_tasks(env_cfg: EnvConfig) -> list[str]:
@@ -86,7 +86,7 @@ def plan_record(env_cfg: ResolvedEnv, eval_cfg: EvalConfig, server: dict[str, An
         "seed": eval_cfg.seed if env_cfg.seed_rule == "per_trial" else episode_seed(env_cfg.seed_rule, 0, 0),
         "replan_interval": eval_cfg.replan_interval,
         "blank_images": eval_cfg.blank_images,
-        "execution": Execution.of(eval_cfg).record(),
+        "execution": ActionExecution.of(eval_cfg).record(),
         "server": server,
         "stack": stack_versions(),
     }

@@ -46,7 +46,7 @@ SYNC_RECORD = {"mode": "sync", "delay_steps": 0, "chunk_blend": "switch"}  # eve
 
 
 @dataclass(frozen=True)
-class Execution:
+class ActionExecution:
     """The resolved execution settings of a run (``delay_steps`` is a number here)."""
 
     mode: str = "sync"
@@ -57,7 +57,7 @@ class Execution:
     rtc_max_guidance: float = 5.0
 
     @classmethod
-    def of(cls, ecfg: EvalConfig, delay: int | None = None) -> Execution:
+    def of(cls, ecfg: EvalConfig, delay: int | None = None) -> ActionExecution:
         d = ecfg.delay_steps if delay is None else delay
         if not isinstance(d, int):
             raise ExecutionError(f"eval.delay_steps={d!r} must be resolved to a number before the run")
@@ -89,7 +89,7 @@ class Execution:
 class ChunkPlan:
     """One env's chunks in one episode: what it executes next, and the smoothness of what it did."""
 
-    ex: Execution
+    ex: ActionExecution
     replan: int
     chunks: list[tuple[int, np.ndarray]] = field(default_factory=list)  # (step it starts at, [H, D])
     executed: list[np.ndarray] = field(default_factory=list)  # the last two actions executed

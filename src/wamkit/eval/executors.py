@@ -1,6 +1,6 @@
 """Executors: env workers behind one interface, local processes or Ray actors.
 
-An :class:`Executor` owns W workers, each an :class:`~wamkit.envs.host.EnvHost` of K slots living in a
+An :class:`EnvWorkerPool` owns W workers, each an :class:`~wamkit.envs.host.EnvHost` of K slots living in a
 spawned process (``local``, :class:`wamkit.envs.workers.EnvWorker`) or a Ray actor (``ray``). The
 scheduler only calls ``call(worker, generation, method, payload)`` and gets a
 ``concurrent.futures.Future`` resolving to ``(result, busy_seconds)``; it never knows which kind it has.
@@ -64,7 +64,7 @@ def _died_types() -> tuple[type[BaseException], ...]:
     return (WorkerDied,)
 
 
-class Executor:
+class EnvWorkerPool:
     """W workers with K env slots each; see the module docstring.
 
     ``env_cfg`` and ``slots_per_worker`` say what the workers were built for (None: unknown), so a
@@ -212,7 +212,7 @@ class Executor:
             except (OSError, RuntimeError) as err:
                 log.warning("closing an env worker failed: %s", err)
 
-    def __enter__(self) -> Executor:
+    def __enter__(self) -> EnvWorkerPool:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -226,7 +226,7 @@ class Executor:
 
 def local_executor(
     env_cfg: EnvConfig, slots_per_worker: list[int], watchdog_s: float, host_factory: Callable | None = None
-) -> Executor:
+) -> EnvWorkerPool:
     """Spawned processes, each hosting ``host_factory(env_cfg, K)`` (default :class:`ChunkHost`; a
     replacement must be importable by the child, e.g. a module-level class)."""
     from wamkit.envs.workers import EnvWorker
@@ -237,7 +237,7 @@ def local_executor(
     def make(w: int) -> WorkerHandle:
         return EnvWorker(env_cfg, slots_per_worker[w], worker_id=w, host_factory=factory)
 
-    return Executor(
+    return EnvWorkerPool(
         make,
         len(slots_per_worker),
         watchdog_s,
@@ -377,7 +377,7 @@ def join_ray(address: str, num_workers: int) -> None:
 
 def ray_executor(
     env_cfg: EnvConfig, slots_per_worker: list[int], watchdog_s: float, address: str = ""
-) -> Executor:
+) -> EnvWorkerPool:
     """Actors on the Ray cluster at ``address`` (:func:`join_ray`). Each actor asks for one CPU, so a
     head started with ``--num-cpus 0`` (the GPU node of docs/eval.md) hosts none, and renders as
     ``env_cfg`` says (:func:`actor_options`)."""
@@ -386,7 +386,7 @@ def ray_executor(
     def make(w: int) -> WorkerHandle:
         return RayEnvWorker(env_cfg, slots_per_worker[w], worker_id=w)
 
-    return Executor(
+    return EnvWorkerPool(
         make,
         len(slots_per_worker),
         watchdog_s,
@@ -403,7 +403,7 @@ def make_executor(
     watchdog_s: float,
     host_factory: Callable | None = None,
     ray_address: str = "",
-) -> Executor:
+) -> EnvWorkerPool:
     """``host_factory`` (local only) replaces the env host class of every worker; ``ray_address``
     (ray only) names the cluster."""
     if kind == "local":

@@ -41,8 +41,8 @@ from wamkit.eval.backends import backend_module, connect
 from wamkit.eval.backends.base import Patience, Target
 from wamkit.eval.calibrate import Calibration, batch_sizes, calibrate, independent_bound, start_envs
 from wamkit.eval.episodes import plan_episodes, plan_record
-from wamkit.eval.execution import Execution
-from wamkit.eval.executors import Executor, make_executor
+from wamkit.eval.execution import ActionExecution
+from wamkit.eval.executors import EnvWorkerPool, make_executor
 from wamkit.eval.journal import Journal, episode_key
 from wamkit.eval.process_memory import check_env_memory
 from wamkit.eval.report import write_reports
@@ -141,7 +141,7 @@ def run_eval(
     on_pipeline: Callable[[Pipeline], None] | None = None,
     prebuild: bool = False,
     host_factory: Callable | None = None,
-    env_workers: Executor | None = None,
+    env_workers: EnvWorkerPool | None = None,
 ) -> dict[str, Any]:
     """Evaluate ``cfg.env`` against the server of ``cfg.eval``; return the summary (also on disk).
 
@@ -277,11 +277,11 @@ def slots_per_worker(ecfg: EvalConfig) -> list[int]:
     return layout(ecfg.num_envs, 1, min(ecfg.workers, ecfg.num_envs))[1]
 
 
-def start_env_workers(cfg: RunConfig, host_factory: Callable | None = None) -> Executor:
+def start_env_workers(cfg: RunConfig, host_factory: Callable | None = None) -> EnvWorkerPool:
     """The env workers a run of ``cfg`` would start (``eval.executor``, local or Ray), for a caller to
     hand to every run of the same envs and shape (``run_eval(env_workers=...)``) and to close
     (``with start_env_workers(cfg) as workers:``). Their envs are built as the first call reaches them;
-    their restart limit (``Executor.max_restarts``) counts over every run they serve."""
+    their restart limit (``EnvWorkerPool.max_restarts``) counts over every run they serve."""
     from wamkit.envs.suites import resolve_env_config
 
     ecfg, env_cfg = cfg.eval, resolve_env_config(cfg.env)  # as run_eval resolves it
@@ -290,7 +290,7 @@ def start_env_workers(cfg: RunConfig, host_factory: Callable | None = None) -> E
     )
 
 
-def _check_env_workers(workers: Executor, cfg: RunConfig, host_factory: Callable | None) -> None:
+def _check_env_workers(workers: EnvWorkerPool, cfg: RunConfig, host_factory: Callable | None) -> None:
     """Refuse a caller's workers that are not what this run would start (other envs, another layout)."""
     if host_factory is not None:
         raise ValueError("run_eval: host_factory is for the workers it starts; give it to start_env_workers")
@@ -305,8 +305,8 @@ def _check_env_workers(workers: Executor, cfg: RunConfig, host_factory: Callable
 
 
 def _open_workers(
-    cfg: RunConfig, host_factory: Callable | None, env_workers: Executor | None
-) -> contextlib.AbstractContextManager[Executor]:
+    cfg: RunConfig, host_factory: Callable | None, env_workers: EnvWorkerPool | None
+) -> contextlib.AbstractContextManager[EnvWorkerPool]:
     """The run's env workers: the caller's (left open), else fresh ones (closed at the end)."""
     if env_workers is not None:
         return contextlib.nullcontext(env_workers)
@@ -378,7 +378,7 @@ def _run(
     progress,
     on_pipeline,
     prebuild,
-    open_workers: Callable[[], contextlib.AbstractContextManager[Executor]],
+    open_workers: Callable[[], contextlib.AbstractContextManager[EnvWorkerPool]],
 ):
     env_cfg, ecfg = cfg.env, cfg.eval
     num_envs = ecfg.num_envs
@@ -428,7 +428,7 @@ def _run(
             frame=lambda obs: frame_of(obs, list(env_cfg.cameras)),
             max_env_retries=ecfg.env_retries,
             servers=len(urls),
-            execution=Execution.of(ecfg),
+            execution=ActionExecution.of(ecfg),
         )
         if on_pipeline is not None:
             on_pipeline(pipeline)

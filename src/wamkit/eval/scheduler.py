@@ -35,8 +35,8 @@ import numpy as np
 from wamkit.envs.base import EpisodeSpec
 from wamkit.eval.chunk_host import ERROR
 from wamkit.eval.episodes import request_seed
-from wamkit.eval.execution import ChunkPlan, Execution
-from wamkit.eval.executors import Executor, WorkerLost
+from wamkit.eval.execution import ActionExecution, ChunkPlan
+from wamkit.eval.executors import EnvWorkerPool, WorkerLost
 
 # (obs list, one noise seed per observation) -> (actions [B, H, D], server seconds, observations in
 # the model call that served them, index of the server that answered)
@@ -133,7 +133,7 @@ class Slot:
     requests: int = 0  # model requests so far this episode: names the next one's seed
     plan: ChunkPlan | None = None  # the episode's chunks (eval/execution.py)
 
-    def start(self, spec: EpisodeSpec, gen: int, film: bool, execution: Execution, replan: int) -> None:
+    def start(self, spec: EpisodeSpec, gen: int, film: bool, execution: ActionExecution, replan: int) -> None:
         self.spec, self.gen, self.needs_reset, self.obs, self.actions = spec, gen, True, None, []
         self.length, self.ret, self.success_once, self.success_last = 0, 0.0, False, False
         self.sim_s = self.infer_s = 0.0
@@ -154,7 +154,7 @@ class Pipeline:
 
     def __init__(
         self,
-        executor: Executor,
+        executor: EnvWorkerPool,
         stage_slots: list[list[tuple[int, int]]],
         policy_factory: Callable[[int], Policy],
         replan_interval: int,
@@ -164,10 +164,10 @@ class Pipeline:
         max_episode_restarts: int = 3,
         max_env_retries: int = 2,
         servers: int = 1,
-        execution: Execution | None = None,
+        execution: ActionExecution | None = None,
     ):
         self.ex = executor
-        self.execution = execution or Execution()
+        self.execution = execution or ActionExecution()
         self.servers = servers
         self.stages = [[Slot(s, w, k) for w, k in row] for s, row in enumerate(stage_slots)]
         self.policy_factory = policy_factory

@@ -1,6 +1,6 @@
 """Checkpoint conversions: DCP checkpoint -> serving directory (-> adapter formats), and back to DCP."""
 
-from wamkit.export.convert import (
+from wamkit.export.checkpoint import (
     ConversionError,
     checkpoint_to_serving,
     load_checkpoint_weights,

@@ -84,7 +84,12 @@ def _free(out: Path, overwrite: bool) -> Path:
 
 
 def main(args: argparse.Namespace) -> int:
-    from wamkit.export.convert import ConversionError, checkpoint_to_serving, serving_to_dcp, serving_to_extra
+    from wamkit.export.checkpoint import (
+        ConversionError,
+        checkpoint_to_serving,
+        serving_to_dcp,
+        serving_to_extra,
+    )
 
     if Path(args.out).exists() and not args.overwrite:  # before minutes of loading and writing a model
         print(f"wamkit convert: {args.out} exists; pass --overwrite to replace it", file=sys.stderr)

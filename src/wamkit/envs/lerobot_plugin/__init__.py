@@ -114,7 +114,7 @@ def _make(config: str, task: str) -> WamkitTaskEnv:
 
 @EnvConfig.register_subclass(ENV_TYPE)
 @dataclass
-class WamkitEnvConfig(EnvConfig):
+class LeRobotPluginEnvConfig(EnvConfig):
     """``--env.type=wamkit``: ``config`` a wamkit preset or YAML, ``task`` its tasks (commas)."""
 
     task: str | None = None

@@ -67,7 +67,7 @@ from wamkit.models.cosmos3.packing import PackedLayout, RequestSegments, install
 from wamkit.models.cosmos3.presets import domain_id
 from wamkit.models.cosmos3.recipe import train_sigmas
 from wamkit.models.cosmos3.text_kv import OPTION as TEXT_KV_OPTION
-from wamkit.models.cosmos3.text_kv import TextCache
+from wamkit.models.cosmos3.text_kv import TextKVDiskCache
 from wamkit.models.cosmos3.towers import GEN_LINEARS, param_role, train_flops
 
 NUM_TRAIN_TIMESTEPS = 1000  # the model's timestep = sigma * 1000 (then x timestep_scale inside)
@@ -133,14 +133,14 @@ class Cosmos3Adapter(Cosmos3Inference):
             LatentCache(options.latent_cache).check(self.latent_fingerprint(), "model")
         self._frozen_sha: str | None = None
         self.dropped: frozenset[str] = frozenset()  # frozen tensors left out of the module (text cache)
-        self.text_kv: TextCache | None = None
+        self.text_kv: TextKVDiskCache | None = None
         self._text_kv_dtype_checked: torch.dtype | None = None
 
     def use_text_kv(self, folder: str) -> None:
         """Train with the text keys/values of ``folder`` (``model.options.text_kv_cache``; called by the
         builder once the weights' source is known): refused now if the cache was built with other
         weights or settings; the understanding tower then leaves the model."""
-        self.text_kv = TextCache(folder)
+        self.text_kv = TextKVDiskCache(folder)
         # taken now, while the frozen weights are whole (sharded, they are no longer hashed here)
         self._text_fingerprint = self.text_fingerprint()
         self.text_kv.check(self._text_fingerprint)

@@ -1,6 +1,6 @@
 """The fast policy path's state: the text keys/values cache and, on CUDA, one captured step per bucket.
 
-- :class:`TextKVCache`: a bounded LRU of :class:`~wamkit.models.cosmos3.kv_step.TextKV` keyed by prompt and
+- :class:`TextKVMemoryCache`: a bounded LRU of :class:`~wamkit.models.cosmos3.kv_step.TextKV` keyed by prompt and
   canvas (the caption text and the (height, width) it was written for). It is emptied when the
   understanding weights change (a new storage or an in-place write: ``load_state_dict``), so a cached
   prompt never outlives the weights it was computed with. A write through ``p.data`` bypasses
@@ -54,7 +54,7 @@ def batch_bucket(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
-class TextKVCache:
+class TextKVMemoryCache:
     """LRU of per-prompt text keys/values (at most ``capacity`` prompts)."""
 
     def __init__(self, capacity: int) -> None:
@@ -182,7 +182,7 @@ class FastPolicy:
         if step_graph not in STEP_GRAPHS:
             raise ValueError(f"step_graph {step_graph!r}; expected one of {STEP_GRAPHS}")
         self.module, self.step_graph = module, step_graph
-        self.cache = TextKVCache(cache_size)
+        self.cache = TextKVMemoryCache(cache_size)
         self._steps: dict[tuple, _StaticStep] = {}
         self._pool = None
         # pad to buckets on static buffers even without a graph (the tests check the captured path's

@@ -115,7 +115,7 @@ def build(
     return {"path": str(root), "captions": len(wanted), "written": len(todo)}
 
 
-class TextCache:
+class TextKVDiskCache:
     """A complete cache folder, opened for reading: ``get(caption, device)`` -> :class:`TextKV`.
 
     Opening reads the manifest and checks that every caption's file is there, so an incomplete cache is
