@@ -7,9 +7,18 @@ own, so a multi-process run refuses it).
 
 from __future__ import annotations
 
+import re
+
 import torch
 
 from wamkit.config import ConfigError
+
+GiB = 2**30
+MiB = 2**20
+# what a CUDA device keeps beyond what a plan places on it: the context and the allocator's slack
+# (train/memory.py and serve/plan.py budget with it)
+RESERVE_FIXED = 3 * GiB
+RESERVE_FRACTION = 0.05
 
 
 def resolve_device(name: str, key: str = "device", local_rank: int = 0, processes: int = 1) -> torch.device:
@@ -138,3 +147,16 @@ def device_budget(device: torch.device) -> int:
     # torch >= 2.8 says the fraction; before, the cap is not readable and the total is planned for
     fraction = getattr(torch.cuda, "get_per_process_memory_fraction", lambda _d: 1.0)(device)
     return int(props.total_memory * fraction)
+
+
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(gib|gb|mib|mb|tib|tb)?\s*$", re.IGNORECASE)
+_UNITS = {"gib": GiB, "gb": 10**9, "mib": 2**20, "mb": 10**6, "tib": 2**40, "tb": 10**12, None: GiB}
+
+
+def parse_size(text: str, what: str) -> int:
+    """``"141GB"``, ``"80GiB"``, ``"139.8"`` (GiB) -> bytes; a ConfigError naming ``what`` otherwise."""
+    m = _SIZE.match(str(text))
+    if not m:
+        raise ConfigError(f"{what}: {text!r} is not a size; expected e.g. 141GB, 80GiB or 139.8 (GiB)")
+    unit = m.group(2).lower() if m.group(2) else None
+    return int(float(m.group(1)) * _UNITS[unit])

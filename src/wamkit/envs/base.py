@@ -21,6 +21,7 @@ import numpy as np
 
 from wamkit.config import ConfigError, EnvConfig
 from wamkit.embodiments import SuiteProtocol  # noqa: F401  (re-exported: the protocol type)
+from wamkit.versions import installed_versions  # noqa: F401  (re-exported)
 
 RENDER_QUALITIES = ("default", "fast")
 STATES = ("full", "proprio")  # env.state
@@ -105,21 +106,6 @@ def episode_seed(seed_rule: str, base_seed: int, trial: int) -> int:
     if seed_rule == "per_trial":
         return base_seed + trial
     raise ConfigError(f"env.seed_rule: {seed_rule!r} is not one of {SEED_RULES} (resolve 'auto' first)")
-
-
-def installed_versions(names, paths: list[str] | None = None) -> dict[str, str | None]:
-    """The installed version of each distribution in ``names`` (None: not installed); ``paths``: more
-    folders to look in, after ``sys.path``."""
-    from importlib import metadata
-
-    out: dict[str, str | None] = {}
-    for name in names:
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            found = next(iter(metadata.distributions(name=name, path=paths)), None) if paths else None
-            out[name] = found.version if found is not None else None
-    return out
 
 
 def stack_versions(packages: tuple[str, ...] | None = None) -> dict[str, str | None]:

@@ -25,8 +25,8 @@ import platform
 from pathlib import Path
 from typing import Any
 
-from wamkit.envs.base import installed_versions
 from wamkit.files import atomic_write_bytes, atomic_write_json, read_json
+from wamkit.versions import installed_versions
 
 log = logging.getLogger(__name__)
 

@@ -30,9 +30,8 @@ from typing import Any
 import torch
 
 from wamkit.config import ConfigError, ModelConfig
-from wamkit.device import device_budget
+from wamkit.device import RESERVE_FIXED, RESERVE_FRACTION, GiB, MiB, device_budget, parse_size
 from wamkit.models.base import ModelIO, PlacesTextTower, ServingFootprint
-from wamkit.train.memory import RESERVE_FIXED, RESERVE_FRACTION, GiB, MiB, parse_size
 
 log = logging.getLogger(__name__)
 

@@ -34,19 +34,15 @@ A plan that does not fit is refused with the settings that would (:mod:`wamkit.t
 from __future__ import annotations
 
 import logging
-import re
 from dataclasses import dataclass, field
 
 import torch
 
 from wamkit.config import ConfigError
-from wamkit.device import device_budget, meminfo_bytes
+from wamkit.device import RESERVE_FIXED, RESERVE_FRACTION, GiB, MiB, device_budget, meminfo_bytes, parse_size  # noqa: F401
 from wamkit.models.base import ActivationShape, ChecksActivations, PlansActivations
 
 log = logging.getLogger(__name__)
-
-GiB = 2**30
-MiB = 2**20
 
 
 def _counts(*ns: int) -> list[str]:
@@ -58,8 +54,6 @@ def _counts(*ns: int) -> list[str]:
 
 
 OFFLOAD_MODES = ("none", "ema", "optimizer")
-RESERVE_FIXED = 3 * GiB
-RESERVE_FRACTION = 0.05
 # host memory a training process takes besides what the plan places there on purpose: the
 # interpreter, torch and CUDA libraries, the VAE and tokenizer, loader buffers (measured on the GPU
 # machine: a cosmos3 trainer process holds 2-5 GB of anonymous memory around its first step); a CPU
@@ -301,19 +295,6 @@ def make_plan(inp: PlanInput, sizes: ModelSizes) -> Plan:
                     return plan
     assert plan is not None
     return plan
-
-
-_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(gib|gb|mib|mb|tib|tb)?\s*$", re.IGNORECASE)
-_UNITS = {"gib": GiB, "gb": 10**9, "mib": 2**20, "mb": 10**6, "tib": 2**40, "tb": 10**12, None: GiB}
-
-
-def parse_size(text: str, what: str) -> int:
-    """``"141GB"``, ``"80GiB"``, ``"139.8"`` (GiB) -> bytes; a ConfigError naming ``what`` otherwise."""
-    m = _SIZE.match(str(text))
-    if not m:
-        raise ConfigError(f"{what}: {text!r} is not a size; expected e.g. 141GB, 80GiB or 139.8 (GiB)")
-    unit = m.group(2).lower() if m.group(2) else None
-    return int(float(m.group(1)) * _UNITS[unit])
 
 
 def host_memory_bytes() -> int:
