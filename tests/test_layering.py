@@ -14,7 +14,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "wamkit"
 DESIGN = SRC.parents[1] / "docs" / "design.md"
 
 # Shared by every stage; they import nothing of wamkit but each other (device: config).
-BOTTOM = {"__init__", "files", "constants", "config", "log", "device", "embodiments"}
+BOTTOM = {"__init__", "files", "constants", "config", "log", "device", "versions", "embodiments"}
 # The flow, in order: each may import the bottom layer and what comes before it, except as noted.
 ORDER = ["actions", "data", "envs", "models", "train", "export", "serve", "eval"]
 FORBIDDEN = {
