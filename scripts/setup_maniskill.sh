@@ -24,7 +24,8 @@ mesa_major() { dpkg-query -W -f '${Version}' mesa-vulkan-drivers 2>/dev/null | s
 if command -v dpkg >/dev/null 2>&1; then
   need=()
   dpkg -s libvulkan1 >/dev/null 2>&1 || need+=(libvulkan1)
-  if ! command -v nvidia-smi >/dev/null 2>&1 && [ "$(mesa_major || echo 0)" -lt 23 ] 2>/dev/null; then
+  mesa=$(mesa_major)  # empty where mesa-vulkan-drivers is not installed
+  if ! command -v nvidia-smi >/dev/null 2>&1 && { [ -z "$mesa" ] || [ "$mesa" -lt 23 ]; }; then
     codename=$(. /etc/os-release && echo "${VERSION_CODENAME:-}")
     if [ "$codename" = bookworm ]; then
       if ! grep -rqs "bookworm-backports" /etc/apt/sources.list /etc/apt/sources.list.d/; then

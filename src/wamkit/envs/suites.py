@@ -133,10 +133,10 @@ def make_env(env_cfg: EnvConfig) -> Env:
     no GL context (that happens on the first render)."""
     env_cfg = resolve_env_config(env_cfg)
     mod = _backend(env_cfg.suite)
-    apart = getattr(mod, "worker_python", None)
-    if apart is not None and apart() is not None:  # its simulator lives in another Python
+    apart = getattr(mod, "worker_python", lambda: None)()
+    if apart is not None:  # its simulator lives in another Python
         raise ConfigError(
-            f"env.suite={env_cfg.suite}: its simulator runs only in env workers started with {apart()}; "
+            f"env.suite={env_cfg.suite}: its simulator runs only in env workers started with {apart}; "
             "this command builds its env in its own process, which cannot import it"
         )
     return mod.make(env_cfg)
