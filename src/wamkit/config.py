@@ -310,7 +310,9 @@ class EvalConfig:
     seed: int = 1000  # env.seed_rule=per_trial: trial t uses seed + t; keep it apart from collection seeds
     num_envs: int = 4
     pipeline_stages: int = 2  # 0: auto (measured on a warm-up)
-    executor: Literal["local", "ray"] = "local"
+    # local: env worker processes, one simulator per env; ray: the same as Ray actors; gpu: one process
+    # per stage simulating its envs together on the GPU (ManiSkill3; docs/maniskill.md)
+    executor: Literal["local", "ray", "gpu"] = "local"
     workers: int = 2  # env worker processes
     replan_interval: int = 8  # actions applied from each chunk before asking again
     # how the world waits for the policy (docs/eval.md "Real-time execution"): sync = the world stops
@@ -361,6 +363,12 @@ class EvalConfig:
             raise ConfigError(
                 "eval.pipeline_stages=0 (auto) picks the stage count from the calibration, which "
                 "eval.calibrate_s=0 skips: set eval.calibrate_s > 0 or a stage count"
+            )
+        if self.executor == "gpu" and self.pipeline_stages != self.workers:
+            raise ConfigError(
+                f"eval.executor=gpu runs one stage per worker process (its envs step together): set "
+                f"eval.pipeline_stages={self.workers} to match eval.workers={self.workers}, or both to the "
+                f"stage count wanted (got eval.pipeline_stages={self.pipeline_stages})"
             )
         if self.env_retries < 0:
             raise ConfigError(f"eval.env_retries: expected >= 0 reruns, got {self.env_retries}")

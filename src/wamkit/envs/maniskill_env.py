@@ -155,11 +155,13 @@ def _sim_device() -> tuple[str, str]:
     return "physx_cpu", ("gpu" if torch.cuda.is_available() else "cpu")
 
 
-def _make(task: str, mode: str, obs_mode: str, cfg: EnvConfig | None):
+def _make(task: str, mode: str, obs_mode: str, cfg: EnvConfig | None, num_envs: int = 1, sim: str = ""):
+    """A ManiSkill env of ``task``: ``num_envs`` sub-scenes on ``sim`` (``physx_cuda``: rendered on the
+    GPU; empty: the CPU simulator, :func:`_sim_device`)."""
     import gymnasium as gym
     import mani_skill.envs  # noqa: F401  (registers the tasks)
 
-    sim, render = _sim_device()
+    sim, render = (sim, "gpu") if sim == "physx_cuda" else _sim_device()
     kwargs: dict[str, Any] = {}
     if cfg is not None:
         kwargs["sensor_configs"] = dict(
@@ -167,13 +169,28 @@ def _make(task: str, mode: str, obs_mode: str, cfg: EnvConfig | None):
         )
     # the horizon is wamkit's (max_steps): gym's TimeLimit is given one it never reaches
     return gym.make(
-        task, obs_mode=obs_mode, control_mode=mode, num_envs=1, sim_backend=sim, render_backend=render,
+        task, obs_mode=obs_mode, control_mode=mode, num_envs=num_envs, sim_backend=sim, render_backend=render,
         render_mode=None, max_episode_steps=100_000, **kwargs,
     )  # fmt: skip
 
 
 def _np(x) -> np.ndarray:
     return x.detach().cpu().numpy() if hasattr(x, "detach") else np.asarray(x)
+
+
+def observations(raw, rows: list[int], cameras, tasks: list[str]) -> list[Obs]:
+    """The observations of sub-scenes ``rows`` of a ManiSkill observation ``raw`` (one copy from the
+    device per key), ``tasks[i]`` the task of ``rows[i]``."""
+    index = list(rows)
+    images = {c: _np(raw["sensor_data"][CAMERAS[c]]["rgb"][index]).astype(np.uint8) for c in cameras}
+    agent = raw["agent"]
+    states = np.concatenate([_np(agent["qpos"][index]), _np(agent["qvel"][index])], axis=1).astype(np.float32)
+    out = []
+    for i, task in enumerate(tasks):
+        obs: Obs = {image_key(c): images[c][i] for c in cameras}
+        obs[OBS_STATE], obs[TASK] = states[i], TASK_INFO[task][1]
+        out.append(obs)
+    return out
 
 
 class _Recorder:
@@ -249,14 +266,7 @@ class ManiSkillEnv:
 
     def _obs(self, raw) -> Obs:
         assert self._spec is not None
-        agent = raw["agent"]
-        obs: Obs = {
-            image_key(c): _np(raw["sensor_data"][CAMERAS[c]]["rgb"])[0].astype(np.uint8)
-            for c in self.cfg.cameras
-        }
-        obs[OBS_STATE] = np.concatenate([_np(agent["qpos"])[0], _np(agent["qvel"])[0]]).astype(np.float32)
-        obs[TASK] = TASK_INFO[self._spec.task][1]
-        return obs
+        return observations(raw, [0], self.cfg.cameras, [self._spec.task])[0]
 
     def reset(self, spec: EpisodeSpec) -> Obs:
         if spec.suite != SUITE:
@@ -324,3 +334,17 @@ class ManiSkillEnv:
 
 def make(cfg: EnvConfig) -> ManiSkillEnv:
     return ManiSkillEnv(cfg)
+
+
+def make_batch(cfg: EnvConfig, num_envs: int, sim_backend: str = "physx_cuda"):
+    """``num_envs`` sub-scenes simulated together (:mod:`wamkit.envs.maniskill_batch`): the GPU executor's."""
+    from wamkit.envs.maniskill_batch import make_batch as build
+
+    return build(cfg, num_envs, sim_backend)
+
+
+def check_batch(cfg: EnvConfig) -> None:
+    """Refuse, in the evaluating process, what the batched simulator cannot run (its tasks, one a run)."""
+    from wamkit.envs.maniskill_batch import check_gpu_tasks
+
+    check_gpu_tasks(list(cfg.tasks))

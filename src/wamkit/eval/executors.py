@@ -140,7 +140,7 @@ class EnvWorkerPool:
         return fut
 
     def _serve(self, w: int) -> None:
-        died = _died_types() if self.kind == "local" else (RayWorkerDied,)
+        died = (RayWorkerDied,) if self.kind == "ray" else _died_types()
         try:
             self._handles[w] = self._start(w)
         except BaseException as err:
@@ -396,6 +396,48 @@ def ray_executor(
     )
 
 
+# --------------------------------------------------------------------------------------------------
+# gpu: one process per stage, each simulating its slots together on the GPU
+# --------------------------------------------------------------------------------------------------
+
+
+def gpu_executor(
+    env_cfg: EnvConfig, slots_per_worker: list[int], watchdog_s: float, host_factory: Callable | None = None
+) -> EnvWorkerPool:
+    """Spawned processes (started with the suite's Python), each hosting a
+    :class:`~wamkit.eval.gpu_host.BatchChunkHost` of its K slots simulated on the GPU (``host_factory``
+    replaces it: tests pass one on ManiSkill's CPU simulator). Refused in one line for a suite without
+    a batched simulator, tasks it cannot start from their seeds, and a machine without CUDA."""
+    from wamkit.config import ConfigError
+    from wamkit.envs.suites import backend
+    from wamkit.envs.workers import EnvWorker
+    from wamkit.eval.gpu_host import BatchChunkHost
+
+    mod = backend(env_cfg.suite)
+    if not hasattr(mod, "make_batch"):
+        raise ConfigError(
+            f"eval.executor=gpu: suite '{env_cfg.suite}' has no GPU simulator (suites with one: maniskill); "
+            "use eval.executor=local"
+        )
+    mod.check_batch(env_cfg)
+    if host_factory is None:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError(
+                "eval.executor=gpu: no CUDA device here (torch.cuda.is_available() is False), and "
+                "ManiSkill3's GPU simulation needs one; use eval.executor=local"
+            )
+    factory = host_factory or BatchChunkHost
+
+    def make(w: int) -> WorkerHandle:
+        return EnvWorker(env_cfg, slots_per_worker[w], worker_id=w, host_factory=factory)
+
+    return EnvWorkerPool(
+        make, len(slots_per_worker), watchdog_s, kind="gpu", env_cfg=env_cfg, slots_per_worker=slots_per_worker
+    )
+
+
 def make_executor(
     kind: str,
     env_cfg: EnvConfig,
@@ -404,10 +446,12 @@ def make_executor(
     host_factory: Callable | None = None,
     ray_address: str = "",
 ) -> EnvWorkerPool:
-    """``host_factory`` (local only) replaces the env host class of every worker; ``ray_address``
+    """``host_factory`` (local and gpu) replaces the env host class of every worker; ``ray_address``
     (ray only) names the cluster."""
     if kind == "local":
         return local_executor(env_cfg, slots_per_worker, watchdog_s, host_factory)
+    if kind == "gpu":
+        return gpu_executor(env_cfg, slots_per_worker, watchdog_s, host_factory)
     if kind == "ray":
         try:
             import ray  # noqa: F401
@@ -418,4 +462,4 @@ def make_executor(
         return ray_executor(env_cfg, slots_per_worker, watchdog_s, ray_address)
     from wamkit.config import ConfigError
 
-    raise ConfigError(f"eval.executor: {kind!r} is not one of 'local', 'ray'")
+    raise ConfigError(f"eval.executor: {kind!r} is not one of 'local', 'ray', 'gpu'")

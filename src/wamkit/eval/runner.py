@@ -416,7 +416,7 @@ def _run(
         patience = Patience(reply_timeout_s=ecfg.server_timeout_s)
         per_server = {url: functools.partial(make_policy, url, env_cfg, patience) for url in urls}
         stages, cal = _calibrate(executor, per_server, todo, ecfg, workers)
-        stage_slots, _ = layout(num_envs, stages, workers)
+        stage_slots, _ = layout(num_envs, stages, workers, by_stage=ecfg.executor == "gpu")
         pool = ServerPool(urls, lambda url, pat: make_policy(url, env_cfg, pat), stages, patience)
         pipeline = Pipeline(
             executor,
@@ -478,6 +478,9 @@ def _calibrate(
     for ``--pipeline auto`` (``eval.pipeline_stages=0``, which EvalConfig refuses without one).
     ``per_server``: URL -> policy factory (each server is measured, and so warmed)."""
     stages, n, cal, s = ecfg.pipeline_stages, ecfg.num_envs, None, len(per_server)
+    if ecfg.executor == "gpu":  # one stage per worker, fixed; its slots step together, not one by one
+        log.info("eval.executor=gpu: %d stages, one per worker; no calibration", stages)
+        return stages, None
     if ecfg.calibrate_s > 0:
         t0 = time.perf_counter()
         envs = start_envs(executor, n, todo)  # the run's simulators: built here, not in the calibration

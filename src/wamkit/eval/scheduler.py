@@ -95,15 +95,19 @@ def server_idle(requests: list[tuple[int, float, float, float]], wall: float) ->
     return out
 
 
-def layout(num_envs: int, stages: int, workers: int) -> tuple[list[list[tuple[int, int]]], list[int]]:
-    """``(stage_slots, slots_per_worker)``: ``stage_slots[s][j] = (worker, local slot)``."""
+def layout(
+    num_envs: int, stages: int, workers: int, by_stage: bool = False
+) -> tuple[list[list[tuple[int, int]]], list[int]]:
+    """``(stage_slots, slots_per_worker)``: ``stage_slots[s][j] = (worker, local slot)``. ``by_stage``:
+    stage ``s`` lives on worker ``s % workers`` alone (the GPU executor, whose worker steps all its
+    slots together: every slot of a worker must belong to the stage that steps it)."""
     per_stage = num_envs // stages
     counts = [0] * workers
     stage_slots: list[list[tuple[int, int]]] = []
     for s in range(stages):
         row = []
         for j in range(per_stage):
-            w = (s * per_stage + j) % workers
+            w = s % workers if by_stage else (s * per_stage + j) % workers
             row.append((w, counts[w]))
             counts[w] += 1
         stage_slots.append(row)
