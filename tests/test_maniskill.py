@@ -168,3 +168,75 @@ def test_a_missing_maniskill_venv_is_named_with_the_command_that_builds_it(monke
     monkeypatch.setenv(maniskill_env.PYTHON_VAR, str(tmp_path / "nopython"))
     with pytest.raises(ConfigError, match=r"WAMKIT_MANISKILL_PYTHON=.*nopython: no such Python"):
         maniskill_env.worker_python()
+
+
+def _gpu_cfg(url: str, out: Path, *extra: str):
+    from wamkit.config import load_config
+
+    return load_config(None, [
+        f"eval.server_url={url}", f"eval.out_dir={out}", "env.suite=maniskill", "env.tasks=[PickCube-v1]",
+        "env.cameras=[base_camera]", "env.image_size=32", "env.max_steps=6", "eval.trials=3",
+        "eval.num_envs=2", "eval.workers=2", "eval.pipeline_stages=2", "eval.replan_interval=4",
+        "eval.videos=1", "eval.calibrate_s=0", *extra,
+    ])  # fmt: skip
+
+
+@needs_maniskill
+def test_the_gpu_executor_runs_the_process_executors_episodes(tmp_path):
+    """``eval.executor=gpu`` on ManiSkill's CPU simulator (one sub-scene a worker: this machine has no
+    CUDA; the host factory is the only change): the same episodes as the process executor, each started
+    from its seed's state (lengths equal; returns within float32 roundings, the batched env's states
+    being ManiSkill's own set from the CPU env's), the horizon reached mid-chunk (6 steps, chunks of 4),
+    one stage per worker, a video filmed, and ``--resume`` after a lost record running that episode
+    alone, to the same return (an episode is named by its seed alone)."""
+    import functools
+
+    from wamkit.eval.gpu_host import BatchChunkHost
+    from wamkit.eval.journal import read_journal
+    from wamkit.eval.runner import run_eval
+
+    cpu_sim = functools.partial(BatchChunkHost, sim_backend="physx_cpu")
+    with served_tiny(tmp_path, "--suite", "maniskill") as url:
+        run_eval(_gpu_cfg(url, tmp_path / "local"), progress=False)
+        summary = run_eval(_gpu_cfg(url, tmp_path / "gpu", "eval.executor=gpu"), progress=False, host_factory=cpu_sim)
+        local = read_journal(tmp_path / "local" / "episodes.jsonl")
+        gpu = read_journal(tmp_path / "gpu" / "episodes.jsonl")
+        assert sorted(local) == sorted(gpu) and len(gpu) == 3
+        for key, r in gpu.items():
+            assert r["length"] == local[key]["length"] == 6 and r["failure"] == "max_steps"
+            assert r["return"] == pytest.approx(local[key]["return"], abs=1e-3)
+            assert r["worker"] == r["stage"]  # by stage: a worker steps one stage's envs
+        assert summary["throughput"]["executor"] == "gpu"
+        assert list((tmp_path / "gpu" / "videos").rglob("*.mp4"))
+        journal = tmp_path / "gpu" / "episodes.jsonl"
+        lines = journal.read_text().splitlines(keepends=True)
+        journal.write_text("".join(lines[:-1]))  # a crash before the last episode was written
+        run_eval(_gpu_cfg(url, tmp_path / "gpu", "eval.executor=gpu"), resume=True, progress=False, host_factory=cpu_sim)
+        again = read_journal(journal)
+        assert len(journal.read_text().splitlines()) == 3  # only the lost episode ran again
+        assert {k: r["return"] for k, r in again.items()} == {k: r["return"] for k, r in gpu.items()}
+
+
+def test_the_gpu_executor_refuses_what_it_cannot_run(tmp_path):
+    """One line naming what to change, before any worker starts: a suite without a GPU simulator, a task
+    whose episode is not all in ManiSkill's simulation state, two tasks in one run, a stage count other
+    than the worker count, and (on a machine without CUDA) the GPU itself."""
+    from wamkit.eval.runner import start_env_workers
+
+    url, out = "ws://127.0.0.1:9", tmp_path / "x"
+    with pytest.raises(ConfigError, match=r"suite 'metaworld' has no GPU simulator .*eval.executor=local"):
+        start_env_workers(eval_cfg := _gpu_cfg(url, out, "env.suite=metaworld", "env.tasks=[reach-v3]",
+                                                "env.cameras=[corner]", "eval.executor=gpu"))  # fmt: skip
+    assert eval_cfg.eval.executor == "gpu"
+    with pytest.raises(ConfigError, match=r"PegInsertionSide-v1 keep part of an episode outside .*GPU executor "
+                       r"tasks: PickCube-v1, StackCube-v1"):  # fmt: skip
+        start_env_workers(_gpu_cfg(url, out, "env.tasks=[PegInsertionSide-v1]", "eval.executor=gpu"))
+    with pytest.raises(ConfigError, match=r"one task per run .*evaluate PickCube-v1, PushCube-v1 one at a time"):
+        start_env_workers(_gpu_cfg(url, out, "env.tasks=[PickCube-v1,PushCube-v1]", "eval.executor=gpu"))
+    with pytest.raises(ConfigError, match=r"set eval.pipeline_stages=2 to match eval.workers=2"):
+        _gpu_cfg(url, out, "eval.executor=gpu", "eval.pipeline_stages=1")
+    import torch
+
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match=r"eval.executor=gpu: no CUDA device here .*eval.executor=local"):
+            start_env_workers(_gpu_cfg(url, out, "eval.executor=gpu"))
