@@ -15,6 +15,7 @@ BENCHES = {
     "serve-start": "a server's start to its first answer at every warmed bucket, cold and from the compile cache",
     "eval": "evaluator env-steps/s: serial, lock-step, pipelined, against the bound",
     "realtime": "a policy's success and smoothness when the world does not wait: sync, async switch, RTC, ensembling",
+    "gpu-sim": "ManiSkill3 env-steps/s simulated on the GPU (eval.executor=gpu) beside the process executor, at several env counts",
     "lerobot-eval": "one LeRobot checkpoint through lerobot-eval and wamkit eval: wall time, success, per-episode agreement",
     "soak": "a long evaluation: memory, descriptors and threads of every process, start against end",
     "cosmos3": "Cosmos3 policy inference, stock and fast paths side by side (obs/s, s/prediction, memory)",
