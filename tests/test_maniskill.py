@@ -240,3 +240,20 @@ def test_the_gpu_executor_refuses_what_it_cannot_run(tmp_path):
     if not torch.cuda.is_available():
         with pytest.raises(ConfigError, match=r"eval.executor=gpu: no CUDA device here .*eval.executor=local"):
             start_env_workers(_gpu_cfg(url, out, "eval.executor=gpu"))
+
+
+@needs_maniskill
+def test_bench_gpu_sim_runs_the_gpu_path_on_the_cpu_simulator(tmp_path):
+    """docs/maniskill.md's dry run as typed: ``wamkit bench gpu-sim --sim physx_cpu`` runs the same
+    episodes through both executors and prints the table (its figures, on 2 CPU envs, mean nothing)."""
+    out = tmp_path / "gs.json"
+    run = _wamkit("bench", "gpu-sim", "--num-envs", "2", "--stages", "2", "--workers", "2", "--sim", "physx_cpu",
+                  "--image-size", "32", "--max-steps", "10", "--episodes-per-env", "1", "--device", "cpu",
+                  "--json", str(out), cwd=tmp_path)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert result["complete"] and [r["executor"] for r in result["runs"]] == ["local", "gpu"]
+    assert all(r["env_steps"] == 20 and r["episodes"] == 2 for r in result["runs"])
+    assert "| 2 |" in run.stdout and "x |" in run.stdout
+    bad = _wamkit("bench", "gpu-sim", "--num-envs", "4", "--stages", "2", "--sim", "physx_cpu", cwd=tmp_path)
+    assert bad.returncode != 0 and "--num-envs must be --stages (2)" in bad.stderr
