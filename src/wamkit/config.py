@@ -236,6 +236,12 @@ class TrainConfig:
     device: str = "auto"  # auto | cpu | cuda
     resume: str = ""  # "" (fresh), "auto" (newest complete checkpoint) or a checkpoint path
     lora: LoraConfig = field(default_factory=LoraConfig)
+    # step distillation (docs/train.md "Step distillation"): the teacher's serving directory; the student
+    # starts from its weights and learns to reach its distill_teacher_steps-step result (0: its own
+    # sampler's steps) in distill_steps sampler steps
+    distill_from: str = ""
+    distill_steps: int = 4
+    distill_teacher_steps: int = 0
 
     def __post_init__(self) -> None:
         for key in ("max_steps", "micro_batch", "global_batch", "save_interval", "log_interval"):
@@ -246,6 +252,12 @@ class TrainConfig:
             )
         if self.precision == "bf16" and self.device == "cpu":
             raise ConfigError("train.precision=bf16 needs a CUDA device; use train.precision=fp32 on the CPU")
+        if self.distill_steps < 1:
+            raise ConfigError(f"train.distill_steps: expected >= 1 sampler steps, got {self.distill_steps}")
+        if self.distill_teacher_steps < 0:
+            raise ConfigError(
+                f"train.distill_teacher_steps: expected >= 0 (0: the teacher's own), got {self.distill_teacher_steps}"
+            )
 
 
 ServePrecision = Literal["auto", "fp32", "bf16", "fp8"]
@@ -281,8 +293,16 @@ class ServeConfig:
     # for a new prompt: the generation tower and the text cache alone on the device); auto = the
     # serving memory plan's pick for this device (host where device does not fit; wamkit.serve.plan)
     text_tower: ServeTextTower = "auto"
+    # the sampler steps of each request (a flow or diffusion model's: tiny's num_steps, Cosmos3's
+    # num_inference_steps), set without retraining; 0 = the model's own. More steps than a step-distilled
+    # model was made for are served with a warning (docs/serve.md "Sampler steps")
+    sampling_steps: int = 0
 
     def __post_init__(self) -> None:
+        if self.sampling_steps < 0:
+            raise ConfigError(
+                f"serve.sampling_steps: expected >= 1 sampler steps, or 0 for the model's own, got {self.sampling_steps}"
+            )
         if self.text_tower not in SERVE_TEXT_TOWERS:
             raise ConfigError(
                 f"serve.text_tower: expected one of {', '.join(SERVE_TEXT_TOWERS)}, got {self.text_tower!r}"

@@ -53,6 +53,7 @@ FLAGS = {
     "warm": "warm",
     "compile_cache": "compile_cache",
     "text_tower": "text_tower",
+    "sampling_steps": "sampling_steps",
 }
 
 
@@ -117,6 +118,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--max-message-mb", type=float, help="largest request (default: serve.max_message_mb)"
+    )
+    parser.add_argument(
+        "--sampling-steps",
+        type=int,
+        help="sampler steps of each request (a flow model's Euler or UniPC steps), set without retraining; "
+        "0 = the model's own (default: serve.sampling_steps)",
     )
     parser.add_argument(
         "--text-tower",
@@ -190,11 +197,12 @@ def build_policy(args: argparse.Namespace, cfg: RunConfig) -> ServedPolicy:
     dev = torch.device(resolve_device(s.device))
     tower = resolve_text_tower(s.text_tower, *served_model(args.export_dir, cfg.model, io), dev, s.max_batch)
     if args.export_dir:
-        return load_served(args.export_dir, s.device, s.raw_actions, s.precision, tower)
+        return load_served(args.export_dir, s.device, s.raw_actions, s.precision, tower, s.sampling_steps)
     m = cfg.model
     return random_init(
-        m.name, m.preset, m.options, s.device, s.raw_actions, s.precision, io=io, text_tower=tower
-    )
+        m.name, m.preset, m.options, s.device, s.raw_actions, s.precision, io=io, text_tower=tower,
+        sampling_steps=s.sampling_steps,
+    )  # fmt: skip
 
 
 def suite_io(suite: str, env: EnvConfig) -> ModelIO:

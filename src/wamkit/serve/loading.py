@@ -81,10 +81,11 @@ def load_served(
     raw_actions: bool = False,
     precision: str = "auto",
     text_tower: str = "device",
+    sampling_steps: int = 0,
 ) -> ServedPolicy:
     """Load a serving directory onto ``device``; a missing file is an error naming it. ``precision``:
     ``serve.precision`` (:class:`ServedPolicy`); ``text_tower``: ``serve.text_tower`` resolved
-    (device | host: :func:`place`)."""
+    (device | host: :func:`place`); ``sampling_steps``: ``serve.sampling_steps``."""
     root = check_serving_dir(export_dir)
     from wamkit.models.lerobot.adapter import is_lerobot_folder
 
@@ -99,7 +100,8 @@ def load_served(
         # serve.precision=auto: fp32, as lerobot-eval runs a folder (bf16 autocast only with its use_amp)
         auto = "bf16" if adapter.config.use_amp and torch.device(dev).type == "cuda" else "fp32"
         return ServedPolicy(adapter, identity_spec(adapter.io), raw_actions=raw_actions, source=str(root),
-                            precision=auto if precision == "auto" else precision)  # fmt: skip
+                            precision=auto if precision == "auto" else precision,
+                            sampling_steps=sampling_steps)  # fmt: skip
     from wamkit.models.pretrained import load_pretrained
 
     dev = resolve_device(device)
@@ -107,7 +109,10 @@ def load_served(
     place(adapter, dev, text_tower)
     try:
         spec = PreprocessSpec.load(root / SPEC_FILE)
-        policy = ServedPolicy(adapter, spec, raw_actions=raw_actions, source=str(root), precision=precision)
+        policy = ServedPolicy(
+            adapter, spec, raw_actions=raw_actions, source=str(root), precision=precision,
+            sampling_steps=sampling_steps,
+        )  # fmt: skip
     except SpecError as err:
         raise ConfigError(str(err)) from None
     log.info("loaded %s from %s on %s", adapter.name, root, dev)
@@ -138,6 +143,7 @@ def random_init(
     precision: str = "auto",
     io: ModelIO | None = None,
     text_tower: str = "device",
+    sampling_steps: int = 0,
 ) -> ServedPolicy:
     """An untrained model of ``io`` (default: the preset's inputs), with identity stats (for benchmarks
     and smoke runs). The weights are drawn from a fixed seed, so servers started alike serve the same
@@ -160,4 +166,5 @@ def random_init(
         raw_actions=raw_actions,
         source=f"random-init {name}/{preset}",
         precision=precision,
+        sampling_steps=sampling_steps,
     )

@@ -48,6 +48,7 @@ roll out the whole chunk, ``"video"``: uint8 [T, H, W, 3] (every predicted frame
 from __future__ import annotations
 
 import contextlib
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,6 +61,8 @@ from wamkit.constants import OBS_STATE, PROMPT, TASK, image_key
 from wamkit.embodiments import request_aliases
 from wamkit.models.base import CompilesSteps, ServesFp8, row_seeds, weights_digest
 from wamkit.models.rtc import MAX_GUIDANCE, SCHEDULES, request_rows
+
+log = logging.getLogger(__name__)
 
 MODES = ("policy", "inverse_dynamics", "forward_dynamics")
 GOAL_IMAGE = "goal_image"  # inverse dynamics: f"{GOAL_IMAGE}.{cam}" per camera; bare: the first camera
@@ -164,6 +167,24 @@ def bucket_sizes(max_batch: int) -> list[int]:
     return [1 << i for i in range(max(max_batch, 1).bit_length()) if 1 << i < max_batch] + [max_batch]
 
 
+def set_sampling_steps(adapter: Any, steps: int) -> None:
+    """``serve.sampling_steps``: the sampler steps of every request. A model without a sampler is refused
+    naming the key; more steps than a step-distilled model was made for are served, with a warning."""
+    if not hasattr(adapter, "sampling_steps"):
+        raise ConfigError(
+            f"serve.sampling_steps={steps}: model '{adapter.name}' has no sampler steps to set "
+            "(models with them: tiny, cosmos3); leave it 0"
+        )
+    distilled = getattr(adapter, "distilled", None)
+    if distilled and steps > distilled["steps"]:
+        log.warning(
+            "serve.sampling_steps=%d: this model was step-distilled for %d steps (from a %d-step teacher); "
+            "more steps are served as asked, though they need not come closer to the teacher",
+            steps, distilled["steps"], distilled["teacher_steps"],
+        )  # fmt: skip
+    adapter.sampling_steps = steps
+
+
 class ServedPolicy:
     """A model adapter plus the preprocessing spec it was trained with, as the server and ``wamkit
     infer`` run it. A spec that does not fit the model is refused here, at start."""
@@ -175,6 +196,7 @@ class ServedPolicy:
         raw_actions: bool = False,
         source: str = "",
         precision: str = "auto",
+        sampling_steps: int = 0,
     ):
         self.adapter = adapter
         self.io = adapter.io
@@ -185,6 +207,8 @@ class ServedPolicy:
         self.env_action_dim = spec.env_action_dim
         self.autocast, self._device_type = _autocast(adapter, precision)
         self.precision = precision
+        if sampling_steps:
+            set_sampling_steps(adapter, sampling_steps)
         self._identity: dict[str, Any] | None = None
         if precision == "fp8":  # the identity names the weights as trained, before they are quantized
             self.identity()
@@ -212,6 +236,11 @@ class ServedPolicy:
                 if self.autocast is not None
                 else "off",
             }
+            if hasattr(self.adapter, "sampling_steps"):  # a sampler's steps change the actions
+                self._identity["sampler"] = {
+                    "steps": int(self.adapter.sampling_steps),
+                    "distilled": getattr(self.adapter, "distilled", None),
+                }
         return self._identity
 
     def metadata(self, **extra: Any) -> dict[str, Any]:

@@ -36,7 +36,7 @@ from wamkit.config import ConfigError, RunConfig, UserError, save_config, to_dic
 from wamkit.files import CONFIG_FILE, MODEL_FILE, SPEC_FILE, model_json
 from wamkit.log import close_file_logs, setup_logging
 from wamkit.models.base import HasPretrainedBase, ModelAdapter, ModelIO, NeedsSampleExtras
-from wamkit.train import base_weights
+from wamkit.train import base_weights, distill
 from wamkit.train import checkpoint as ckpt
 from wamkit.train import lora as lora_
 from wamkit.train.dist import DistInfo, init_distributed, shutdown
@@ -141,6 +141,8 @@ class _Loop:
                 "quantized weights; use model.pretrained, the tiny preset, or train.lora.base=bf16"
             )
         self.lora, placed = place_run(self.adapter, info, cfg)  # lora None: full SFT
+        if t.distill_from:  # the student of a teacher's serving directory (wamkit.train.distill)
+            distill.start(self.adapter, cfg, info.device)
         self.plan, self.root, groups, trained = placed.plan, placed.root, placed.groups, placed.trained
         self.trainable = list(trained.values())
         offload = self.plan.offload
@@ -457,6 +459,7 @@ def train(cfg: RunConfig, adapter_fn: AdapterFn | None = None, data_fn: DataFn |
     ``adapter_fn(cfg, io)`` and ``data_fn(cfg, rank, world, run_dir)`` default to the registry model and
     ``wamkit.data``; tests and users with their own data pass their own.
     """
+    cfg = distill.resolve(cfg)  # the student's model named by its teacher's directory
     if adapter_fn is None:  # a typo in model.options is refused before any data is read
         from wamkit.models.registry import check_model_config
 

@@ -88,6 +88,15 @@ class Cosmos3Adapter(Cosmos3Inference):
     # compiles the blocks for dynamic shapes (wamkit.models.base.compile_blocks)
     varying_shapes = True
 
+    @property
+    def sampling_steps(self) -> int:
+        """UniPC steps of a request (``num_inference_steps``; ``serve.sampling_steps``)."""
+        return int(self.options.num_inference_steps)
+
+    @sampling_steps.setter
+    def sampling_steps(self, steps: int) -> None:
+        self.options.num_inference_steps = int(steps)
+
     def __init__(self, io, preset, pretrained, options, transformer, vae, scheduler, tokenizer):
         self.io: ModelIO = io
         self.preset, self.pretrained, self.options = preset, pretrained, options

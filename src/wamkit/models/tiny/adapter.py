@@ -13,6 +13,7 @@ MSE, its mean, or L1, its median), one pass; an untrained (zero) head forecasts 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -67,6 +68,9 @@ class TinyAdapter:
                 f"{io.chunk}-action chunk to learn; expected at most {io.chunk - 1}"
             )
         self.module = TinyWAM(cfg, io)
+        # step distillation (start_distillation): [teacher] (a list keeps it out of the module tree), the
+        # student's steps, the teacher's
+        self._distill: tuple[list[TinyAdapter], int, int] | None = None
         # a prefix-trained model is conditioned on what the env executed (the data stage's chunk of it)
         self.sample_extras: tuple[str, ...] = (EXECUTED_ACTION,) if cfg.prefix_max_delay else ()
         if cfg.keys_to_select:
@@ -224,10 +228,58 @@ class TinyAdapter:
     # training
     # ---------------------------------------------------------------------------------------------
 
+    @property
+    def sampling_steps(self) -> int:
+        """The Euler steps a policy request is sampled with (``num_steps``; ``serve.sampling_steps``)."""
+        return self.cfg.num_steps
+
+    @sampling_steps.setter
+    def sampling_steps(self, steps: int) -> None:
+        self.cfg = dataclasses.replace(self.cfg, num_steps=int(steps))  # checked as an option is
+
+    @property
+    def distilled(self) -> dict[str, int] | None:
+        """``{"steps", "teacher_steps"}`` of a step-distilled model, None for one that is not."""
+        c = self.cfg
+        return (
+            {"steps": c.distilled_steps, "teacher_steps": c.distilled_teacher_steps}
+            if c.distilled_steps
+            else None
+        )
+
+    def start_distillation(self, teacher: TinyAdapter, steps: int, teacher_steps: int = 0) -> None:
+        """Train from now on as the ``steps``-step student of ``teacher`` (:mod:`wamkit.models.tiny.distill`):
+        ``sft_loss`` becomes the distillation loss, and the model records ``steps`` as its sampler's and
+        what it was distilled for. ``teacher_steps`` 0: the teacher's own ``num_steps``."""
+        mine, theirs = self.config_dict(), teacher.config_dict()
+        sampling = ("num_steps", "distilled_steps", "distilled_teacher_steps")
+        differ = sorted(
+            k for k in {*mine["options"], *theirs["options"]}
+            if k not in sampling and mine["options"].get(k) != theirs["options"].get(k)
+        )  # fmt: skip
+        if differ or mine["io"] != theirs["io"]:
+            raise ConfigError(
+                "train.distill_from: the student must be the teacher's model (it starts from its weights); "
+                f"they differ in {', '.join(differ) or 'their inputs (io)'}"
+            )
+        teacher_steps = teacher_steps or teacher.cfg.num_steps
+        teacher.module.eval().requires_grad_(False)
+        self._distill = ([teacher], steps, teacher_steps)
+        self.cfg = dataclasses.replace(
+            self.cfg, num_steps=steps, distilled_steps=steps, distilled_teacher_steps=teacher_steps
+        )
+
     def sft_loss(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
         """``{"action_loss", "world_loss" (if frames), "loss"}``: flow-matching MSE on the velocity,
         averaged over noisy, non-padded elements; ``loss = action_loss + world_weight * world_loss``.
-        Noise, times and modes come from torch's global RNG (the trainer seeds and checkpoints it)."""
+        Noise, times and modes come from torch's global RNG (the trainer seeds and checkpoints it).
+        A student (:meth:`start_distillation`) returns the distillation loss instead."""
+        if self._distill is not None:
+            from wamkit.models.tiny.distill import distill_loss
+
+            (teacher,), steps, teacher_steps = self._distill
+            self.io.check_batch(batch, training=True)
+            return distill_loss(self, teacher, batch, steps, teacher_steps)
         b = self.io.check_batch(batch, training=True)
         dev = self.device
         x_act = self._tensor(batch[ACTION], torch.float32)

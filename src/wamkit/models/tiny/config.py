@@ -41,6 +41,10 @@ class TinyConfig:
     forward_dynamics_prob: float = 0.0  # share of training samples in forward-dynamics mode
     inverse_dynamics_prob: float = 0.0  # share of training samples in inverse-dynamics mode
     num_steps: int = 5  # Euler steps at inference
+    # the Euler steps this model was step-distilled for (wamkit.models.tiny.distill; 0: not distilled) and
+    # its teacher's steps: recorded with the model, so a server asked for more steps says so
+    distilled_steps: int = 0
+    distilled_teacher_steps: int = 0
     time_shift: float = 2.0  # t' = s t / (1 + (s - 1) t); s > 1 spends more steps near noise (t = 1)
     keys_to_select: list[str] = field(default_factory=list)  # trainable-name substrings; empty: all
     head_lr_mult: float = 1.0  # learning-rate multiplier of the action / frame heads and time embedder
@@ -71,6 +75,9 @@ class TinyConfig:
             raise bad("world_res", f"{self.world_res} must be divisible by world_patch {self.world_patch}")
         if self.num_steps < 1:
             raise bad("num_steps", f"must be >= 1, got {self.num_steps}")
+        for key in ("distilled_steps", "distilled_teacher_steps"):
+            if getattr(self, key) < 0:
+                raise bad(key, f"must be >= 0 (0: not distilled), got {getattr(self, key)}")
         if self.time_shift <= 0:
             raise bad("time_shift", f"must be > 0, got {self.time_shift}")
         if self.world_loss not in ("mse", "l1"):
