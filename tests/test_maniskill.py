@@ -198,7 +198,9 @@ def test_the_gpu_executor_runs_the_process_executors_episodes(tmp_path):
     cpu_sim = functools.partial(BatchChunkHost, sim_backend="physx_cpu")
     with served_tiny(tmp_path, "--suite", "maniskill") as url:
         run_eval(_gpu_cfg(url, tmp_path / "local"), progress=False)
-        summary = run_eval(_gpu_cfg(url, tmp_path / "gpu", "eval.executor=gpu"), progress=False, host_factory=cpu_sim)
+        summary = run_eval(
+            _gpu_cfg(url, tmp_path / "gpu", "eval.executor=gpu"), progress=False, host_factory=cpu_sim
+        )
         local = read_journal(tmp_path / "local" / "episodes.jsonl")
         gpu = read_journal(tmp_path / "gpu" / "episodes.jsonl")
         assert sorted(local) == sorted(gpu) and len(gpu) == 3
@@ -211,7 +213,12 @@ def test_the_gpu_executor_runs_the_process_executors_episodes(tmp_path):
         journal = tmp_path / "gpu" / "episodes.jsonl"
         lines = journal.read_text().splitlines(keepends=True)
         journal.write_text("".join(lines[:-1]))  # a crash before the last episode was written
-        run_eval(_gpu_cfg(url, tmp_path / "gpu", "eval.executor=gpu"), resume=True, progress=False, host_factory=cpu_sim)
+        run_eval(
+            _gpu_cfg(url, tmp_path / "gpu", "eval.executor=gpu"),
+            resume=True,
+            progress=False,
+            host_factory=cpu_sim,
+        )
         again = read_journal(journal)
         assert len(journal.read_text().splitlines()) == 3  # only the lost episode ran again
         assert {k: r["return"] for k, r in again.items()} == {k: r["return"] for k, r in gpu.items()}
@@ -231,14 +238,18 @@ def test_the_gpu_executor_refuses_what_it_cannot_run(tmp_path):
     with pytest.raises(ConfigError, match=r"PegInsertionSide-v1 keep part of an episode outside .*GPU executor "
                        r"tasks: PickCube-v1, StackCube-v1"):  # fmt: skip
         start_env_workers(_gpu_cfg(url, out, "env.tasks=[PegInsertionSide-v1]", "eval.executor=gpu"))
-    with pytest.raises(ConfigError, match=r"one task per run .*evaluate PickCube-v1, PushCube-v1 one at a time"):
+    with pytest.raises(
+        ConfigError, match=r"one task per run .*evaluate PickCube-v1, PushCube-v1 one at a time"
+    ):
         start_env_workers(_gpu_cfg(url, out, "env.tasks=[PickCube-v1,PushCube-v1]", "eval.executor=gpu"))
     with pytest.raises(ConfigError, match=r"set eval.pipeline_stages=2 to match eval.workers=2"):
         _gpu_cfg(url, out, "eval.executor=gpu", "eval.pipeline_stages=1")
     import torch
 
     if not torch.cuda.is_available():
-        with pytest.raises(ConfigError, match=r"eval.executor=gpu: no CUDA device here .*eval.executor=local"):
+        with pytest.raises(
+            ConfigError, match=r"eval.executor=gpu: no CUDA device here .*eval.executor=local"
+        ):
             start_env_workers(_gpu_cfg(url, out, "eval.executor=gpu"))
 
 

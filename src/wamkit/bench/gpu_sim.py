@@ -33,20 +33,28 @@ from wamkit.files import atomic_write_json
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--task", default="PickCube-v1", help="a ManiSkill3 task (default: PickCube-v1)")
-    parser.add_argument("--num-envs", default="16,64,256", help="env counts, comma-separated (default: 16,64,256)")
+    parser.add_argument(
+        "--num-envs", default="16,64,256", help="env counts, comma-separated (default: 16,64,256)"
+    )
     parser.add_argument("--episodes-per-env", type=int, default=2, help="episodes per env (default: 2)")
-    parser.add_argument("--stages", type=int, default=2, help="GPU executor: stages = worker processes (default: 2)")
+    parser.add_argument(
+        "--stages", type=int, default=2, help="GPU executor: stages = worker processes (default: 2)"
+    )
     parser.add_argument(
         "--workers", type=int, default=0, help="process executor: worker processes (default: the CPU count)"
     )
     parser.add_argument("--process-stages", type=int, default=2, help="process executor: stages (default: 2)")
     parser.add_argument("--image-size", type=int, default=128, help="rendered px (default: 128, ManiSkill's)")
-    parser.add_argument("--max-steps", type=int, default=0, help="episode steps (default 0: the task's horizon)")
+    parser.add_argument(
+        "--max-steps", type=int, default=0, help="episode steps (default 0: the task's horizon)"
+    )
     parser.add_argument("--replan-interval", type=int, default=8, help="actions per request (default: 8)")
     parser.add_argument("--model", default="tiny", help="the served model, random weights (default: tiny)")
     parser.add_argument("--preset", default="small", help="its preset (default: small)")
     parser.add_argument("--device", default="auto", help="the server's device: auto | cpu | cuda")
-    parser.add_argument("--executors", default="local,gpu", help="which executors, in order (default: local,gpu)")
+    parser.add_argument(
+        "--executors", default="local,gpu", help="which executors, in order (default: local,gpu)"
+    )
     parser.add_argument(
         "--sim", default="physx_cuda", choices=["physx_cuda", "physx_cpu"],
         help="the GPU executor's simulator (physx_cpu: a dry run without CUDA, one env a worker)",
@@ -123,8 +131,16 @@ def main(args: argparse.Namespace) -> int:
     if not executors or set(executors) - {"local", "gpu"}:
         raise ConfigError(f"--executors: expected local and/or gpu, got {args.executors!r}")
     if args.sim == "physx_cpu" and any(n != args.stages for n in counts):
-        raise ConfigError(f"--sim physx_cpu: one env a worker, so --num-envs must be --stages ({args.stages})")
-    result: dict[str, Any] = {"task": args.task, "num_envs": counts, "sim": args.sim, "runs": [], "complete": False}
+        raise ConfigError(
+            f"--sim physx_cpu: one env a worker, so --num-envs must be --stages ({args.stages})"
+        )
+    result: dict[str, Any] = {
+        "task": args.task,
+        "num_envs": counts,
+        "sim": args.sim,
+        "runs": [],
+        "complete": False,
+    }
     with contextlib.ExitStack() as stack:
         root = Path(args.out) if args.out else Path(stack.enter_context(tempfile.TemporaryDirectory()))
         cmd = ["--model", args.model, "--preset", args.preset, "--random-init", "--suite", "maniskill"]

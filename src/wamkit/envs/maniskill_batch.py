@@ -89,7 +89,9 @@ class ManiSkillBatchEnv:
         if sim_backend not in SIM_BACKENDS:
             raise ValueError(f"sim_backend: expected one of {', '.join(SIM_BACKENDS)}, got {sim_backend!r}")
         if sim_backend == "physx_cpu" and num_envs != 1:
-            raise ValueError(f"sim_backend=physx_cpu simulates one sub-scene (ManiSkill's limit), got {num_envs}")
+            raise ValueError(
+                f"sim_backend=physx_cpu simulates one sub-scene (ManiSkill's limit), got {num_envs}"
+            )
         self.cfg, self.num_envs, self.sim = cfg, num_envs, sim_backend
         self.task: str | None = None
         self._env: Any = None
@@ -130,7 +132,9 @@ class ManiSkillBatchEnv:
             if not 0 <= s < self.num_envs:
                 raise IndexError(f"ManiSkillBatchEnv: slot {s} out of range 0..{self.num_envs - 1}")
             if slot_specs[s].suite != SUITE:
-                raise ValueError(f"episode {slot_specs[s]}: suite '{slot_specs[s].suite}' given to the {SUITE} env")
+                raise ValueError(
+                    f"episode {slot_specs[s]}: suite '{slot_specs[s].suite}' given to the {SUITE} env"
+                )
             self._scene(slot_specs[s].task)
         env = self._env.unwrapped
         states = _stack([self.initial_state(slot_specs[s]) for s in slots], env.device)

@@ -434,7 +434,12 @@ def gpu_executor(
         return EnvWorker(env_cfg, slots_per_worker[w], worker_id=w, host_factory=factory)
 
     return EnvWorkerPool(
-        make, len(slots_per_worker), watchdog_s, kind="gpu", env_cfg=env_cfg, slots_per_worker=slots_per_worker
+        make,
+        len(slots_per_worker),
+        watchdog_s,
+        kind="gpu",
+        env_cfg=env_cfg,
+        slots_per_worker=slots_per_worker,
     )
 
 

@@ -112,7 +112,9 @@ class BatchChunkHost:
                 if filmed or ended:
                     seen = self.env.observe(sorted(set(filmed) | set(ended)))
                     for s in filmed:
-                        out[s]["frames"].append({k: v for k, v in seen[s].items() if k.startswith(OBS_IMAGES)})
+                        out[s]["frames"].append(
+                            {k: v for k, v in seen[s].items() if k.startswith(OBS_IMAGES)}
+                        )
                     for s in ended:
                         out[s]["obs"] = seen[s]
                         self.specs.pop(s)
