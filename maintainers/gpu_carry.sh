@@ -15,6 +15,10 @@
 #   bash maintainers/gpu_carry.sh av15   # PyAV 15.1 (39 MB), LeRobot's pin, in place of av with lerobot:
 #                                          lerobot.datasets needs av.option, which PyAV 18 lacks
 #   bash maintainers/gpu_carry.sh aloha  # suite aloha: gym-aloha, dm-control without its unused assets (5 MB)
+#   bash maintainers/gpu_carry.sh maniskill  # suite maniskill: mani-skill 3.0.1 without the assets of the
+#                                          robots and scenes it never loads here (35 MB) and the small
+#                                          packages it imports that the image lacks (gpu_maniskill.sh check)
+#   bash maintainers/gpu_carry.sh sapien   # SAPIEN 3.0.3 (51 MB), ManiSkill3's simulator, in a call of its own
 #   bash maintainers/gpu_carry.sh ckpt DIR # a wamkit serving folder trained here (DIR), in three pieces
 #                                          .ckpt/1-3 (4, 18 MiB and the rest with the small files) that
 #                                          ride beside sim+serve+.gl, av+lerobot, and alone; gpu_runs.sh
@@ -25,7 +29,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-group=${1:?usage: gpu_carry.sh core|serve|sim|ao|av|av15|lerobot|aloha|ckpt DIR}
+group=${1:?usage: gpu_carry.sh core|serve|sim|ao|av|av15|lerobot|aloha|maniskill|sapien|ckpt DIR}
 
 download() {  # download DEST NAME==VERSION ...
   local dest=$1; shift
@@ -33,6 +37,29 @@ download() {  # download DEST NAME==VERSION ...
   "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
     --platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform any -d "$dest" "$@"
+}
+
+slim() {  # slim WHEEL PREFIX...: WHEEL rebuilt without the files under PREFIXes, its RECORD rewritten
+  "$PY" - "$@" <<'PY'
+import base64, hashlib, sys, zipfile
+from pathlib import Path
+src, drop = Path(sys.argv[1]), tuple(sys.argv[2:])
+tmp = src.with_suffix(".slim")
+with zipfile.ZipFile(src) as zin, zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as zout:
+    kept, record = [], None
+    for info in zin.infolist():
+        if info.filename.startswith(drop):
+            continue
+        if info.filename.endswith(".dist-info/RECORD"):
+            record = info.filename
+            continue
+        data = zin.read(info)
+        zout.writestr(info, data)
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        kept.append(f"{info.filename},sha256={digest},{len(data)}")
+    zout.writestr(record, "\n".join(kept + [f"{record},,"]) + "\n")
+tmp.replace(src)
+PY
 }
 
 case "$group" in
@@ -75,29 +102,24 @@ case "$group" in
     # without them (about 4 MB), its RECORD rewritten to match
     download .whl/aloha "gym-aloha==0.1.5" "dm-control==1.0.28" "dm-env==1.6" "labmaze==1.0.6" \
       "dm-tree==0.1.10"
-    "$PY" - .whl/aloha/dm_control-1.0.28-py3-none-any.whl <<'PY'
-import base64, hashlib, sys, zipfile
-from pathlib import Path
-src = Path(sys.argv[1])
-drop = ("dm_control/locomotion/soccer/", "dm_control/locomotion/walkers/", "dm_control/suite/dog_assets/",
-        "dm_control/mujoco/testing/", "dm_control/blender/", "dm_control/mjcf/test_assets/",
-        "dm_control/suite/all_domains.png")
-tmp = src.with_suffix(".slim")
-with zipfile.ZipFile(src) as zin, zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as zout:
-    kept, record = [], None
-    for info in zin.infolist():
-        if info.filename.startswith(drop):
-            continue
-        if info.filename.endswith(".dist-info/RECORD"):
-            record = info.filename
-            continue
-        data = zin.read(info)
-        zout.writestr(info, data)
-        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-        kept.append(f"{info.filename},sha256={digest},{len(data)}")
-    zout.writestr(record, "\n".join(kept + [f"{record},,"]) + "\n")
-tmp.replace(src)
-PY
+    slim .whl/aloha/dm_control-1.0.28-py3-none-any.whl dm_control/locomotion/soccer/ dm_control/locomotion/walkers/ \
+      dm_control/suite/dog_assets/ dm_control/mujoco/testing/ dm_control/blender/ dm_control/mjcf/test_assets/ \
+      dm_control/suite/all_domains.png
+    ;;
+  maniskill)
+    # what the env workers of suite maniskill import (mani_skill.envs, the GPU executor) beyond the image
+    # and simlite's gymnasium; robots other than the Panda and the ReplicaCAD / kitchen scenes dropped
+    download .whl/maniskill "mani-skill==3.0.1" "dacite==1.9.2" "transforms3d==0.4.2" "trimesh==5.2.0" \
+      "pytorch-kinematics==0.7.6" "arm-pytorch-utilities==0.5.0" "pytorch-seed==0.2.0" "nvidia-ml-py==13.615.71" \
+      "defusedxml==0.7.1"
+    r=mani_skill/assets/robots
+    slim .whl/maniskill/mani_skill-3.0.1-py3-none-any.whl $r/g1_humanoid/ $r/fetch/ $r/trifinger/ $r/dclaw/ \
+      $r/ability_hand/ $r/koch/ $r/inspire_hand/ $r/allegro/ $r/xarm7/ $r/so100/ \
+      mani_skill/utils/scene_builder/replicacad/ mani_skill/utils/scene_builder/kitchen_counter/ \
+      mani_skill/assets/environment_maps/  # no tabletop task reads it (the rt shaders do)
+    ;;
+  sapien)
+    download .whl/sapien "sapien==3.0.3"
     ;;
   ckpt)
     src=${2:?usage: gpu_carry.sh ckpt SERVING_DIR}
@@ -112,7 +134,7 @@ PY
     exit 0
     ;;
   *)
-    echo "unknown group '$group' (core | serve | sim | ao | av | av15 | lerobot | aloha | ckpt)" >&2
+    echo "unknown group '$group' (core | serve | sim | ao | av | av15 | lerobot | aloha | maniskill | sapien | ckpt)" >&2
     exit 2
     ;;
 esac
