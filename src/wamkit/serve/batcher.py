@@ -18,12 +18,11 @@ evaluator's stages, even of one env) batch for themselves and are never waited f
 
 Then the model runs on another thread than the event loop's, so the loop keeps reading, checking and
 answering other connections meanwhile: a worker thread of its own by default, or, in ``wamkit serve``,
-the process's main thread (:class:`CallerThreadExecutor`; the loop then runs in a thread). Measured on
-the CPU (tiny/small, 10 steps, 2 cores): the same call took 27 ms on the main thread and 60-70 ms on a
-worker thread, because PyTorch's intra-op parallel regions (OpenMP) started from a secondary thread cost
-far more than from the main one; with one intra-op thread the two were equal. Results go back to each
-request's own future, in order, so replies are never mixed up. While the model runs, new requests queue
-up and form the next batch: under load, batches fill without waiting.
+the process's main thread (:class:`CallerThreadExecutor`; the loop then runs in a thread): PyTorch's
+intra-op parallel regions (OpenMP) started from a secondary thread cost far more than from the main one,
+and with one intra-op thread the two are equal (the measured calls: docs/results-log.md, "Serving").
+Results go back to each request's own future, in order, so replies are never mixed up. While the model
+runs, new requests queue up and form the next batch: under load, batches fill without waiting.
 
 A request larger than ``max_batch`` runs alone, whole (split it on the client if that is too big).
 """

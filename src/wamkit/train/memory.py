@@ -55,9 +55,9 @@ def _counts(*ns: int) -> list[str]:
 
 OFFLOAD_MODES = ("none", "ema", "optimizer")
 # host memory a training process takes besides what the plan places there on purpose: the
-# interpreter, torch and CUDA libraries, the VAE and tokenizer, loader buffers (measured on the GPU
-# machine: a cosmos3 trainer process holds 2-5 GB of anonymous memory around its first step); a CPU
-# process has no CUDA libraries or context
+# interpreter, torch and CUDA libraries, the VAE and tokenizer, loader buffers (a cosmos3 trainer's
+# anonymous memory around its first step, measured: docs/results-log.md, "Full-size Cosmos3-Nano SFT on
+# one H200"); a CPU process has no CUDA libraries or context
 HOST_BASE = 6 * GiB
 HOST_BASE_CPU = 1 * GiB
 

@@ -160,9 +160,10 @@ def place(
             )
         checkpointing = isinstance(adapter, ChecksActivations) and adapter.gradient_checkpointing
         if t.compile and info.device.type == "cuda" and checkpointing:
-            # seen on an H100 (torch 2.11, torchao 0.18): each compiled layer's recompute under activation
+            # with torch 2.11 and torchao 0.18 each compiled layer's recompute under activation
             # checkpointing saved other tensors than its forward (torch.utils.checkpoint.CheckpointError
-            # at the first backward), after minutes of building and compiling
+            # at the first backward), once the model was built and compiled: refuse before building
+            # (docs/cosmos3.md, "An int8 base")
             raise ConfigError(
                 f"train.lora.base={lora.spec.base} with train.compile=true and gradient checkpointing fails "
                 "on CUDA (the compiled layers' recompute differs from their forward); set train.compile=false, "

@@ -19,8 +19,8 @@ instruction with its view and timing fields):
   13.9 / 25 = 0.56 s, while the GPU computes each layer (2 x 193M x 141 = 54 GFLOP, 386 MB of weights
   read: ~0.1 ms) behind its copy: a new prompt costs ~0.6 s (~0.3 s on Gen5), whatever its length and
   whatever the host's CPU;
-- on the CPU the same prompt is 2 x 6.95B x 141 = 1.96 TFLOP. The GPU machine's host has 16 cores:
-  fp32 GEMM there peaks near 16 x 2.5 GHz x 64 FLOP/cycle = 2.6 TFLOP/s (AVX-512, two FMA units),
+- on the CPU the same prompt is 2 x 6.95B x 141 = 1.96 TFLOP. On a host of 16 cores fp32 GEMM peaks
+  near 16 x 2.5 GHz x 64 FLOP/cycle = 2.6 TFLOP/s (AVX-512, two FMA units),
   ~1.5 sustained, so 1.3 s and more, growing with the prompt; bf16 is faster only on CPUs with AMX,
   and slower without. Those cores are also the server's: its preprocessing, its batching, and the
   thread that launches the GPU's kernels (the served step is launch-bound at batch 1), which a
@@ -28,14 +28,14 @@ instruction with its view and timing fields):
 - and the CPU's kernels round differently from the GPU's, where the streamed layers run the very
   kernels of the default server (bit-equal keys/values, below);
 - so with the denoising of the first batch (docs/benchmarks.md, "Cosmos3") the streamed path should
-  answer a new prompt in about 0.9 s, inside the 2 s target with room (``maintainers/gpu_serve24.py``
-  measures it); the CPU path would be at or past the target, and host-dependent.
+  answer a new prompt in about 0.9 s, inside the 2 s target with room (the measured figure:
+  docs/cosmos3.md, "Serving in 24 GB"); the CPU path would be at or past the target, and host-dependent.
 
 Exactness: the slots run the same kernels on tensors of the same shapes, dtypes and layout, in the
 same order, as the device-resident tower (the embedding gather on the host is a copy of rows), so the
 keys/values, and hence the actions, are bit-equal to the default server's: tests/test_serve_text_tower.py
 checks it on the CPU, where the "device" is the host and the copies are plain copies; on a GPU it is
-expected for the same reason (``maintainers/gpu_serve24.py`` compares the two servers' actions).
+expected for the same reason (docs/cosmos3.md, "Serving in 24 GB", compares the two servers' actions).
 
 Only policy mode's fast path reads the text through keys/values; the stock path (the other modes, or
 ``fast_inference=false``) runs the whole module on one device and is refused by the adapter.

@@ -1,7 +1,7 @@
 """The latent cache: the Wan-VAE latents of every training clip, encoded once instead of on every step.
 
 Cosmos3 SFT trains toward the VAE latents of each sample's 17-frame clip; encoding them costs most of a
-step (docs/benchmarks.md, "Cosmos3 SFT with cached latents"). ``wamkit cache-latents`` writes them once,
+step (docs/results-log.md, "Cosmos3 SFT with cached latents"). ``wamkit cache-latents`` writes them once,
 and a run with ``model.options.latent_cache=<folder>`` reads them instead of encoding.
 
 A cache folder (default ``<data.root>/latents/cosmos3-<digest>``, the digest of what follows):

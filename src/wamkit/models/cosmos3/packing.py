@@ -303,7 +303,7 @@ def flex_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask: B
     if dev == "cuda":
         # never inductor's decoding kernel, which it picks for a short query (a small packed batch) and
         # which has no backward: under dynamic shapes it failed with NoValidChoicesError (LoRA at
-        # micro-batch 2, H100, torch 2.11)
+        # micro-batch 2, torch 2.11; docs/cosmos3.md, "An int8 base")
         out = _compiled_flex()(
             q, k, v, block_mask=block_mask, enable_gqa=gqa, kernel_options={"FORCE_USE_FLEX_ATTENTION": True}
         )

@@ -74,7 +74,8 @@ PRESETS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     # Trained from scratch (docs/cosmos3.md "A Cosmos3 trained from scratch"): Nano's layer layout
     # (4:1 grouped-query heads, 3x MLP) at 512 wide and 8 layers, 25M parameters per tower, and a
     # 16-channel VAE of Wan2.2's layout, random and frozen (an encoder of random features: no VAE
-    # weights can be loaded here). One H200 trains it on the MetaWorld demo in minutes.
+    # weights can be loaded here). Sized for one GPU on the MetaWorld demo (its training time and
+    # success: docs/benchmarks.md, "Cosmos3 trained from scratch on the demo's tasks").
     "small": (
         dict(
             head_dim=64,
@@ -156,7 +157,7 @@ class Cosmos3Options:
     # (one flash call per request and pathway) or "flex" (one flex-attention call per pathway that skips
     # the masked-out blocks; compiled on CUDA; on the CPU its calls with gradients take "mask", flex
     # attention having no CPU backward); "auto": flex on CUDA (faster than mask in SFT:
-    # docs/benchmarks.md, "Cosmos3 SFT with cached latents"), mask elsewhere. A single request always takes
+    # docs/results-log.md, "Cosmos3 SFT with cached latents"), mask elsewhere. A single request always takes
     # the stock path. models/cosmos3/packing.py
     attention: AttentionMode = "auto"
     # policy inference (serve, infer, eval): true = the fast path (text keys/values cached per prompt,
