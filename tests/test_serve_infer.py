@@ -288,3 +288,46 @@ def test_bench_serve_repeats_give_each_row_its_median_pass(tmp_path, capsys):
         ]
         assert row["ratio_to_in_process"] == row["obs_s"] / row["in_process_obs_s"] > 0
     assert "medians of 2 passes" in capsys.readouterr().out
+
+
+MODELS = [("tiny", "small", []), ("delay", "small", []), ("cosmos3", "tiny", ["num_inference_steps=2"])]
+
+
+@pytest.mark.parametrize("model,preset,options", MODELS, ids=[m for m, _, _ in MODELS])
+def test_infer_and_a_websocket_request_give_the_same_actions(model, preset, options, tmp_path, capsys):
+    """One transform path: a sample through ``wamkit infer`` and the same observation sent to ``wamkit
+    serve`` over a websocket, as a client sends it, give the same actions for the same seed (each the
+    served policy's ``prepare`` then ``run``; the same kernels on the same shapes, so to the bit). The
+    image is written at the model's size, so neither side resizes it."""
+    from wamkit.eval.server_proc import start_server_process
+    from wamkit.serve.client import PolicyClient
+
+    if model == "cosmos3":
+        pytest.importorskip("diffusers")
+    serve = ["--model", model, "--preset", preset, "--random-init", "--device", "cpu"]
+    for opt in options:
+        serve += ["--option", opt]
+    with start_server_process(serve, log_path=tmp_path / "serve.log") as server:
+        client = PolicyClient(server.url)
+        inputs = client.metadata["inputs"]
+        size, state_dim, cams = inputs["image_size"], inputs["state_dim"], inputs["cameras"]
+        rng = np.random.default_rng(1)
+        views = [rng.integers(0, 256, (size, size, 3), dtype=np.uint8) for _ in cams]
+        state = rng.normal(size=state_dim).astype(np.float32)
+        obs = {inputs["image_keys"][i]: v for i, v in enumerate(views)}
+        obs.update({inputs["state_key"]: state, inputs["prompt_key"]: "open the drawer", "seed": 5})
+        served = np.asarray(client.infer(obs)["actions"])
+        client.close()
+    d = tmp_path / "s"
+    d.mkdir()
+    write_video(d / "obs.mp4", np.concatenate(views, axis=1)[None].repeat(2, 0), 10)  # cameras side by side
+    png = np.concatenate(views, axis=1)
+    import PIL.Image
+
+    PIL.Image.fromarray(png).save(d / "obs.png")
+    sample = {"vision_path": "obs.png", "prompt": "open the drawer", "seed": 5, "state": state.tolist()}
+    (d / "a.json").write_text(json.dumps(sample))
+    argv = ["infer", "-i", str(d / "a.json"), "-o", str(tmp_path / "out"), *serve]
+    assert wamkit(argv) == 0, capsys.readouterr().out
+    out = json.loads((tmp_path / "out" / "a" / "sample_outputs.json").read_text())
+    np.testing.assert_array_equal(np.asarray(out["outputs"][0]["content"]["action"], np.float32), served)

@@ -26,13 +26,13 @@ from typing import Any
 
 import av
 import numpy as np
-import torch
 
-from wamkit.constants import OBS_STATE, TASK, image_key
+from wamkit.constants import OBS_STATE, PROMPT, image_key
 from wamkit.files import atomic_write_json, atomic_write_with
+from wamkit.serve.policy import FD_ACTIONS, GOAL_IMAGE, RETURN_FRAMES
 from wamkit.serve.samples import SampleError, read_frames
 
-__all__ = ["SampleError", "read_frames", "write_video", "run_sample"]
+__all__ = ["SampleError", "read_frames", "request", "run_sample", "write_video"]
 
 
 def write_video(path: Path, frames: np.ndarray, fps: float) -> None:
@@ -57,70 +57,54 @@ def _side_by_side(views: np.ndarray) -> np.ndarray:
     return np.concatenate(list(views), axis=2)
 
 
-def _model_inputs(policy, s: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The batch (one request) and the mode's extra inputs, in model space."""
-    io, spec, views = policy.io, policy.spec, s["views"]
-    batch: dict[str, Any] = {
-        image_key(c): torch.from_numpy(views[i, :1].copy()) for i, c in enumerate(io.cameras)
-    }
-    batch[OBS_STATE] = torch.from_numpy(spec.encode_state(np.asarray([s["state"]], np.float32)))
-    batch[TASK] = [s["prompt"]]
-    inputs: dict[str, Any] = {}
-    if s["mode"] == "policy":
-        inputs["return_frames"] = True
-    elif s["mode"] == "forward_dynamics":
-        acts, raw = s["actions"], bool(getattr(policy, "raw_actions", False))
-        dim = io.action_dim if raw else spec.env_action_dim
-        if acts.shape != (io.chunk, dim):
+def request(policy, s: dict[str, Any]) -> dict[str, Any]:
+    """The sample as one request to the served policy, in the form a websocket client sends: the first
+    frame of each camera, the state in env units, the prompt, the mode and the seed; the env actions of
+    forward dynamics; the goal of inverse dynamics (each camera's ``chunk`` frames after the observation
+    for a model that reads the whole clip, else each camera's last frame); the predicted frames asked for
+    in policy mode where the model predicts them."""
+    io, views, mode = policy.io, s["views"], s["mode"]
+    obs: dict[str, Any] = {image_key(c): views[i, 0] for i, c in enumerate(io.cameras)}
+    obs[OBS_STATE] = np.asarray(s["state"], np.float32)
+    obs.update({PROMPT: s["prompt"], "mode": mode, "seed": int(s["seed"])})
+    if mode == "policy" and getattr(policy.adapter, "returns_frames", False):
+        obs[RETURN_FRAMES] = True
+    elif mode == "forward_dynamics":
+        raw = bool(policy.raw_actions)
+        dim = io.action_dim if raw else policy.spec.env_action_dim
+        if s["actions"].shape != (io.chunk, dim):
             what = "model-space actions (--raw-actions)" if raw else "env actions"
             raise SampleError(
-                f"sample '{s['name']}': field 'action_path': expected {what} [{io.chunk}, {dim}], got {list(acts.shape)}"
+                f"sample '{s['name']}': field 'action_path': expected {what} [{io.chunk}, {dim}], got {list(s['actions'].shape)}"
             )
-        model = acts[None].astype(np.float32) if raw else spec.encode_actions(spec.env_to_stored(acts[None]))
-        inputs["actions"] = torch.from_numpy(np.ascontiguousarray(model, np.float32))
-    else:
-        inputs["goal_images"] = _goal(policy, s)
-    return batch, inputs
-
-
-def _goal(policy, s: dict[str, Any]) -> Any:
-    """Inverse dynamics: for a model that reads the whole clip (it declares ``chunk`` future frame
-    offsets) {image key: the ``chunk`` frames after the observation [1, chunk, S, S, 3]} per camera;
-    otherwise the server's form, the first camera's last frame [1, S, S, 3]."""
-    io, views = policy.io, s["views"]
-    whole = tuple(policy.adapter.future_frame_offsets) == tuple(range(1, io.chunk + 1))
-    if not whole:
-        return torch.from_numpy(views[0, -1][None].copy())
-    if views.shape[1] < io.chunk + 1:
-        raise SampleError(
-            f"sample '{s['name']}': field 'vision_path': inverse_dynamics needs {io.chunk + 1} frames "
-            f"(the observation and the {io.chunk} after it), the video has {views.shape[1]}"
-        )
-    return {
-        image_key(c): torch.from_numpy(views[i, 1 : io.chunk + 1][None].copy())
-        for i, c in enumerate(io.cameras)
-    }
+        obs[FD_ACTIONS] = np.asarray(s["actions"], np.float32)
+    elif mode == "inverse_dynamics":
+        whole = tuple(policy.adapter.future_frame_offsets) == tuple(range(1, io.chunk + 1))
+        if whole and views.shape[1] < io.chunk + 1:
+            raise SampleError(
+                f"sample '{s['name']}': field 'vision_path': inverse_dynamics needs {io.chunk + 1} frames "
+                f"(the observation and the {io.chunk} after it), the video has {views.shape[1]}"
+            )
+        for i, c in enumerate(io.cameras):
+            obs[f"{GOAL_IMAGE}.{c}"] = views[i, 1 : io.chunk + 1] if whole else views[i, -1]
+    return obs
 
 
 def run_sample(policy, s: dict[str, Any], out: Path) -> dict[str, Any]:
-    """Run one resolved sample and write its three files; returns the ``sample_outputs.json`` object."""
-    batch, inputs = _model_inputs(policy, s)
+    """Run one resolved sample through the served policy's own ``prepare`` and ``run`` (what a server
+    does with a request) and write its three files; returns the ``sample_outputs.json`` object."""
     try:
-        with policy.compute():
-            reply = policy.adapter.predict(batch, mode=s["mode"], seed=s["seed"], **inputs)
-    except ValueError as err:
+        reply = policy.run([policy.prepare(request(policy, s))])[0]
+    except ValueError as err:  # RequestError, and a model's own refusal
         raise SampleError(f"sample '{s['name']}': {err}") from None
     observed = _side_by_side(s["views"])
     content: dict[str, Any] = {}
     if "actions" in reply:
-        acts = np.asarray(reply["actions"], np.float32)
-        content["action"] = (
-            acts if getattr(policy, "raw_actions", False) else policy.spec.decode_actions(acts)
-        )[0].tolist()
+        content["action"] = np.asarray(reply["actions"], np.float32).tolist()
     if "video" in reply:
-        video = np.asarray(reply["video"], np.uint8)[0]
+        video = np.asarray(reply["video"], np.uint8)
     elif "frames" in reply:  # a model that predicts one frame: the observation, then it
-        pred = np.asarray(reply["frames"], np.uint8)[0]
+        pred = np.asarray(reply["frames"], np.uint8)
         video = np.stack([observed[0], pred]) if pred.shape == observed[0].shape else pred[None]
     else:
         video = observed if s["mode"] == "inverse_dynamics" else observed[:1]

@@ -71,6 +71,7 @@ CONTROL_KEYS = ("mode", "seed")
 # observation was taken, how many of them run before the reply arrives, the soft mask and the clip
 RTC_KEYS = ("prev_actions", "prev_actions_len", "delay", "rtc_schedule", "rtc_max_guidance")
 FD_ACTIONS = "actions"
+RETURN_FRAMES = "return_frames"  # policy: also the frames the model predicts with the actions (cosmos3)
 # warm-up's instruction: a long benchmark task, so that its caption falls in the text bucket of most
 WARM_TASK = "put the black bowl on the plate and close the top drawer of the cabinet"
 
@@ -96,8 +97,10 @@ class Request:
     def group(self) -> tuple[Any, ...]:
         """Requests batch together only within a group: the same mode, and all seeded or all unseeded.
         Noise is drawn per row from the row's seed, so a seeded reply equals an in-process call with
-        that seed whoever else shares the model call."""
-        return (self.mode,) if self.seeds is None else (self.mode, "seeded")
+        that seed whoever else shares the model call. A request for the predicted frames
+        (``return_frames``) shares a call only with others that ask for them."""
+        group = (self.mode,) if self.seeds is None else (self.mode, "seeded")
+        return (*group, RETURN_FRAMES) if RETURN_FRAMES in self.inputs else group
 
 
 def _seeds(seed: Any, n: int, batched: bool) -> list[int] | None:
@@ -299,12 +302,29 @@ class ServedPolicy:
         keys |= self._aliases()
         keys |= {PROMPT: TASK, TASK: TASK, FD_ACTIONS: FD_ACTIONS, GOAL_IMAGE: f"{GOAL_IMAGE}.{cams[0]}"}
         keys |= {f"{GOAL_IMAGE}.{c}": f"{GOAL_IMAGE}.{c}" for c in cams}
-        keys |= {k: k for k in CONTROL_KEYS + RTC_KEYS}
+        keys |= {k: k for k in (*CONTROL_KEYS, *RTC_KEYS, RETURN_FRAMES)}
         self._keys = keys
         return keys
 
     def prepare(self, obs: Any) -> Request:
-        """Check one decoded request and bring it into model space; :class:`RequestError` if it is wrong."""
+        """Check one decoded request and bring it into model space; :class:`RequestError` if it is wrong.
+        The steps, each checking and converting its own keys: the request's keys, its mode and seed,
+        the state (which says whether the request is batched), the instructions, the camera images,
+        then what the mode takes beyond an observation."""
+        got = self._fields(obs)
+        mode = got.get("mode", (None, "policy"))[1]
+        if mode not in MODES:
+            raise RequestError(f"mode: {mode!r} is not one of {', '.join(MODES)}")
+        state, n, batched = self._state(got)
+        batch: dict[str, Any] = {OBS_STATE: self.spec.encode_state(state), TASK: self._tasks(got, n, batched)}
+        for cam in self.io.cameras:
+            batch[image_key(cam)] = self._images(got, image_key(cam), n, batched)
+        inputs = self._mode_inputs(got, mode, n, batched)
+        return Request(batch, n, batched, mode, _seeds(got.get("seed", (None, None))[1], n, batched), inputs)
+
+    def _fields(self, obs: Any) -> dict[str, tuple[str, Any]]:
+        """The request's values by model key, each with the key it came under (an alias names the key
+        its client sent)."""
         if not isinstance(obs, dict):
             raise RequestError(f"a request must be a map of observation keys, got {type(obs).__name__}")
         keymap, got = self._keymap(), {}
@@ -321,12 +341,11 @@ class ServedPolicy:
             if target in got:
                 raise RequestError(f"{key!r} given twice (as {got[target][0]!r} and {key!r})")
             got[target] = (key, value)
+        return got
 
-        mode = got.get("mode", (None, "policy"))[1]
-        if mode not in MODES:
-            raise RequestError(f"mode: {mode!r} is not one of {', '.join(MODES)}")
-        seed = got.get("seed", (None, None))[1]
-
+    def _state(self, got: dict) -> tuple[np.ndarray, int, bool]:
+        """``(state [n, state_dim], n, batched)``: a state [state_dim] is one observation, [B, state_dim]
+        a batched request of B."""
         if OBS_STATE not in got:
             raise RequestError(
                 f"request lacks {OBS_STATE} (or "
@@ -344,34 +363,37 @@ class ServedPolicy:
         n = state.shape[0] if batched else 1
         if n == 0:
             raise RequestError(f"{skey}: a batched request needs at least one observation")
+        return state.reshape(n, -1), n, batched
 
+    def _tasks(self, got: dict, n: int, batched: bool) -> list[str]:
         if TASK not in got:
             raise RequestError(f"request lacks {PROMPT!r} (or {TASK!r}): the instruction")
         pkey, prompt = got[TASK]
-        if batched:
-            if (
-                not isinstance(prompt, list | tuple)
-                or len(prompt) != n
-                or not all(isinstance(p, str) for p in prompt)
-            ):
-                raise RequestError(
-                    f"{pkey}: a batched request needs a list of {n} strings, got {prompt!r:.80}"
-                )
-            tasks = list(prompt)
-        else:
+        if not batched:
             if not isinstance(prompt, str):
                 raise RequestError(f"{pkey}: expected a string, got {type(prompt).__name__}")
-            tasks = [prompt]
+            return [prompt]
+        if (
+            not isinstance(prompt, list | tuple)
+            or len(prompt) != n
+            or not all(isinstance(p, str) for p in prompt)
+        ):
+            raise RequestError(f"{pkey}: a batched request needs a list of {n} strings, got {prompt!r:.80}")
+        return list(prompt)
 
-        batch: dict[str, Any] = {OBS_STATE: self.spec.encode_state(state.reshape(n, -1)), TASK: tasks}
-        for cam in self.io.cameras:
-            batch[image_key(cam)] = self._images(got, image_key(cam), n, batched)
+    def _mode_inputs(self, got: dict, mode: str, n: int, batched: bool) -> dict[str, Any]:
+        """What ``mode`` takes beyond the observation: the goal images of inverse dynamics, the actions
+        of forward dynamics, the real-time chunking fields, ``return_frames``; each refused in a mode
+        that does not take it."""
         inputs: dict[str, Any] = {}
         goals = {c: f"{GOAL_IMAGE}.{c}" for c in self.io.cameras}
         if mode == "inverse_dynamics":
-            per_cam = {image_key(c): self._images(got, k, n, batched) for c, k in goals.items()}
-            # one camera: the array itself (what every adapter takes); several: keyed by image key
-            inputs["goal_images"] = next(iter(per_cam.values())) if len(per_cam) == 1 else per_cam
+            per_cam = {image_key(c): self._goal(got, k, n, batched) for c, k in goals.items()}
+            clips = any(g.ndim == 5 for g in per_cam.values())
+            # one camera's single frames: the array itself (what every adapter takes); else keyed by image key
+            inputs["goal_images"] = (
+                next(iter(per_cam.values())) if len(per_cam) == 1 and not clips else per_cam
+            )
         elif any(k in got for k in goals.values()):
             raise RequestError(f"'{GOAL_IMAGE}' belongs to mode 'inverse_dynamics', not {mode!r}")
         if mode == "forward_dynamics":
@@ -380,7 +402,32 @@ class ServedPolicy:
             raise RequestError(f"'{FD_ACTIONS}' belongs to mode 'forward_dynamics', not {mode!r}")
         if any(k in got for k in RTC_KEYS):
             inputs["rtc"] = self._rtc(got, mode, n, batched)
-        return Request(batch, n, batched, mode, _seeds(seed, n, batched), inputs)
+        if got.get(RETURN_FRAMES, (None, False))[1]:
+            if mode != "policy" or not getattr(self.adapter, "returns_frames", False):
+                raise RequestError(
+                    f"{RETURN_FRAMES}: the predicted frames of mode 'policy' come from models that predict "
+                    f"them with the actions (cosmos3); {self.adapter.name} in mode {mode!r} does not"
+                )
+            inputs[RETURN_FRAMES] = True
+        return inputs
+
+    def _goal(self, got: dict, target: str, n: int, batched: bool) -> np.ndarray:
+        """One camera's goal: a frame, [n, S, S, 3]; or, for a model that reads the whole clip after the
+        observation (cosmos3), the ``chunk`` frames [n, chunk, S, S, 3] (sent [chunk, H, W, 3] per
+        observation)."""
+        if target in got:
+            key, img = got[target]
+            clip = isinstance(img, np.ndarray) and img.ndim == (5 if batched else 4)
+            if clip and tuple(self.adapter.future_frame_offsets) == tuple(range(1, self.io.chunk + 1)):
+                k = img.shape[-4]
+                if k != self.io.chunk:
+                    raise RequestError(
+                        f"{key}: a goal clip holds the {self.io.chunk} frames after the observation, got {k}"
+                    )
+                frames = img.reshape(-1, *img.shape[-3:])
+                got = {**got, target: (key, frames)}
+                return self._images(got, target, n * k, True).reshape(n, k, *frames.shape[1:3], 3)
+        return self._images(got, target, n, batched)
 
     def _images(self, got: dict, target: str, n: int, batched: bool) -> np.ndarray:
         if target not in got:
@@ -502,7 +549,9 @@ class ServedPolicy:
             requests = [r if "rtc" in r.inputs else self._unguided(r) for r in requests]
             first = requests[0]
         for name, first_value in first.inputs.items():
-            if isinstance(first_value, dict):  # per-camera goals
+            if name == RETURN_FRAMES:  # a flag of the whole call (the group holds it alike)
+                inputs[name] = True
+            elif isinstance(first_value, dict):  # per-camera goals
                 inputs[name] = {k: _cat([r.inputs[name][k] for r in requests]) for k in first_value}
             else:
                 inputs[name] = _cat([r.inputs[name] for r in requests])
@@ -516,6 +565,8 @@ class ServedPolicy:
         else:
             actions = np.asarray(out["actions"], np.float32)
             results = {"actions": actions if self.raw_actions else self.spec.decode_actions(actions)}
+            if "video" in out:  # return_frames
+                results["video"] = np.asarray(out["video"], np.uint8)
         replies, start = [], 0
         for r in requests:
             reply = {}

@@ -113,6 +113,7 @@ class Cosmos3Inference:
         return out
 
     supports_rtc = True  # predict(policy) takes rtc=: wamkit.models.rtc
+    returns_frames = True  # predict(policy) takes return_frames=True: the clip it predicts with the actions
 
     def _prepare(
         self, batch: dict[str, Any], mode: Mode, inputs: dict[str, Any], eager: bool = False
