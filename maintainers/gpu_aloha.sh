@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The ALOHA table of docs/benchmarks.md ("ALOHA in simulation"): LeRobot's ACT, Diffusion Policy and the
+# The ALOHA table of docs/benchmarks.md ("ALOHA in simulation: the ACT paper's table"): LeRobot's ACT, Diffusion Policy and the
 # built-in tiny, each trained on 50 scripted episodes per task and evaluated on 50 held-out seeds, on the
 # GPU machine (one GPU). The datasets are collected here first (docs/aloha.md):
 #
