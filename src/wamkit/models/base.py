@@ -400,6 +400,34 @@ class PredictsFramesAt(Protocol):
 
 
 @runtime_checkable
+class SetsSamplingSteps(Protocol):
+    """Samples each request in a number of steps a server may set without retraining
+    (``serve.sampling_steps``: tiny's Euler steps, Cosmos3's UniPC steps)."""
+
+    sampling_steps: int
+
+
+@runtime_checkable
+class StepDistilled(Protocol):
+    """May be the step-distilled student of a teacher (``train.distill_from``): ``distilled`` is
+    ``{"steps", "teacher_steps"}`` for one that is, None otherwise; ``start_distillation`` makes a model
+    the student of ``teacher`` (its ``sft_loss`` then the distillation loss)."""
+
+    @property
+    def distilled(self) -> dict[str, int] | None: ...
+
+    def start_distillation(self, teacher: Any, steps: int, teacher_steps: int = 0) -> None: ...
+
+
+@runtime_checkable
+class ReturnsFrames(Protocol):
+    """Its ``predict`` in mode ``policy`` takes ``return_frames=True`` and adds the clip it predicts with
+    the actions (``video``): Cosmos3."""
+
+    returns_frames: bool
+
+
+@runtime_checkable
 class HasPretrainedBase(Protocol):
     """Built from pretrained weights on disk: training and export record the base's content hash, so a
     checkpoint is never combined with another base (:mod:`wamkit.train.base_weights`)."""

@@ -29,6 +29,7 @@ import numpy as np
 
 from wamkit.constants import OBS_STATE, PROMPT, image_key
 from wamkit.files import atomic_write_json, atomic_write_with
+from wamkit.models.base import ReturnsFrames
 from wamkit.serve.policy import FD_ACTIONS, GOAL_IMAGE, RETURN_FRAMES
 from wamkit.serve.samples import SampleError, read_frames
 
@@ -67,7 +68,7 @@ def request(policy, s: dict[str, Any]) -> dict[str, Any]:
     obs: dict[str, Any] = {image_key(c): views[i, 0] for i, c in enumerate(io.cameras)}
     obs[OBS_STATE] = np.asarray(s["state"], np.float32)
     obs.update({PROMPT: s["prompt"], "mode": mode, "seed": int(s["seed"])})
-    if mode == "policy" and getattr(policy.adapter, "returns_frames", False):
+    if mode == "policy" and isinstance(policy.adapter, ReturnsFrames):
         obs[RETURN_FRAMES] = True
     elif mode == "forward_dynamics":
         raw = bool(policy.raw_actions)

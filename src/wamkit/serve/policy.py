@@ -59,7 +59,15 @@ from wamkit.actions.spec import PreprocessSpec
 from wamkit.config import SERVE_PRECISIONS, SERVE_WARM, ConfigError
 from wamkit.constants import OBS_STATE, PROMPT, TASK, image_key
 from wamkit.embodiments import request_aliases
-from wamkit.models.base import CompilesSteps, ServesFp8, row_seeds, weights_digest
+from wamkit.models.base import (
+    CompilesSteps,
+    ReturnsFrames,
+    ServesFp8,
+    SetsSamplingSteps,
+    StepDistilled,
+    row_seeds,
+    weights_digest,
+)
 from wamkit.models.rtc import MAX_GUIDANCE, SCHEDULES, request_rows
 
 log = logging.getLogger(__name__)
@@ -173,12 +181,12 @@ def bucket_sizes(max_batch: int) -> list[int]:
 def set_sampling_steps(adapter: Any, steps: int) -> None:
     """``serve.sampling_steps``: the sampler steps of every request. A model without a sampler is refused
     naming the key; more steps than a step-distilled model was made for are served, with a warning."""
-    if not hasattr(adapter, "sampling_steps"):
+    if not isinstance(adapter, SetsSamplingSteps):
         raise ConfigError(
             f"serve.sampling_steps={steps}: model '{adapter.name}' has no sampler steps to set "
             "(models with them: tiny, cosmos3); leave it 0"
         )
-    distilled = getattr(adapter, "distilled", None)
+    distilled = adapter.distilled if isinstance(adapter, StepDistilled) else None
     if distilled and steps > distilled["steps"]:
         log.warning(
             "serve.sampling_steps=%d: this model was step-distilled for %d steps (from a %d-step teacher); "
@@ -239,10 +247,10 @@ class ServedPolicy:
                 if self.autocast is not None
                 else "off",
             }
-            if hasattr(self.adapter, "sampling_steps"):  # a sampler's steps change the actions
+            if isinstance(self.adapter, SetsSamplingSteps):  # a sampler's steps change the actions
                 self._identity["sampler"] = {
                     "steps": int(self.adapter.sampling_steps),
-                    "distilled": getattr(self.adapter, "distilled", None),
+                    "distilled": self.adapter.distilled if isinstance(self.adapter, StepDistilled) else None,
                 }
         return self._identity
 
@@ -403,7 +411,7 @@ class ServedPolicy:
         if any(k in got for k in RTC_KEYS):
             inputs["rtc"] = self._rtc(got, mode, n, batched)
         if got.get(RETURN_FRAMES, (None, False))[1]:
-            if mode != "policy" or not getattr(self.adapter, "returns_frames", False):
+            if mode != "policy" or not isinstance(self.adapter, ReturnsFrames):
                 raise RequestError(
                     f"{RETURN_FRAMES}: the predicted frames of mode 'policy' come from models that predict "
                     f"them with the actions (cosmos3); {self.adapter.name} in mode {mode!r} does not"

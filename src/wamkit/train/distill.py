@@ -51,7 +51,9 @@ def resolve(cfg: RunConfig) -> RunConfig:
 def start(adapter, cfg: RunConfig, device: torch.device) -> None:
     """Make ``adapter`` the student of ``train.distill_from``'s model (built here, on ``device``)."""
     t = cfg.train
-    if not hasattr(adapter, "start_distillation"):
+    from wamkit.models.base import StepDistilled
+
+    if not isinstance(adapter, StepDistilled):
         raise ConfigError(
             f"train.distill_from: model '{adapter.name}' has no step distillation (models with it: tiny)"
         )
