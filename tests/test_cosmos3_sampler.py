@@ -158,3 +158,28 @@ def test_the_noise_of_request_i_is_drawn_from_seed_plus_i():
     assert torch.equal(act, acts)
     assert cond_v.flatten().tolist() == [1, 0, 1, 0, 0] and cond_v.shape == (5, 1, 1)
     assert cond_a.flatten().tolist() == [0, 1] + [0] * 14 and cond_a.shape == (16, 1)
+
+
+@pytest.mark.parametrize("steps", [1, 4, 30])
+def test_the_euler_option_is_diffusers_flow_euler_step(steps):
+    """``model.options.sampler=euler``: on the recipe's shifted sigmas, the plain flow step of diffusers'
+    ``FlowMatchEulerDiscreteScheduler`` (given the same sigmas, no shift of its own): the same
+    timesteps, and samples equal to float32 rounding of the step width."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    from wamkit.models.cosmos3.sampler import EulerFlow, flow_sampler
+
+    sch = sampling_scheduler(None, 5.0)
+    sigmas = native_sigmas(sch, steps)
+    x = torch.randn(2, 3, 5, generator=torch.Generator().manual_seed(0))
+    ours = flow_sampler("euler", sch, sigmas, torch.device("cpu"), [x.clone()])
+    assert isinstance(ours, EulerFlow) and len(ours.timesteps) == steps
+    ref = FlowMatchEulerDiscreteScheduler(num_train_timesteps=sch.config.num_train_timesteps, shift=1.0)
+    ref.set_timesteps(sigmas=ours._sigmas[:-1])
+    torch.testing.assert_close(ref.timesteps.float(), ours.timesteps.float(), rtol=0, atol=1e-3)
+    a, b = x.clone(), x.clone()
+    for k, t in enumerate(ours.timesteps):
+        (a,) = ours.step(t, [torch.sin(a * (k + 1))])
+        b = ref.step(torch.sin(b * (k + 1)), ref.timesteps[k], b, return_dict=False)[0]
+    torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+    assert not torch.allclose(a, x)  # it moved

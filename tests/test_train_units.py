@@ -19,7 +19,7 @@ from wamkit.train import NonFiniteLoss, train
 from wamkit.train import checkpoint as ckpt
 from wamkit.train.cli_runs import main as runs_main
 from wamkit.train.cli_runs import read_scalars
-from wamkit.train.loop import accumulation_steps
+from wamkit.train.memory import accumulation_steps
 from wamkit.train.metrics import read_losses, truncate_losses
 from wamkit.train.optim import PowerEMA, build_optimizer, lr_factor
 

@@ -246,12 +246,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         for key in ("max_steps", "micro_batch", "global_batch", "save_interval", "log_interval"):
             _positive(self, "train", key)
-        if self.global_batch % self.micro_batch:
-            raise ConfigError(
-                f"train.global_batch={self.global_batch} is not a multiple of train.micro_batch={self.micro_batch}"
-            )
-        if self.precision == "bf16" and self.device == "cpu":
-            raise ConfigError("train.precision=bf16 needs a CUDA device; use train.precision=fp32 on the CPU")
+        # the batch's divisibility and bf16's device are checked where the run knows its processes and
+        # its device (wamkit.train.memory.accumulation_steps; wamkit.train.loop.train)
         if self.distill_steps < 1:
             raise ConfigError(f"train.distill_steps: expected >= 1 sampler steps, got {self.distill_steps}")
         if self.distill_teacher_steps < 0:
@@ -303,10 +299,15 @@ class ServeConfig:
             raise ConfigError(
                 f"serve.sampling_steps: expected >= 1 sampler steps, or 0 for the model's own, got {self.sampling_steps}"
             )
-        if self.text_tower not in SERVE_TEXT_TOWERS:
-            raise ConfigError(
-                f"serve.text_tower: expected one of {', '.join(SERVE_TEXT_TOWERS)}, got {self.text_tower!r}"
-            )
+        for key, choices in (
+            ("text_tower", SERVE_TEXT_TOWERS),
+            ("precision", SERVE_PRECISIONS),
+            ("warm", SERVE_WARM),
+        ):
+            if getattr(self, key) not in choices:
+                raise ConfigError(
+                    f"serve.{key}: expected one of {', '.join(choices)}, got {getattr(self, key)!r}"
+                )
         if self.precision in ("bf16", "fp8") and self.device == "cpu":
             raise ConfigError(
                 f"serve.precision={self.precision} needs a CUDA device; use auto or fp32 on the CPU"

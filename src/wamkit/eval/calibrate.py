@@ -252,9 +252,7 @@ def _server(url: str, make_policy: Callable[[], Callable]) -> Iterator[Callable]
         try:
             yield policy
         finally:
-            close = getattr(policy, "close", None)
-            if close is not None:
-                close()
+            policy.close()
     except TimeoutError as err:
         raise TimeoutError(
             f"calibration: the server at {url} did not reply ({err}); a hung server stops the run "

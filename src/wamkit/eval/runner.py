@@ -38,7 +38,7 @@ from wamkit.config import ConfigError, EnvConfig, EvalConfig, RunConfig, ServeCo
 from wamkit.constants import image_key
 from wamkit.envs.base import EpisodeSpec
 from wamkit.eval.backends import backend_module, connect
-from wamkit.eval.backends.base import Patience, Target
+from wamkit.eval.backends.base import Patience, PolicyConnection, Target, as_connection
 from wamkit.eval.calibrate import Calibration, batch_sizes, calibrate, independent_bound, start_envs
 from wamkit.eval.episodes import plan_episodes, plan_record
 from wamkit.eval.execution import ActionExecution
@@ -171,7 +171,7 @@ def run_eval(
         target = Target(url, tuple(e.cameras), info, look, dict(ecfg.backend_options))
         return connect(ecfg.backend, target, patience)
 
-    make_policy = policy_factory or connect_backend
+    make_policy = _connections(policy_factory or connect_backend)
     if ecfg.blank_images:
         make_policy = _blanked(make_policy)
     out = Path(ecfg.out_dir)
@@ -259,9 +259,7 @@ def measure_delay(make_policy, url: str, env_cfg: EnvConfig, ecfg: EvalConfig, r
             policy([obs] * batch, list(range(batch)))
             times.append(time.perf_counter() - t0)
     finally:
-        close = getattr(policy, "close", None)
-        if close is not None:
-            close()
+        policy.close()
     latency = float(np.median(times[1:]))
     d = max(1, int(np.ceil(latency * info.fps - 1e-9)))
     log.info(
@@ -317,16 +315,23 @@ class _BlankImages:
     """A policy connection that sends every camera image black (``eval.blank_images``): the same
     shapes and dtype, all zeros; everything else as given."""
 
-    def __init__(self, inner: Any) -> None:
+    def __init__(self, inner: PolicyConnection) -> None:
         self._inner = inner
+        self.metadata, self.identity = inner.metadata, inner.identity
 
     def __call__(self, obs_list: list[dict[str, Any]], seeds: list[int] | None = None) -> Any:
         prefix = image_key("")
         blank = [{k: np.zeros_like(v) if k.startswith(prefix) else v for k, v in o.items()} for o in obs_list]
         return self._inner(blank, seeds)
 
-    def __getattr__(self, name: str) -> Any:  # identity, close, ...
-        return getattr(self._inner, name)
+    def close(self) -> None:
+        self._inner.close()
+
+
+def _connections(make_policy) -> Callable[..., PolicyConnection]:
+    """``make_policy`` (a backend's ``connect``, or a caller's factory of bare functions) making
+    :class:`PolicyConnection` objects, which everything below calls without asking what they offer."""
+    return lambda *args, **kwargs: as_connection(make_policy(*args, **kwargs))
 
 
 def _blanked(make_policy):
@@ -342,7 +347,7 @@ def _probe(
     cannot do real-time chunking when ``blend`` is ``rtc``."""
     probe = make_policy(url, env_cfg, Patience(reply_timeout_s=reply_s))
     try:
-        meta = getattr(probe, "metadata", None) or {}
+        meta = probe.metadata
         if blend == "rtc" and not meta.get("real_time_chunking"):
             raise ConfigError(
                 f"eval.chunk_blend=rtc: the model served at {url} ({meta.get('model', 'unnamed')}) takes no "
@@ -353,9 +358,7 @@ def _probe(
         # the identity is the connection's own reading of what its server says
         return probe.identity, size if isinstance(size, int) else None
     finally:
-        close = getattr(probe, "close", None)
-        if close is not None:
-            close()
+        probe.close()
 
 
 def _warn_image_size(env_cfg: EnvConfig, url: str, served: int | None) -> None:

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -38,9 +38,19 @@ from wamkit.eval.episodes import request_seed
 from wamkit.eval.execution import ActionExecution, ChunkPlan
 from wamkit.eval.executors import EnvWorkerPool, WorkerLost
 
-# (obs list, one noise seed per observation) -> (actions [B, H, D], server seconds, observations in
-# the model call that served them, index of the server that answered)
-Policy = Callable[[list[dict[str, Any]], list[int]], tuple[np.ndarray, float, int, int]]
+
+class Policy(Protocol):
+    """A stage's policy (:class:`wamkit.eval.servers.StagePolicy`): called with the observations and
+    one noise seed per observation, it answers (actions [B, H, D], server seconds, observations in the
+    model call that served them, index of the server that answered); closed when its stage ends."""
+
+    def __call__(
+        self, obs_list: list[dict[str, Any]], seeds: list[int]
+    ) -> tuple[np.ndarray, float, int, int]: ...
+
+    def close(self) -> None: ...
+
+
 ENV_ERROR = "env_error"
 
 
@@ -255,9 +265,7 @@ class Pipeline:
             try:
                 self._stage_loop(s, policy)
             finally:
-                close = getattr(policy, "close", None)
-                if close is not None:
-                    close()
+                policy.close()
         except BaseException as err:
             self._errors.append(err)
             self._stop.set()

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from wamkit.config import ConfigError
-from wamkit.eval.backends.base import Patience
+from wamkit.eval.backends.base import Patience, PolicyConnection
 from wamkit.eval.journal import server_diff
 
 log = logging.getLogger(__name__)
@@ -135,7 +135,7 @@ class StagePolicy:
     def __init__(self, pool: ServerPool, stage: int):
         self.pool, self.stage = pool, stage
         self.server = -1
-        self.conn: Callable | None = None
+        self.conn: PolicyConnection | None = None
         self.patient = False
 
     def __call__(
@@ -162,7 +162,5 @@ class StagePolicy:
 
     def close(self) -> None:
         if self.conn is not None:
-            close = getattr(self.conn, "close", None)
-            self.conn = None
-            if close is not None:
-                close()
+            conn, self.conn = self.conn, None
+            conn.close()

@@ -19,8 +19,6 @@ import logging
 import time
 from pathlib import Path
 
-import torch
-
 from wamkit import embodiments
 from wamkit.config import (
     SERVE_PRECISIONS,
@@ -34,7 +32,7 @@ from wamkit.config import (
 )
 from wamkit.models import ModelIO
 from wamkit.serve.lifetime import exit_with_parent
-from wamkit.serve.loading import check_serving_dir, load_served, random_init, resolve_device
+from wamkit.serve.loading import as_device, check_serving_dir, load_served, random_init
 from wamkit.serve.plan import print_plan, resolve_text_tower, served_model
 from wamkit.serve.policy import ServedPolicy
 from wamkit.serve.server import run_server, warm_buckets
@@ -194,13 +192,13 @@ def build_policy(args: argparse.Namespace, cfg: RunConfig) -> ServedPolicy:
         check_serving_dir(args.export_dir)
     s = cfg.serve
     io = suite_io(args.suite, cfg.env) if args.suite else None
-    dev = torch.device(resolve_device(s.device))
+    dev = as_device(s.device)  # serve.device resolved once: everything below takes the device
     tower = resolve_text_tower(s.text_tower, *served_model(args.export_dir, cfg.model, io), dev, s.max_batch)
     if args.export_dir:
-        return load_served(args.export_dir, s.device, s.raw_actions, s.precision, tower, s.sampling_steps)
+        return load_served(args.export_dir, dev, s.raw_actions, s.precision, tower, s.sampling_steps)
     m = cfg.model
     return random_init(
-        m.name, m.preset, m.options, s.device, s.raw_actions, s.precision, io=io, text_tower=tower,
+        m.name, m.preset, m.options, dev, s.raw_actions, s.precision, io=io, text_tower=tower,
         sampling_steps=s.sampling_steps,
     )  # fmt: skip
 

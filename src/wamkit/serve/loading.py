@@ -31,9 +31,10 @@ log = logging.getLogger(__name__)
 SERVING_FILES = (WEIGHTS_FILE, MODEL_FILE, SPEC_FILE)
 
 
-def resolve_device(device: str) -> str:
-    """``serve.device`` as a torch device string (see :mod:`wamkit.device`)."""
-    return str(_resolve(device, "serve.device"))
+def as_device(device: torch.device | str) -> torch.device:
+    """``serve.device`` as a device: a device as it is (the command resolved it, once), a setting's
+    string resolved here (:func:`wamkit.device.resolve_device`) for a caller that has not."""
+    return device if isinstance(device, torch.device) else _resolve(device, "serve.device")
 
 
 def identity_spec(io: ModelIO) -> PreprocessSpec:
@@ -77,7 +78,7 @@ def check_serving_dir(export_dir: str | Path) -> Path:
 
 def load_served(
     export_dir: str | Path,
-    device: str = "auto",
+    device: torch.device | str = "auto",
     raw_actions: bool = False,
     precision: str = "auto",
     text_tower: str = "device",
@@ -92,7 +93,7 @@ def load_served(
     if is_lerobot_folder(root):  # LeRobot's own pretrained folder, served as it is (docs/lerobot.md)
         from wamkit.models.pretrained import load_pretrained
 
-        dev = resolve_device(device)
+        dev = as_device(device)
         adapter = load_pretrained(root, device=dev)
         log.info(
             "loaded LeRobot's %s from %s on %s (its processors normalise)", adapter.config.type, root, dev
@@ -104,7 +105,7 @@ def load_served(
                             sampling_steps=sampling_steps)  # fmt: skip
     from wamkit.models.pretrained import load_pretrained
 
-    dev = resolve_device(device)
+    dev = as_device(device)
     adapter = load_pretrained(root, device="cpu" if text_tower == "host" else dev)
     place(adapter, dev, text_tower)
     try:
@@ -138,7 +139,7 @@ def random_init(
     name: str,
     preset: str,
     options: dict[str, Any] | None = None,
-    device: str = "auto",
+    device: torch.device | str = "auto",
     raw_actions: bool = False,
     precision: str = "auto",
     io: ModelIO | None = None,
@@ -149,7 +150,7 @@ def random_init(
     and smoke runs). The weights are drawn from a fixed seed, so servers started alike serve the same
     model (the same weights hash: one evaluation may spread its stages over them), whatever their
     ``text_tower`` (resolved: device | host, :func:`place`)."""
-    dev = resolve_device(device)
+    dev = as_device(device)
     torch.manual_seed(0)
     cfg = ModelConfig(name=name, preset=preset, options=dict(options or {}))
     if text_tower == "host":  # built in host memory as it would be on dev (its dtype, its draws)

@@ -56,7 +56,7 @@ import numpy as np
 import torch
 
 from wamkit.actions.spec import PreprocessSpec
-from wamkit.config import SERVE_PRECISIONS, SERVE_WARM, ConfigError
+from wamkit.config import ConfigError
 from wamkit.constants import OBS_STATE, PROMPT, TASK, image_key
 from wamkit.embodiments import request_aliases
 from wamkit.models.base import (
@@ -143,10 +143,6 @@ def compute_device(module: torch.nn.Module) -> torch.device:
 def _autocast(adapter: Any, precision: str) -> tuple[torch.dtype | None, str]:
     """``(dtype, device type)`` of the autocast of ``adapter``'s model calls under ``serve.precision``
     (dtype None: no autocast)."""
-    if precision not in SERVE_PRECISIONS:
-        raise ConfigError(
-            f"serve.precision: expected one of {', '.join(SERVE_PRECISIONS)}, got {precision!r}"
-        )
     module = adapter.module
     params = next(module.parameters(), None)
     if params is None:
@@ -594,8 +590,6 @@ class ServedPolicy:
         """The batch sizes ``serve.warm`` runs at start: one per bucket up to ``max_batch`` (powers of two,
         then ``max_batch``) for ``all``, and for ``auto`` when the model captures or compiles its steps
         (``warm_wanted()``); none for ``none``."""
-        if warm not in SERVE_WARM:
-            raise ConfigError(f"serve.warm: expected one of {', '.join(SERVE_WARM)}, got {warm!r}")
         wanted = isinstance(self.adapter, CompilesSteps) and self.adapter.warm_wanted()
         if warm == "none" or (warm == "auto" and not wanted):
             return []

@@ -36,7 +36,7 @@ from wamkit.config import ConfigError, RunConfig, UserError, save_config, to_dic
 from wamkit.files import CONFIG_FILE, MODEL_FILE, SPEC_FILE, model_json
 from wamkit.log import close_file_logs, setup_logging
 from wamkit.models.base import HasPretrainedBase, ModelAdapter, ModelIO, NeedsSampleExtras
-from wamkit.train import base_weights, distill
+from wamkit.train import base_weights, distill, memory
 from wamkit.train import checkpoint as ckpt
 from wamkit.train import lora as lora_
 from wamkit.train.dist import DistInfo, init_distributed, shutdown
@@ -57,16 +57,6 @@ DataFn = Callable[
 
 class NonFiniteLoss(RuntimeError):
     """The loss or the gradient norm became NaN/inf; the run stops before saving it."""
-
-
-def accumulation_steps(cfg: RunConfig, world_size: int) -> int:
-    per_step = cfg.train.micro_batch * world_size
-    if cfg.train.global_batch % per_step:
-        raise ConfigError(
-            f"train.global_batch={cfg.train.global_batch} is not a multiple of train.micro_batch x processes "
-            f"= {cfg.train.micro_batch} x {world_size}"
-        )
-    return cfg.train.global_batch // per_step
 
 
 def _default_adapter(cfg: RunConfig, io: ModelIO) -> ModelAdapter:
@@ -113,11 +103,13 @@ class _Loop:
         self.cfg, self.info, t = cfg, info, cfg.train
         self.run_dir = Path(t.run_dir)
         self.ckpt_root = self.run_dir / "checkpoints"
-        self.accum = accumulation_steps(cfg, info.world_size)
-        if t.resume == "":  # every rank checks, so all of them stop (none waits at a barrier)
+        self.accum = memory.accumulation_steps(cfg, info.world_size)
+        # train.resume decided here, once, before anything is built (a large model takes minutes), on
+        # every rank, so all of them stop on a bad one (none waits at a barrier): a fresh run refuses a
+        # used folder; "auto" takes the newest complete checkpoint (or none); a path, its checkpoint
+        if t.resume == "":
             ckpt.refuse_used_run_dir(self.run_dir, self.ckpt_root)
-        # a checkpoint given by path is checked before anything is built (a large model takes minutes)
-        resume_path = ckpt.resolve_resume(t.resume, self.ckpt_root) if t.resume != "auto" else None
+        resume_path = ckpt.resolve_resume(t.resume, self.ckpt_root)
         if info.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             setup_logging("info", str(self.run_dir / "train.log"))
@@ -165,10 +157,9 @@ class _Loop:
         self.n_params = sum(p.numel() for p in module.parameters())
         self.n_trainable = sum(p.numel() for p in self.trainable)
 
-        path = ckpt.resolve_resume(t.resume, self.ckpt_root) if t.resume == "auto" else resume_path
         self.lineage = self._fresh_lineage()
-        if path is not None:
-            self._load(path)
+        if resume_path is not None:
+            self._load(resume_path)
         elif t.resume == "auto":
             log.info("--resume auto: no complete checkpoint in %s, starting fresh", self.ckpt_root)
         if info.is_main:
@@ -468,7 +459,7 @@ def train(cfg: RunConfig, adapter_fn: AdapterFn | None = None, data_fn: DataFn |
     run_dir = Path(cfg.train.run_dir)
     fresh = not run_dir.exists()
     try:
-        if cfg.train.precision == "bf16" and info.device.type != "cuda":  # device=auto on a CPU machine
+        if cfg.train.precision == "bf16" and info.device.type != "cuda":  # train.device resolved: cpu or auto
             raise ConfigError("train.precision=bf16 needs a CUDA device; use train.precision=fp32 on the CPU")
         try:
             loop = _Loop(cfg, info, adapter_fn or _default_adapter, data_fn or _default_data)

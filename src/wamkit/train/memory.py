@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from wamkit.config import ConfigError
+from wamkit.config import ConfigError, RunConfig
 from wamkit.device import RESERVE_FIXED, RESERVE_FRACTION, GiB, MiB, device_budget, meminfo_bytes, parse_size  # noqa: F401
 from wamkit.models.base import ActivationShape, ChecksActivations, PlansActivations
 
@@ -127,6 +127,17 @@ def activation_bytes(
     one_block = (attn + rest) * element_bytes
     kept = s.tokens * s.hidden * element_bytes * s.layers if checkpointing else one_block * s.layers
     return int(micro_batch * (kept + 2 * one_block))
+
+
+def accumulation_steps(cfg: RunConfig, world_size: int) -> int:
+    """Micro-batches per optimizer step; the one check that the global batch divides over the processes."""
+    per_step = cfg.train.micro_batch * world_size
+    if cfg.train.global_batch % per_step:
+        raise ConfigError(
+            f"train.global_batch={cfg.train.global_batch} is not a multiple of train.micro_batch x processes "
+            f"= {cfg.train.micro_batch} x {world_size}"
+        )
+    return cfg.train.global_batch // per_step
 
 
 @dataclass(frozen=True)

@@ -136,6 +136,7 @@ def print_plan(
     whose plan does not fit is refused (ConfigError), as the run would be."""
     if world_size < 1:
         raise ConfigError(f"--world-size: expected a positive number of processes, got {world_size}")
+    memory.accumulation_steps(cfg, world_size)  # the global batch divides over the processes
     asked = budgets(cfg, device_memory, host_memory)
     adapter, lora, note = _plan_model(cfg)
     if lora is None:

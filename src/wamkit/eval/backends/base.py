@@ -25,12 +25,50 @@ import json
 import threading
 import time
 import urllib.parse
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from wamkit.config import UserError
+
+
+@runtime_checkable
+class PolicyConnection(Protocol):
+    """One connection to one server, as the evaluator uses it (the module docstring): every backend's
+    connection is one, and :func:`as_connection` makes one of a caller's bare function."""
+
+    metadata: dict[str, Any]  # what the server said about itself ({} where it says nothing)
+    identity: dict[str, Any] | None  # what it serves, for plan.json and --resume (None: it cannot tell)
+
+    def __call__(
+        self, obs_list: list[dict[str, Any]], seeds: list[int] | None = None
+    ) -> tuple[np.ndarray, float, int]: ...
+
+    def close(self) -> None: ...
+
+
+class _BareConnection:
+    """A caller's function ``policy(obs_list, seeds)`` (tests, ``run_eval(policy_factory=...)``) as a
+    :class:`PolicyConnection`: it says nothing about its server and holds nothing to close."""
+
+    metadata: dict[str, Any] = {}
+    identity: dict[str, Any] | None = None
+
+    def __init__(self, fn: Callable) -> None:
+        self._fn = fn
+
+    def __call__(self, obs_list: list[dict[str, Any]], seeds: list[int] | None = None) -> Any:
+        return self._fn(obs_list, seeds)
+
+    def close(self) -> None:
+        return None
+
+
+def as_connection(policy: Any) -> PolicyConnection:
+    """``policy`` as a :class:`PolicyConnection`: itself where it is one, else wrapped."""
+    return policy if isinstance(policy, PolicyConnection) else _BareConnection(policy)
 
 
 @dataclass(frozen=True)

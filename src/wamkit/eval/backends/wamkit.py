@@ -126,7 +126,7 @@ class RemotePolicy:
         self.url, self.dim = url, (suite.action_dim if suite is not None else None)
         self.client = patience.client(url)
         self.reply_timeout_s = patience.reply_timeout_s
-        meta = getattr(self.client, "metadata", None) or {}
+        meta = self.client.metadata
         if suite is not None and isinstance(meta.get("preprocess"), dict):
             check_spec_fits(meta["preprocess"], suite, url, render_quality)
         wanted = (meta.get("inputs") or {}).get("image_keys")

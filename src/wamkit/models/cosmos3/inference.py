@@ -38,7 +38,7 @@ from wamkit.models.base import Mode, row_seeds
 from wamkit.models.cosmos3.fast_policy import Velocity
 from wamkit.models.cosmos3.packing import PackedLayout, pack
 from wamkit.models.cosmos3.recipe import native_sigmas
-from wamkit.models.cosmos3.sampler import unipc_sampler
+from wamkit.models.cosmos3.sampler import flow_sampler
 from wamkit.models.rtc import committed, guide_input, guided_velocity
 
 MODES = ("policy", "forward_dynamics", "inverse_dynamics")
@@ -227,7 +227,8 @@ class Cosmos3Inference:
         steps = int(self.options.num_inference_steps)
         noisy_actions = len(prep.action_cond) < act_init.shape[1]
         samples = [lat_v, lat_a] if noisy_actions else [lat_v]
-        sampler = unipc_sampler(self.scheduler, native_sigmas(self.scheduler, steps), dev, samples)
+        sigmas = native_sigmas(self.scheduler, steps)
+        sampler = flow_sampler(self.options.sampler, self.scheduler, sigmas, dev, samples)
         for t in sampler.timesteps:
             with torch.profiler.record_function("cosmos3.denoise_step"):  # a named range in profiles
                 if guide is not None:

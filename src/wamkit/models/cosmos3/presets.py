@@ -135,6 +135,10 @@ class Cosmos3Options:
     caption_dropout: float = 0.1  # training: probability that the whole caption is replaced by ""
     train_shift: float = 3.0  # training noise levels: waver distribution warped by this shift (256 tier)
     num_inference_steps: int = 30
+    # the sampler's update on the same shifted flow sigmas: "unipc", the recipe's (diffusers'
+    # UniPCMultistepScheduler, bh2); "euler", the plain flow step x + (sigma_next - sigma) v (diffusers'
+    # FlowMatchEulerDiscreteScheduler.step), for comparing step counts (docs/cosmos3.md)
+    sampler: Literal["unipc", "euler"] = "unipc"
     # native flow schedule's shift for sampling, unless model.pretrained's scheduler config is a
     # native flow schedule with its own flow_shift
     sampling_shift: float = 5.0

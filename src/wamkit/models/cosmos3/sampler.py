@@ -52,6 +52,39 @@ def exact(scheduler: UniPCMultistepScheduler) -> bool:
     )
 
 
+class EulerFlow:
+    """The plain flow step on the scheduler's shifted sigmas: ``x + (sigma_next - sigma) v`` per tensor
+    (diffusers' ``FlowMatchEulerDiscreteScheduler.step`` without stochastic sampling; its ``timesteps``
+    are ``sigma * num_train_timesteps``, as UniPC's are, and the last step goes to sigma 0)."""
+
+    def __init__(self, scheduler: UniPCMultistepScheduler, sigmas: np.ndarray, samples: Sequence[Tensor]):
+        sch = copy.deepcopy(scheduler)
+        sch.set_timesteps(sigmas=sigmas)  # applies the flow shift, appends the final sigma 0
+        self.timesteps = sch.timesteps
+        self._sigmas = [float(s) for s in sch.sigmas]
+        self._x = list(samples)
+        self._k = 0
+
+    def step(self, t: Tensor, outputs: Sequence[Tensor]) -> list[Tensor]:
+        dt = self._sigmas[self._k + 1] - self._sigmas[self._k]
+        self._k += 1
+        self._x = [x + dt * v for x, v in zip(self._x, outputs)]
+        return list(self._x)
+
+
+def flow_sampler(
+    kind: str,
+    scheduler: UniPCMultistepScheduler,
+    sigmas: np.ndarray,
+    device: torch.device,
+    samples: Sequence[Tensor],
+) -> UniPC | DiffusersUniPC | EulerFlow:
+    """``model.options.sampler``: ``unipc`` (:func:`unipc_sampler`) or ``euler`` (:class:`EulerFlow`)."""
+    if kind == "euler":
+        return EulerFlow(scheduler, sigmas, samples)
+    return unipc_sampler(scheduler, sigmas, device, samples)
+
+
 def unipc_sampler(
     scheduler: UniPCMultistepScheduler, sigmas: np.ndarray, device: torch.device, samples: Sequence[Tensor]
 ) -> UniPC | DiffusersUniPC:
