@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from wamkit.envs.base import EpisodeSpec
+from wamkit.eval.backends.base import as_connection
 from wamkit.eval.chunk_host import ERROR
 from wamkit.eval.executors import EnvWorkerPool
 from wamkit.eval.scheduler import layout
@@ -248,7 +249,7 @@ def _fits(last_s: float, until: float) -> bool:
 def _server(url: str, make_policy: Callable[[], Callable]) -> Iterator[Callable]:
     """One calibration connection to ``url``, closed at the end; its failures name ``url``."""
     try:
-        policy = make_policy()
+        policy = as_connection(make_policy())  # a caller's bare function is one too
         try:
             yield policy
         finally:
