@@ -290,10 +290,15 @@ def test_bench_serve_repeats_give_each_row_its_median_pass(tmp_path, capsys):
     assert "medians of 2 passes" in capsys.readouterr().out
 
 
-MODELS = [("tiny", "small", []), ("delay", "small", []), ("cosmos3", "tiny", ["num_inference_steps=2"])]
+MODELS = [
+    ("tiny", "small", []),
+    ("delay", "small", []),
+    ("cosmos3", "tiny", ["num_inference_steps=2"]),
+    ("cosmos3", "tiny", ["num_inference_steps=2", "sampler=euler"]),
+]
 
 
-@pytest.mark.parametrize("model,preset,options", MODELS, ids=[m for m, _, _ in MODELS])
+@pytest.mark.parametrize("model,preset,options", MODELS, ids=["tiny", "delay", "cosmos3", "cosmos3-euler"])
 def test_infer_and_a_websocket_request_give_the_same_actions(model, preset, options, tmp_path, capsys):
     """One transform path: a sample through ``wamkit infer`` and the same observation sent to ``wamkit
     serve`` over a websocket, as a client sends it, give the same actions for the same seed (each the
