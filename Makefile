@@ -47,17 +47,18 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests
 	$(VENV)/bin/ruff format --check src tests
 
-# Fast suite (on 2 cores the main pass takes 12-14 minutes, all three 19-23). Slow tests run with
+# Fast suite (on 2 cores the main pass takes 12-13 minutes, all three about 18). Slow tests run with
 # `make test-slow`. The numerically sensitive tests run a second time under the generic CPU kernels and
 # one thread (tests/conftest.py).
 # TEST_WORKERS pytest-xdist processes, each given whole files (a module's fixtures are built once): a
 # test mostly waits on one core (a subprocess, a server, a simulator), so two share two cores well
 TEST_WORKERS ?= 2
 # The LeRobot tests (tests/test_lerobot_*.py) run in $(LEROBOT_VENV); the project's venv leaves them out.
+# They are spread test by test (--dist load): one file holds most of their time.
 test: lint setup-libero setup-libero-pro setup-engines setup-lerobot setup-maniskill
 	$(PY) -m pytest -m "not slow" -q -n $(TEST_WORKERS) --dist loadfile --durations=15
 	ATEN_CPU_CAPABILITY=default OMP_NUM_THREADS=1 $(PY) -m pytest -m "numerics and not slow" -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile
-	$(LEROBOT_VENV)/bin/python -m pytest -m "not slow" -q -p no:cacheprovider tests/test_lerobot_policies.py tests/test_lerobot_eval.py
+	$(LEROBOT_VENV)/bin/python -m pytest -m "not slow" -q -p no:cacheprovider -n $(TEST_WORKERS) --dist load tests/test_lerobot_policies.py tests/test_lerobot_eval.py
 
 test-slow: setup-libero setup-libero-pro
 	$(PY) -m pytest -m slow -q

@@ -184,44 +184,54 @@ def _gpu_cfg(url: str, out: Path, *extra: str):
 @needs_maniskill
 def test_the_gpu_executor_runs_the_process_executors_episodes(tmp_path):
     """``eval.executor=gpu`` on ManiSkill's CPU simulator (one sub-scene a worker: this machine has no
-    CUDA; the host factory is the only change): the same episodes as the process executor, each started
-    from its seed's state (lengths equal; returns within float32 roundings, the batched env's states
-    being ManiSkill's own set from the CPU env's), the horizon reached mid-chunk (6 steps, chunks of 4),
-    one stage per worker, a video filmed, and ``--resume`` after a lost record running that episode
-    alone, to the same return (an episode is named by its seed alone)."""
-    import functools
+    CUDA; the host factory is the only change), through docs/maniskill.md's dry run of ``wamkit bench
+    gpu-sim`` as typed: the same episodes as the process executor, each started from its seed's state
+    (lengths equal; returns within float32 roundings, the batched env's states being ManiSkill's own set
+    from the CPU env's), the horizon reached mid-chunk (6 steps, chunks of 4), one stage per worker; then
+    ``--resume`` after a lost journal record runs that episode alone, to the same return (an episode is
+    named by its seed alone)."""
+    import argparse
 
-    from wamkit.eval.gpu_host import BatchChunkHost
+    from wamkit.bench.gpu_sim import eval_config, host_factory
     from wamkit.eval.journal import read_journal
     from wamkit.eval.runner import run_eval
 
-    cpu_sim = functools.partial(BatchChunkHost, sim_backend="physx_cpu")
+    out, runs = tmp_path / "gs.json", tmp_path / "runs"
+    flags = ["--num-envs", "2", "--stages", "2", "--workers", "2", "--sim", "physx_cpu", "--image-size", "32",
+             "--max-steps", "6", "--replan-interval", "4", "--episodes-per-env", "2"]  # fmt: skip
+    run = _wamkit(
+        "bench", "gpu-sim", *flags, "--device", "cpu", "--json", str(out), "--out", str(runs), cwd=tmp_path
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert result["complete"] and [r["executor"] for r in result["runs"]] == ["local", "gpu"]
+    assert all(r["env_steps"] == 24 and r["episodes"] == 4 for r in result["runs"])
+    assert "| 2 |" in run.stdout and "x |" in run.stdout
+    local = read_journal(runs / "local_2" / "episodes.jsonl")
+    journal = runs / "gpu_2" / "episodes.jsonl"
+    gpu = read_journal(journal)
+    assert sorted(local) == sorted(gpu) and len(gpu) == 4
+    for key, r in gpu.items():
+        assert r["length"] == local[key]["length"] == 6 and r["failure"] == "max_steps"
+        assert r["return"] == pytest.approx(local[key]["return"], abs=1e-3)
+        assert r["worker"] == r["stage"]  # by stage: a worker steps one stage's envs
+
+    lines = journal.read_text().splitlines(keepends=True)
+    journal.write_text("".join(lines[:-1]))  # a crash before the last episode was written
+    args = argparse.ArgumentParser()
+    from wamkit.bench.gpu_sim import add_arguments
+
+    add_arguments(args)
+    args = args.parse_args(flags)
     with served_tiny(tmp_path, "--suite", "maniskill") as url:
-        run_eval(_gpu_cfg(url, tmp_path / "local"), progress=False)
-        summary = run_eval(
-            _gpu_cfg(url, tmp_path / "gpu", "eval.executor=gpu"), progress=False, host_factory=cpu_sim
-        )
-        local = read_journal(tmp_path / "local" / "episodes.jsonl")
-        gpu = read_journal(tmp_path / "gpu" / "episodes.jsonl")
-        assert sorted(local) == sorted(gpu) and len(gpu) == 3
-        for key, r in gpu.items():
-            assert r["length"] == local[key]["length"] == 6 and r["failure"] == "max_steps"
-            assert r["return"] == pytest.approx(local[key]["return"], abs=1e-3)
-            assert r["worker"] == r["stage"]  # by stage: a worker steps one stage's envs
-        assert summary["throughput"]["executor"] == "gpu"
-        assert list((tmp_path / "gpu" / "videos").rglob("*.mp4"))
-        journal = tmp_path / "gpu" / "episodes.jsonl"
-        lines = journal.read_text().splitlines(keepends=True)
-        journal.write_text("".join(lines[:-1]))  # a crash before the last episode was written
-        run_eval(
-            _gpu_cfg(url, tmp_path / "gpu", "eval.executor=gpu"),
-            resume=True,
-            progress=False,
-            host_factory=cpu_sim,
-        )
-        again = read_journal(journal)
-        assert len(journal.read_text().splitlines()) == 3  # only the lost episode ran again
-        assert {k: r["return"] for k, r in again.items()} == {k: r["return"] for k, r in gpu.items()}
+        cfg = eval_config(url, runs / "gpu_2", args, 2, "gpu")
+        run_eval(cfg, resume=True, progress=False, host_factory=host_factory(args, "gpu"))
+    assert len(journal.read_text().splitlines()) == 4  # only the lost episode ran again
+    assert {k: r["return"] for k, r in read_journal(journal).items()} == {
+        k: r["return"] for k, r in gpu.items()
+    }
+    bad = _wamkit("bench", "gpu-sim", "--num-envs", "4", "--stages", "2", "--sim", "physx_cpu", cwd=tmp_path)
+    assert bad.returncode != 0 and "--num-envs must be --stages (2)" in bad.stderr
 
 
 def test_the_gpu_executor_refuses_what_it_cannot_run(tmp_path):
@@ -251,20 +261,3 @@ def test_the_gpu_executor_refuses_what_it_cannot_run(tmp_path):
             ConfigError, match=r"eval.executor=gpu: no CUDA device here .*eval.executor=local"
         ):
             start_env_workers(_gpu_cfg(url, out, "eval.executor=gpu"))
-
-
-@needs_maniskill
-def test_bench_gpu_sim_runs_the_gpu_path_on_the_cpu_simulator(tmp_path):
-    """docs/maniskill.md's dry run as typed: ``wamkit bench gpu-sim --sim physx_cpu`` runs the same
-    episodes through both executors and prints the table (its figures, on 2 CPU envs, mean nothing)."""
-    out = tmp_path / "gs.json"
-    run = _wamkit("bench", "gpu-sim", "--num-envs", "2", "--stages", "2", "--workers", "2", "--sim", "physx_cpu",
-                  "--image-size", "32", "--max-steps", "10", "--episodes-per-env", "1", "--device", "cpu",
-                  "--json", str(out), cwd=tmp_path)  # fmt: skip
-    assert run.returncode == 0, run.stderr[-2000:]
-    result = json.loads(out.read_text())
-    assert result["complete"] and [r["executor"] for r in result["runs"]] == ["local", "gpu"]
-    assert all(r["env_steps"] == 20 and r["episodes"] == 2 for r in result["runs"])
-    assert "| 2 |" in run.stdout and "x |" in run.stdout
-    bad = _wamkit("bench", "gpu-sim", "--num-envs", "4", "--stages", "2", "--sim", "physx_cpu", cwd=tmp_path)
-    assert bad.returncode != 0 and "--num-envs must be --stages (2)" in bad.stderr

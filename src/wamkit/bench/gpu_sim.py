@@ -73,27 +73,41 @@ def _counts(text: str) -> list[int]:
     return counts
 
 
-def _run(url: str, out: Path, args: argparse.Namespace, n: int, executor: str) -> dict[str, Any]:
-    from wamkit.eval.gpu_host import BatchChunkHost
-    from wamkit.eval.runner import run_eval
-
+def eval_config(url: str, out: Path, args: argparse.Namespace, n: int, executor: str):
+    """The run config of N envs on ``executor`` (``local``: ``--workers`` processes in
+    ``--process-stages`` stages; ``gpu``: ``--stages`` processes, one stage each)."""
     if executor == "gpu":
         workers = stages = args.stages
     else:
         workers, stages = min(args.workers or os.cpu_count() or 1, n), args.process_stages
-    cfg = load_config(None, [
+    return load_config(None, [
         f"eval.server_url={url}", f"eval.out_dir={out}", "env.suite=maniskill", f"env.tasks=[{args.task}]",
         "env.cameras=[base_camera]", f"env.image_size={args.image_size}", f"env.max_steps={args.max_steps}",
         f"eval.trials={n * args.episodes_per_env}", f"eval.num_envs={n}", f"eval.workers={workers}",
         f"eval.pipeline_stages={stages}", f"eval.executor={executor}", f"eval.replan_interval={args.replan_interval}",
         "eval.videos=0", "eval.calibrate_s=0",
     ])  # fmt: skip
-    host = None
+
+
+def host_factory(args: argparse.Namespace, executor: str):
+    """The GPU executor's host on ``--sim`` (None: the executor's own)."""
+    from wamkit.eval.gpu_host import BatchChunkHost
+
     if executor == "gpu" and args.sim == "physx_cpu":
-        host = functools.partial(BatchChunkHost, sim_backend="physx_cpu")
+        return functools.partial(BatchChunkHost, sim_backend="physx_cpu")
+    return None
+
+
+def _run(url: str, out: Path, args: argparse.Namespace, n: int, executor: str) -> dict[str, Any]:
+    from wamkit.eval.runner import run_eval
+
+    cfg = eval_config(url, out, args, n, executor)
+    workers, stages = cfg.eval.workers, cfg.eval.pipeline_stages
     try:
-        summary = run_eval(cfg, progress=False, prebuild=True, host_factory=host)
-    except ConfigError as err:  # the host cannot hold N envs of this executor: said, not fatal
+        summary = run_eval(cfg, progress=False, prebuild=True, host_factory=host_factory(args, executor))
+    except ConfigError as err:  # the host cannot hold N envs of the process executor: said, not fatal
+        if executor != "local":
+            raise
         return {"executor": executor, "num_envs": n, "refused": str(err).splitlines()[0]}
     t = summary["throughput"]
     return {
@@ -143,6 +157,7 @@ def main(args: argparse.Namespace) -> int:
     }
     with contextlib.ExitStack() as stack:
         root = Path(args.out) if args.out else Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        root.mkdir(parents=True, exist_ok=True)
         cmd = ["--model", args.model, "--preset", args.preset, "--random-init", "--suite", "maniskill"]
         serve = ServeConfig(device=args.device)
         url = stack.enter_context(start_server_process(cmd, log_path=root / "server.log", serve=serve)).url
