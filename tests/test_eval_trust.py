@@ -101,6 +101,11 @@ def test_server_diff_names_what_differs():
     assert server_diff(a, {**a, "identity": {**a["identity"], "autocast": "bf16"}}) == [
         "autocast: 'off' -> 'bf16'"
     ]
+    # one written before the sampler's steps were named: compared where the journal's server named them
+    steps = {**a, "identity": {**a["identity"], "sampler": {"steps": 30, "distilled": None}}}
+    assert server_diff(a, steps) == []
+    fewer = {**a, "identity": {**a["identity"], "sampler": {"steps": 4, "distilled": None}}}
+    assert server_diff(steps, fewer) == ["sampler.steps: 30 -> 4"]
 
 
 def test_resume_against_another_model_is_refused(server, tmp_path):

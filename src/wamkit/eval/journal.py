@@ -54,6 +54,10 @@ ADDED_PLAN_KEYS: dict[str, Any] = {
 }
 # The same for the server identity's fields (before serve.precision, no server used autocast).
 ADDED_IDENTITY_KEYS: dict[str, Any] = {"autocast": "off"}
+# Identity fields added later with no value to assume for a server that predates them: compared only
+# where the journal's server named them (the sampler's steps: before serve.sampling_steps, a serving
+# directory was always served at its own)
+LATER_IDENTITY_PREFIXES = ("sampler.",)
 REQUIRED = KEY_FIELDS + ("success_once", "success_at_end", "length", "return")
 
 
@@ -156,6 +160,8 @@ def server_diff(old: dict[str, Any] | None, new: dict[str, Any]) -> list[str]:
     if old.get("identity") and new.get("identity"):
         a = ADDED_IDENTITY_KEYS | _flat(old["identity"])
         b = ADDED_IDENTITY_KEYS | _flat(new["identity"])
+        if not any(k.startswith(LATER_IDENTITY_PREFIXES) for k in a):
+            b = {k: v for k, v in b.items() if not k.startswith(LATER_IDENTITY_PREFIXES)}
     else:  # the location; the identity and the note that there is none are not part of it
         a = {k: v for k, v in old.items() if k not in NOT_LOCATION}
         b = {k: v for k, v in new.items() if k not in NOT_LOCATION}
