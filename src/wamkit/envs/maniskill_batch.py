@@ -13,7 +13,7 @@ the process executor's episode of that seed starts. ManiSkill's own batched rese
 seeds torch once per reset call and draws every reset sub-scene from that one stream.
 
 That holds for tasks whose whole episode lives in the simulation state. Two of the suite's tasks keep
-some outside it and are refused (:data:`GPU_TASKS`): PegInsertionSide draws each sub-scene's peg and box
+some outside it and are refused (:data:`wamkit.envs.maniskill_env.GPU_TASKS`): PegInsertionSide draws each sub-scene's peg and box
 sizes when the scene is built, and PlugCharger computes its goal pose in its own episode start.
 
 All sub-scenes step together. A sub-scene no episode is running in gets the hold action (no motion, the
@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from wamkit.config import ConfigError, EnvConfig
+from wamkit.config import EnvConfig
 from wamkit.embodiments.maniskill import PROFILE
 from wamkit.envs.base import EpisodeSpec, Obs
 from wamkit.envs.maniskill_env import (
@@ -38,31 +38,11 @@ from wamkit.envs.maniskill_env import (
     _make,
     _np,
     check_control_mode,
-    expand_tasks,
+    check_gpu_tasks,
     observations,
 )
 
-# the tasks whose episode is all in the simulation state (module docstring)
-GPU_TASKS = ("PickCube-v1", "StackCube-v1", "PushCube-v1", "PullCube-v1", "LiftPegUpright-v1")
 SIM_BACKENDS = ("physx_cuda", "physx_cpu")  # physx_cpu: one sub-scene (ManiSkill's limit), for tests
-
-
-def check_gpu_tasks(tasks: list[str]) -> None:
-    """Refuse tasks the batched simulator cannot start from a seed's CPU state, naming those it can."""
-    expand_tasks(SUITE, tasks)
-    bad = [t for t in tasks if t not in GPU_TASKS]
-    if bad:
-        raise ConfigError(
-            f"env.tasks: {', '.join(bad)} keep part of an episode outside ManiSkill's simulation state "
-            f"(sizes drawn when the scene is built, or a goal computed at the episode's start), so the GPU "
-            f"executor cannot start them from their seeds; use eval.executor=local for them (GPU "
-            f"executor tasks: {', '.join(GPU_TASKS)})"
-        )
-    if len(set(tasks)) > 1:
-        raise ConfigError(
-            f"env.tasks: the GPU executor simulates one task per run (one scene of N sub-scenes per "
-            f"process), got {len(set(tasks))}: evaluate {', '.join(dict.fromkeys(tasks))} one at a time"
-        )
 
 
 def _stack(states: list[dict[str, Any]], device: Any) -> dict[str, Any]:
@@ -187,3 +167,8 @@ class ManiSkillBatchEnv:
 
 def make_batch(cfg: EnvConfig, num_envs: int, sim_backend: str = "physx_cuda") -> ManiSkillBatchEnv:
     return ManiSkillBatchEnv(cfg, num_envs, sim_backend)
+
+
+def check_batch(cfg: EnvConfig) -> None:
+    """Refuse, in the evaluating process, what the batched simulator cannot run (its tasks, one a run)."""
+    check_gpu_tasks(list(cfg.tasks))

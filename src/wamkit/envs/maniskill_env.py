@@ -67,6 +67,9 @@ TASKS = tuple(TASK_INFO)
 MAX_STEPS = PROFILE.suites[SUITE]
 SHADERS = {"default": "default", "fast": "minimal"}
 PYTHON_VAR = "WAMKIT_MANISKILL_PYTHON"
+# the module of the suite's batched simulator (``make_batch``: N sub-scenes stepped together on the GPU),
+# which the GPU executor's workers import; the suites without one name none
+BATCH_BACKEND = "wamkit.envs.maniskill_batch"
 VENV = ".venv-maniskill"
 
 
@@ -96,6 +99,30 @@ def expand_tasks(suite: str, tasks: list[str]) -> list[str]:
                 f"{_suggest(t, TASKS)} (valid: {', '.join(TASKS)})"
             )
     return list(dict.fromkeys(tasks))
+
+
+# the tasks the GPU executor runs: those whose episode is all in the simulation state, so that a sub-scene
+# can start from the CPU simulator's state of a seed (wamkit.envs.maniskill_batch); PegInsertionSide draws
+# its sizes when the scene is built, PlugCharger computes its goal at the episode's start
+GPU_TASKS = ("PickCube-v1", "StackCube-v1", "PushCube-v1", "PullCube-v1", "LiftPegUpright-v1")
+
+
+def check_gpu_tasks(tasks: list[str]) -> None:
+    """Refuse tasks the batched simulator cannot start from a seed's CPU state, naming those it can."""
+    expand_tasks(SUITE, tasks)
+    bad = [t for t in tasks if t not in GPU_TASKS]
+    if bad:
+        raise ConfigError(
+            f"env.tasks: {', '.join(bad)} keep part of an episode outside ManiSkill's simulation state "
+            f"(sizes drawn when the scene is built, or a goal computed at the episode's start), so the GPU "
+            f"executor cannot start them from their seeds; use eval.executor=local for them (GPU "
+            f"executor tasks: {', '.join(GPU_TASKS)})"
+        )
+    if len(set(tasks)) > 1:
+        raise ConfigError(
+            f"env.tasks: the GPU executor simulates one task per run (one scene of N sub-scenes per "
+            f"process), got {len(set(tasks))}: evaluate {', '.join(dict.fromkeys(tasks))} one at a time"
+        )
 
 
 def check_control_mode(mode: str) -> None:
@@ -334,17 +361,3 @@ class ManiSkillEnv:
 
 def make(cfg: EnvConfig) -> ManiSkillEnv:
     return ManiSkillEnv(cfg)
-
-
-def make_batch(cfg: EnvConfig, num_envs: int, sim_backend: str = "physx_cuda"):
-    """``num_envs`` sub-scenes simulated together (:mod:`wamkit.envs.maniskill_batch`): the GPU executor's."""
-    from wamkit.envs.maniskill_batch import make_batch as build
-
-    return build(cfg, num_envs, sim_backend)
-
-
-def check_batch(cfg: EnvConfig) -> None:
-    """Refuse, in the evaluating process, what the batched simulator cannot run (its tasks, one a run)."""
-    from wamkit.envs.maniskill_batch import check_gpu_tasks
-
-    check_gpu_tasks(list(cfg.tasks))

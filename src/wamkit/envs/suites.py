@@ -128,6 +128,19 @@ def resolve_env_config(env_cfg: EnvConfig) -> ResolvedEnv:
     return ResolvedEnv(**{**fields, "render_quality": quality, "seed_rule": rule})
 
 
+def batch_backend(suite: str):
+    """The module of ``suite``'s batched simulator (its backend's ``BATCH_BACKEND``: ``make_batch``,
+    ``check_batch``), imported; a :class:`ConfigError` for a suite without one."""
+    name = getattr(_backend(suite), "BATCH_BACKEND", None)
+    if name is None:
+        with_one = [n for n in embodiments.suites() if getattr(_backend(n), "BATCH_BACKEND", None)]
+        raise ConfigError(
+            f"eval.executor=gpu: suite '{suite}' has no GPU simulator (suites with one: {', '.join(with_one)}); "
+            "use eval.executor=local"
+        )
+    return importlib.import_module(name)
+
+
 def make_env(env_cfg: EnvConfig) -> Env:
     """Build one env of ``env_cfg.suite`` (``auto`` settings resolved by the suite's protocol). Creates
     no GL context (that happens on the first render)."""

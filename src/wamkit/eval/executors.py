@@ -409,17 +409,11 @@ def gpu_executor(
     replaces it: tests pass one on ManiSkill's CPU simulator). Refused in one line for a suite without
     a batched simulator, tasks it cannot start from their seeds, and a machine without CUDA."""
     from wamkit.config import ConfigError
-    from wamkit.envs.suites import backend
+    from wamkit.envs.suites import batch_backend
     from wamkit.envs.workers import EnvWorker
     from wamkit.eval.gpu_host import BatchChunkHost
 
-    mod = backend(env_cfg.suite)
-    if not hasattr(mod, "make_batch"):
-        raise ConfigError(
-            f"eval.executor=gpu: suite '{env_cfg.suite}' has no GPU simulator (suites with one: maniskill); "
-            "use eval.executor=local"
-        )
-    mod.check_batch(env_cfg)
+    batch_backend(env_cfg.suite).check_batch(env_cfg)
     if host_factory is None:
         import torch
 

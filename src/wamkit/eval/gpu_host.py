@@ -39,9 +39,9 @@ class BatchChunkHost:
         self.steps = np.zeros(num_envs, np.int64)
 
     def _build(self) -> Any:
-        from wamkit.envs.suites import backend
+        from wamkit.envs.suites import batch_backend
 
-        return backend(self.env_cfg.suite).make_batch(self.env_cfg, self.num_envs, self.sim_backend)
+        return batch_backend(self.env_cfg.suite).make_batch(self.env_cfg, self.num_envs, self.sim_backend)
 
     def _failed(self, slots: list[int], err: Exception) -> dict[int, dict[str, str]]:
         log.warning("batched env raised %s; rebuilding it (slots %s)", describe(err), slots)

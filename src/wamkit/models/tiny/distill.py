@@ -22,15 +22,12 @@ actions are distilled with them.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
 from wamkit.constants import TASK
-
-if TYPE_CHECKING:
-    from wamkit.models.tiny.adapter import TinyAdapter
 
 
 def window_times(steps: int, teacher_steps: int, shift: float) -> list[list[float]]:
@@ -44,10 +41,11 @@ def window_times(steps: int, teacher_steps: int, shift: float) -> list[list[floa
 
 
 def _velocity(
-    model: TinyAdapter, state: torch.Tensor, cache: Any, x_act: torch.Tensor, x_frm: torch.Tensor | None,
+    model: Any, state: torch.Tensor, cache: Any, x_act: torch.Tensor, x_frm: torch.Tensor | None,
     t_now: float, now: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
-    """One policy-mode velocity, built as :meth:`TinyAdapter.predict` builds it."""
+    """One policy-mode velocity of ``model`` (a :class:`~wamkit.models.tiny.adapter.TinyAdapter`), built as
+    its ``predict`` builds it."""
     b = x_act.shape[0]
     t = torch.full((b,), t_now, device=x_act.device)
     gen: dict[str, Any] = {"actions": x_act, "t_actions": t, "state": state}
@@ -61,7 +59,7 @@ def _velocity(
 
 
 def distill_loss(
-    student: TinyAdapter, teacher: TinyAdapter, batch: dict[str, Any], steps: int, teacher_steps: int
+    student: Any, teacher: Any, batch: dict[str, Any], steps: int, teacher_steps: int
 ) -> dict[str, torch.Tensor]:
     """``{"distill_action_loss", "distill_frame_loss" (noisy frames), "loss"}``: the student's velocity
     against the teacher's average velocity over each of the ``steps`` windows (module docstring)."""
