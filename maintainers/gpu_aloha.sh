@@ -36,7 +36,10 @@ cd "$(dirname "$0")/.."
 W=${ALOHA_WORK:-/tmp/aloha}
 OUT=${OUT:-/tmp/aloha_out}
 STEPS=${ALOHA_STEPS:-10000}
+TAG=aloha
 mkdir -p "$W/data" "$W/runs" "$W/logs" "$OUT"
+# shellcheck source=maintainers/gpu_table_lib.sh
+source maintainers/gpu_table_lib.sh
 
 # name | task | training overrides | evaluation overrides
 # ACT as the paper trains it for simulation (arXiv 2304.13705 Table III; its repository's README command:
@@ -89,44 +92,21 @@ each_task() {  # each_task NAME: the task of variant NAME
 }
 
 start_one() {
-  local name=$1 task=$2 tr=$3
-  [ -f "$W/runs/$name/started" ] && { echo "[aloha] $name: already started"; return; }
-  mkdir -p "$W/runs/$name" && touch "$W/runs/$name/started"
-  # shellcheck disable=SC2086
-  setsid nohup env PYTHONPATH="$W/code/src:/tmp/site" OMP_NUM_THREADS=2 \
-    python3 -m wamkit train $tr env.suite=aloha data.root="$W/data/aloha_${task}_240" \
-    data.num_workers=1 data.frame_memory_mb=4096 train.max_steps="$STEPS" train.save_interval=1000 \
-    train.keep_last=1 train.log_interval=100 train.device=cuda train.run_dir="$W/runs/$name" \
-    >"$W/logs/$name.train.log" 2>&1 </dev/null &
-  echo "[aloha] $name: training started (pid $!)"
+  table_train "$1" "$W/data/aloha_${2}_240" "$3 env.suite=aloha" 2 4096
 }
 
 eval_one() {
-  local name=$1 task=$2 ev=$4 ckpt
-  ckpt=$(ls -d "$W/runs/$name"/checkpoints/step_* 2>/dev/null | sort | tail -n 1)
-  [ -n "$ckpt" ] || { echo "[aloha] $name: no checkpoint"; return; }
-  [ -f "$W/runs/$name/eval/summary.json" ] && { echo "[aloha] $name: evaluated"; return; }
-  {
-    python3 -m wamkit convert "$ckpt" --out "$W/runs/$name/serve" &&
-    # shellcheck disable=SC2086
-    python3 -m wamkit eval env.suite=aloha env.tasks="[$task]" env.image_size=240 eval.trials=50 \
-      eval.serve_dir="$W/runs/$name/serve" serve.device=cuda eval.num_envs=50 eval.workers=7 \
-      eval.videos=1 eval.out_dir="$W/runs/$name/eval" $ev --resume --no-progress
-  } >"$W/logs/$name.eval.log" 2>&1
-  echo "[aloha] $name: eval rc $? ($(basename "$ckpt"))"
+  table_eval "$1" "env.suite=aloha env.tasks=[$2] env.image_size=240 eval.num_envs=50 eval.workers=7 $4"
 }
 
 case "${1:-}" in
   prep) prep ;;
   train)
     prep
-    rm -rf "$W/code" && mkdir -p "$W/code" && cp -r src "$W/code/"
+    table_code
     each start_one
     ;;
-  status)
-    for f in "$W"/logs/*.log; do echo "== $(basename "$f"): $(grep -a -o 'step [0-9]*[^|]*' "$f" | tail -n 1)"; tail -n 2 "$f" | cut -c1-200; done
-    nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv
-    ;;
+  status) table_status ;;
   eval)
     prep
     if [ -n "${ALOHA_STOP:-}" ]; then pkill -f "wamkit train" && sleep 5; fi
@@ -138,19 +118,7 @@ case "${1:-}" in
       eval_one "$name" "$task" "$tr" "$ev" &
     done
     wait
-    python3 - "$W" >"$OUT/aloha_table.json" <<'EOF'
-import json, sys
-from pathlib import Path
-w = Path(sys.argv[1])
-rows = {}
-for run in sorted((w / "runs").iterdir()):
-    summary = run / "eval" / "summary.json"
-    ckpts = sorted((run / "checkpoints").glob("step_*")) if (run / "checkpoints").is_dir() else []
-    rows[run.name] = {"checkpoint": ckpts[-1].name if ckpts else None,
-                      "summary": json.loads(summary.read_text()) if summary.is_file() else None}
-print(json.dumps(rows, indent=1))
-EOF
-    for f in "$W"/logs/*.log; do echo "== $f"; tail -n 15 "$f"; done >"$OUT/aloha_logs.txt"
+    table_report aloha
     ;;
   bench)
     prep

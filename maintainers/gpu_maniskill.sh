@@ -30,7 +30,10 @@ cd "$(dirname "$0")/.."
 W=${MS_WORK:-/tmp/ms}
 OUT=${OUT:-/tmp/ms_out}
 STEPS=${MS_STEPS:-10000}
+TAG=ms
 mkdir -p "$W/data" "$W/runs" "$W/logs" "$OUT"
+# shellcheck source=maintainers/gpu_table_lib.sh
+source maintainers/gpu_table_lib.sh
 TASKS=(PickCube-v1 StackCube-v1 PushCube-v1 PegInsertionSide-v1)
 # name prefix | training overrides | evaluation overrides. ACT and Diffusion Policy as LeRobot ships them
 # (Diffusion's random crop 90% of the image, as LeRobot's 84 of 96), ACT's chunk cut to 30 of ManiSkill's
@@ -61,32 +64,12 @@ runs() {  # runs FUNCTION: FUNCTION name task train_overrides eval_overrides, fo
 }
 
 start_one() {
-  local name=$1 task=$2 tr=$3
-  [ -f "$W/runs/$name/started" ] && { echo "[ms] $name: already started"; return; }
-  mkdir -p "$W/runs/$name" && touch "$W/runs/$name/started"
-  # shellcheck disable=SC2086
-  setsid nohup env PYTHONPATH="$W/code/src:/tmp/site" OMP_NUM_THREADS=1 \
-    python3 -m wamkit train $tr env.suite=maniskill data.root="$W/data/maniskill_128/$task" \
-    data.num_workers=1 data.frame_memory_mb=2048 train.max_steps="$STEPS" train.save_interval=1000 \
-    train.keep_last=1 train.log_interval=100 train.device=cuda train.run_dir="$W/runs/$name" \
-    >"$W/logs/$name.train.log" 2>&1 </dev/null &
-  echo "[ms] $name: training started (pid $!)"
+  table_train "$1" "$W/data/maniskill_128/$2" "$3 env.suite=maniskill" 1 2048
 }
 
 eval_one() {
-  local name=$1 task=$2 ev=$4 ckpt
-  ckpt=$(ls -d "$W/runs/$name"/checkpoints/step_* 2>/dev/null | sort | tail -n 1)
-  [ -n "$ckpt" ] || { echo "[ms] $name: no checkpoint"; return; }
-  [ -f "$W/runs/$name/eval/summary.json" ] && { echo "[ms] $name: evaluated"; return; }
-  {
-    python3 -m wamkit convert "$ckpt" --out "$W/runs/$name/serve" &&
-    # shellcheck disable=SC2086
-    python3 -m wamkit eval env.suite=maniskill env.tasks="[$task]" env.image_size=128 eval.trials=50 \
-      eval.serve_dir="$W/runs/$name/serve" serve.device=cuda eval.num_envs=50 eval.workers=2 \
-      eval.pipeline_stages=2 eval.executor="${MS_EXECUTOR:-local}" eval.videos=1 \
-      eval.out_dir="$W/runs/$name/eval" $ev --resume --no-progress
-  } >"$W/logs/$name.eval.log" 2>&1
-  echo "[ms] $name: eval rc $? ($(basename "$ckpt"))"
+  table_eval "$1" "env.suite=maniskill env.tasks=[$2] env.image_size=128 eval.num_envs=50 eval.workers=2 \
+eval.pipeline_stages=2 eval.executor=${MS_EXECUTOR:-local} $4"
 }
 
 case "${1:-}" in
@@ -114,13 +97,10 @@ case "${1:-}" in
     ;;
   train)
     prep
-    rm -rf "$W/code" && mkdir -p "$W/code" && cp -r src "$W/code/"
+    table_code
     runs start_one
     ;;
-  status)
-    for f in "$W"/logs/*.log; do echo "== $(basename "$f"): $(grep -a -o 'step [0-9]*[^|]*' "$f" | tail -n 1)"; done
-    nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv
-    ;;
+  status) table_status ;;
   eval)
     prep >/dev/null
     if [ -n "${MS_STOP:-}" ]; then pkill -f "wamkit train" && sleep 5; fi
@@ -129,19 +109,7 @@ case "${1:-}" in
     eval_all() { while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do sleep 2; done; eval_one "$@" & }
     runs eval_all
     wait
-    python3 - "$W" >"$OUT/maniskill_table.json" <<'PY'
-import json, sys
-from pathlib import Path
-w = Path(sys.argv[1])
-rows = {}
-for run in sorted((w / "runs").iterdir()):
-    summary = run / "eval" / "summary.json"
-    ckpts = sorted((run / "checkpoints").glob("step_*")) if (run / "checkpoints").is_dir() else []
-    rows[run.name] = {"checkpoint": ckpts[-1].name if ckpts else None,
-                      "summary": json.loads(summary.read_text())["all"] if summary.is_file() else None}
-print(json.dumps(rows, indent=1))
-PY
-    for f in "$W"/logs/*.log; do echo "== $f"; tail -n 15 "$f"; done >"$OUT/maniskill_logs.txt"
+    table_report maniskill
     ;;
   *) echo "usage: gpu_maniskill.sh prep|check|smoke|bench|train|status|eval" >&2; exit 2 ;;
 esac

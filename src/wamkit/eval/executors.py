@@ -229,21 +229,23 @@ def local_executor(
 ) -> EnvWorkerPool:
     """Spawned processes, each hosting ``host_factory(env_cfg, K)`` (default :class:`ChunkHost`; a
     replacement must be importable by the child, e.g. a module-level class)."""
-    from wamkit.envs.workers import EnvWorker
     from wamkit.eval.chunk_host import ChunkHost
 
-    factory = host_factory or ChunkHost
+    return _process_pool(env_cfg, slots_per_worker, watchdog_s, host_factory or ChunkHost, "local")
+
+
+def _process_pool(
+    env_cfg: EnvConfig, slots_per_worker: list[int], watchdog_s: float, factory: Callable, kind: str
+) -> EnvWorkerPool:
+    """Worker processes (:class:`~wamkit.envs.workers.EnvWorker`), worker ``w`` hosting
+    ``factory(env_cfg, slots_per_worker[w])``."""
+    from wamkit.envs.workers import EnvWorker
 
     def make(w: int) -> WorkerHandle:
         return EnvWorker(env_cfg, slots_per_worker[w], worker_id=w, host_factory=factory)
 
     return EnvWorkerPool(
-        make,
-        len(slots_per_worker),
-        watchdog_s,
-        kind="local",
-        env_cfg=env_cfg,
-        slots_per_worker=slots_per_worker,
+        make, len(slots_per_worker), watchdog_s, kind=kind, env_cfg=env_cfg, slots_per_worker=slots_per_worker
     )
 
 
@@ -410,7 +412,6 @@ def gpu_executor(
     a batched simulator, tasks it cannot start from their seeds, and a machine without CUDA."""
     from wamkit.config import ConfigError
     from wamkit.envs.suites import batch_backend
-    from wamkit.envs.workers import EnvWorker
     from wamkit.eval.gpu_host import BatchChunkHost
 
     batch_backend(env_cfg.suite).check_batch(env_cfg)
@@ -422,19 +423,7 @@ def gpu_executor(
                 "eval.executor=gpu: no CUDA device here (torch.cuda.is_available() is False), and "
                 "ManiSkill3's GPU simulation needs one; use eval.executor=local"
             )
-    factory = host_factory or BatchChunkHost
-
-    def make(w: int) -> WorkerHandle:
-        return EnvWorker(env_cfg, slots_per_worker[w], worker_id=w, host_factory=factory)
-
-    return EnvWorkerPool(
-        make,
-        len(slots_per_worker),
-        watchdog_s,
-        kind="gpu",
-        env_cfg=env_cfg,
-        slots_per_worker=slots_per_worker,
-    )
+    return _process_pool(env_cfg, slots_per_worker, watchdog_s, host_factory or BatchChunkHost, "gpu")
 
 
 def make_executor(
