@@ -82,7 +82,7 @@ def plan_here(
     """The plan for this run's processes and devices; refused (ConfigError) if it fits nowhere.
     ``groups``: what trains (by default the adapter's ``param_groups()``; LoRA gives its own);
     ``int8``: the frozen weights a LoRA base stores in int8."""
-    sizes = memory.model_sizes(adapter, groups, int8)
+    sizes = memory.model_sizes(adapter, groups, int8, lora=groups is not None)
     local = int(os.environ.get("LOCAL_WORLD_SIZE", info.world_size))
     inp = plan_input(
         cfg,

@@ -142,7 +142,7 @@ def print_plan(
     if lora is None:
         sizes = memory.model_sizes(adapter)
     else:
-        sizes = memory.model_sizes(adapter, lora.groups, lora.int8_weights(adapter.module))
+        sizes = memory.model_sizes(adapter, lora.groups, lora.int8_weights(adapter.module), lora=True)
     modes = search_modes(cfg, adapter, sizes)
 
     def inp_for(b: Budget) -> memory.PlanInput:

@@ -79,7 +79,9 @@ def lora_sizes(adapter, full: ModelSizes, rank: int = LORA_RANK) -> ModelSizes |
     new = added(adapter.module)
     largest = max((sum(p.numel() for p in b.parameters()) + added(b) for b in blocks), default=0)
     root = full.root + new - sum(added(b) for b in blocks)
-    return replace(full, frozen=full.total - heads, trained=heads + new, largest_block=largest, root=root)
+    return replace(
+        full, frozen=full.total - heads, trained=heads + new, largest_block=largest, root=root, lora=True
+    )
 
 
 @dataclass(frozen=True)
