@@ -190,11 +190,7 @@ def test_the_gpu_executor_runs_the_process_executors_episodes(tmp_path):
     from the CPU env's), the horizon reached mid-chunk (6 steps, chunks of 4), one stage per worker; then
     ``--resume`` after a lost journal record runs that episode alone, to the same return (an episode is
     named by its seed alone)."""
-    import argparse
-
-    from wamkit.bench.gpu_sim import eval_config, host_factory
     from wamkit.eval.journal import read_journal
-    from wamkit.eval.runner import run_eval
 
     out, runs = tmp_path / "gs.json", tmp_path / "runs"
     flags = ["--num-envs", "2", "--stages", "2", "--workers", "2", "--sim", "physx_cpu", "--image-size", "32",
@@ -218,14 +214,20 @@ def test_the_gpu_executor_runs_the_process_executors_episodes(tmp_path):
 
     lines = journal.read_text().splitlines(keepends=True)
     journal.write_text("".join(lines[:-1]))  # a crash before the last episode was written
-    args = argparse.ArgumentParser()
-    from wamkit.bench.gpu_sim import add_arguments
-
-    add_arguments(args)
-    args = args.parse_args(flags)
+    # resumed from the bench's own config, in a process of the README's shell as the bench ran (the stack
+    # a run records is that process's)
+    resume = (
+        "from wamkit.envs.base import use_headless_gl; use_headless_gl()  # as every wamkit command does\n"
+        "import sys; from pathlib import Path; from wamkit.bench.gpu_sim import add_arguments, eval_config, host_factory\n"
+        "import argparse; from wamkit.eval.runner import run_eval\n"
+        "p = argparse.ArgumentParser(); add_arguments(p); args = p.parse_args(sys.argv[3:])\n"
+        "cfg = eval_config(sys.argv[1], Path(sys.argv[2]), args, 2, 'gpu')\n"
+        "run_eval(cfg, resume=True, progress=False, host_factory=host_factory(args, 'gpu'))\n"
+    )
     with served_tiny(tmp_path, "--suite", "maniskill") as url:
-        cfg = eval_config(url, runs / "gpu_2", args, 2, "gpu")
-        run_eval(cfg, resume=True, progress=False, host_factory=host_factory(args, "gpu"))
+        again = subprocess.run([sys.executable, "-c", resume, url, str(runs / "gpu_2"), *flags], capture_output=True,
+                               text=True, timeout=600, env=user_shell_env(), cwd=tmp_path)  # fmt: skip
+        assert again.returncode == 0, again.stderr[-2000:]
     assert len(journal.read_text().splitlines()) == 4  # only the lost episode ran again
     assert {k: r["return"] for k, r in read_journal(journal).items()} == {
         k: r["return"] for k, r in gpu.items()

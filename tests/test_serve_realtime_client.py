@@ -110,13 +110,14 @@ def test_server_gone_runs_the_chunk_out_holds_then_raises_with_its_error():
 
 def test_against_a_real_server_in_real_time():
     """A tiny flow model served locally, 25 Hz for 2 s: chunks keep coming with their leftovers, the
-    delay is measured; the server stopped, the client holds and then raises. It may hold for up to a
-    second (not the default quarter chunk, 0.16 s): the server shares 2 cores with the other tests, and
-    this test is about the client's behaviour, not the server's speed on a loaded machine."""
+    delay is measured; the server stopped, the client holds and then raises. It may hold for up to
+    three seconds (not the default quarter chunk, 0.16 s): the server shares 2 cores with the other
+    tests and their simulators (a hold of a second was seen to run out under `make test`), and this test
+    is about the client's behaviour, not the server's speed on a loaded machine."""
     hz = 25.0
     with start_server_process(["--model", "tiny", "--random-init", "--device", "cpu"]) as srv:
         policy = PolicyClient(srv.url, connect_timeout_s=2.0)
-        client = RealTimeClient(policy, hz, seed=0, max_hold_steps=int(hz))
+        client = RealTimeClient(policy, hz, seed=0, max_hold_steps=int(3 * hz))
         assert client.rtc and client.horizon == 16 and client.replan == 8
         obs = {
             "observation.images.corner": np.zeros((128, 128, 3), np.uint8),
@@ -128,7 +129,7 @@ def test_against_a_real_server_in_real_time():
             time.sleep(1 / hz)
         assert client.requests >= 4 and client.latencies
     with pytest.raises(ServerLate):
-        for _ in range(60):
+        for _ in range(150):  # 6 s: past the 3 s hold
             client.act(obs)
             time.sleep(1 / hz)
     client.close()
