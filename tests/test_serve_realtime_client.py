@@ -127,7 +127,7 @@ def test_against_a_real_server_in_real_time():
         for _ in range(50):
             assert client.act(obs).shape == (4,)
             time.sleep(1 / hz)
-        assert client.requests >= 4 and client.latencies
+        assert client.requests >= 2 and client.latencies  # a new chunk came while the old one ran
     with pytest.raises(ServerLate):
         for _ in range(150):  # 6 s: past the 3 s hold
             client.act(obs)

@@ -185,6 +185,9 @@ def _sim_device() -> tuple[str, str]:
 def _make(task: str, mode: str, obs_mode: str, cfg: EnvConfig | None, num_envs: int = 1, sim: str = ""):
     """A ManiSkill env of ``task``: ``num_envs`` sub-scenes on ``sim`` (``physx_cuda``: rendered on the
     GPU; empty: the CPU simulator, :func:`_sim_device`)."""
+    # Mesa's lavapipe (the CPU-only renderer) draws with a thread per core by default; the evaluator and
+    # collect already run one env worker per core, so each renders on its own thread
+    os.environ.setdefault("LP_NUM_THREADS", "1")
     import gymnasium as gym
     import mani_skill.envs  # noqa: F401  (registers the tasks)
 
