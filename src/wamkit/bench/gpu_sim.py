@@ -27,6 +27,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from wamkit import embodiments
 from wamkit.config import ConfigError, ServeConfig, load_config
 from wamkit.files import atomic_write_json
 
@@ -82,7 +83,7 @@ def eval_config(url: str, out: Path, args: argparse.Namespace, n: int, executor:
         workers, stages = min(args.workers or os.cpu_count() or 1, n), args.process_stages
     return load_config(None, [
         f"eval.server_url={url}", f"eval.out_dir={out}", "env.suite=maniskill", f"env.tasks=[{args.task}]",
-        "env.cameras=[base_camera]", f"env.image_size={args.image_size}", f"env.max_steps={args.max_steps}",
+        f"env.cameras=[{','.join(embodiments.for_suite('maniskill').default_cameras)}]", f"env.image_size={args.image_size}", f"env.max_steps={args.max_steps}",
         f"eval.trials={n * args.episodes_per_env}", f"eval.num_envs={n}", f"eval.workers={workers}",
         f"eval.pipeline_stages={stages}", f"eval.executor={executor}", f"eval.replan_interval={args.replan_interval}",
         "eval.videos=0", "eval.calibrate_s=0",

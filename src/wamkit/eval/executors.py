@@ -420,8 +420,8 @@ def gpu_executor(
 
         if not torch.cuda.is_available():
             raise ConfigError(
-                "eval.executor=gpu: no CUDA device here (torch.cuda.is_available() is False), and "
-                "ManiSkill3's GPU simulation needs one; use eval.executor=local"
+                f"eval.executor=gpu: no CUDA device here (torch.cuda.is_available() is False), and "
+                f"{env_cfg.suite}'s GPU simulation needs one; use eval.executor=local"
             )
     return _process_pool(env_cfg, slots_per_worker, watchdog_s, host_factory or BatchChunkHost, "gpu")
 

@@ -53,11 +53,10 @@ class _BareConnection:
     """A caller's function ``policy(obs_list, seeds)`` (tests, ``run_eval(policy_factory=...)``) as a
     :class:`PolicyConnection`: it says nothing about its server and holds nothing to close."""
 
-    metadata: dict[str, Any] = {}
-    identity: dict[str, Any] | None = None
-
     def __init__(self, fn: Callable) -> None:
         self._fn = fn
+        self.metadata: dict[str, Any] = {}
+        self.identity: dict[str, Any] | None = None
 
     def __call__(self, obs_list: list[dict[str, Any]], seeds: list[int] | None = None) -> Any:
         return self._fn(obs_list, seeds)
